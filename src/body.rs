@@ -1,0 +1,288 @@
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::scan::{Scanner, Step};
+use crate::BoxError;
+
+pin_project! {
+    /// Response body for [`BypassMarker`](crate::BypassMarker).
+    ///
+    /// Either passes the inner body through untouched, or removes the annotation frames the client
+    /// did not opt in to, forwarding every other byte as a slice of the inner body's data. See the
+    /// [module docs](crate) for the rules.
+    pub struct BypassMarkerBody<B> {
+        #[pin]
+        inner: B,
+        filter: Option<Filter>,
+    }
+}
+
+/// The state of a body that is being filtered.
+struct Filter {
+    scanner: Scanner,
+    /// The inner body's current data chunk, from the first byte not yet acted on.
+    chunk: Bytes,
+    /// The bytes of a frame that spans chunks.
+    held: BytesMut,
+    end: End,
+    #[cfg(feature = "tracing")]
+    removed: (u64, u64),
+}
+
+/// What comes after the data, once the inner body has ended.
+enum End {
+    Open,
+    Trailers(HeaderMap),
+    Error(BoxError),
+    Done,
+}
+
+impl<B> BypassMarkerBody<B> {
+    pub(crate) fn passthrough(inner: B) -> Self {
+        Self {
+            inner,
+            filter: None,
+        }
+    }
+
+    pub(crate) fn filtering(inner: B, scanner: Scanner) -> Self {
+        Self {
+            inner,
+            filter: Some(Filter {
+                scanner,
+                chunk: Bytes::new(),
+                held: BytesMut::new(),
+                end: End::Open,
+                #[cfg(feature = "tracing")]
+                removed: (0, 0),
+            }),
+        }
+    }
+
+    /// Whether this body removes annotation frames (`false`: it is passed through untouched).
+    pub fn is_filtering(&self) -> bool {
+        self.filter.is_some()
+    }
+
+    /// The inner body.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
+    /// Consumes `self`, returning the inner body. Data held for a partial frame is lost.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for BypassMarkerBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BypassMarkerBody")
+            .field("inner", &self.inner)
+            .field("filtering", &self.filter.is_some())
+            .finish()
+    }
+}
+
+impl<B> Body for BypassMarkerBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let Some(filter) = this.filter else {
+            let frame = ready!(this.inner.poll_frame(cx));
+            return Poll::Ready(frame.map(|r| r.map(into_bytes_frame).map_err(Into::into)));
+        };
+        filter.poll_frame(this.inner, cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.filter {
+            None => self.inner.is_end_stream(),
+            Some(f) => {
+                f.chunk.is_empty()
+                    && f.held.is_empty()
+                    && f.scanner.is_idle()
+                    && match f.end {
+                        End::Open => self.inner.is_end_stream(),
+                        End::Done => true,
+                        End::Trailers(_) | End::Error(_) => false,
+                    }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let Some(f) = &self.filter else {
+            return inner;
+        };
+        // Frames may be removed, so only an upper bound holds.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + f.chunk.len() as u64 + f.held.len() as u64);
+        }
+        hint
+    }
+}
+
+fn into_bytes_frame<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+}
+
+impl Filter {
+    fn poll_frame<B>(
+        &mut self,
+        mut inner: Pin<&mut B>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        loop {
+            if let Some(data) = self.drain_chunk()? {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            match std::mem::replace(&mut self.end, End::Done) {
+                End::Open => self.end = End::Open,
+                End::Trailers(trailers) => return Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+                End::Error(err) => return Poll::Ready(Some(Err(err))),
+                End::Done => return Poll::Ready(None),
+            }
+            match ready!(inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(mut data) => {
+                        // An empty chunk is not the end of the body; the loop polls again.
+                        self.chunk = data.copy_to_bytes(data.remaining());
+                        continue;
+                    }
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => self.end = End::Trailers(trailers),
+                        // A frame kind this crate does not know: nothing to forward it as.
+                        Err(_) => continue,
+                    },
+                },
+                Some(Err(err)) => self.end = End::Error(err.into()),
+                None => self.end = End::Done,
+            }
+            // The data has ended: judge a frame left open before what comes after.
+            if let Some(data) = self.finish() {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+        }
+    }
+
+    /// Acts on the current chunk until there is something to yield or it is used up.
+    fn drain_chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
+        while !self.chunk.is_empty() {
+            match self.scanner.step(&self.chunk) {
+                Step::Forward(n) => return Ok(Some(self.chunk.split_to(n))),
+                Step::Discard(n) => {
+                    self.note_removed(n);
+                    self.chunk.advance(n);
+                }
+                Step::Hold(n) => {
+                    self.held.extend_from_slice(&self.chunk[..n]);
+                    self.chunk.advance(n);
+                }
+                Step::Release(n) => {
+                    self.held.extend_from_slice(&self.chunk[..n]);
+                    self.chunk.advance(n);
+                    if !self.held.is_empty() {
+                        return Ok(Some(self.held.split().freeze()));
+                    }
+                }
+                Step::DiscardHeld(n) => {
+                    self.note_removed(self.held.len() + n);
+                    self.held.clear();
+                    self.chunk.advance(n);
+                }
+                Step::Overflow => {
+                    let limit = self.scanner.max_frame_bytes();
+                    self.chunk.clear();
+                    self.held = BytesMut::new();
+                    self.end = End::Done;
+                    return Err(Box::new(FrameTooLarge { limit }));
+                }
+                Step::NeedInput => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The end of the data: a held frame is judged as it stands.
+    fn finish(&mut self) -> Option<Bytes> {
+        let out = match self.scanner.finish() {
+            Step::Release(_) if !self.held.is_empty() => Some(self.held.split().freeze()),
+            Step::DiscardHeld(_) => {
+                self.note_removed(self.held.len());
+                self.held.clear();
+                None
+            }
+            _ => None,
+        };
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            removed_frames = self.removed.0,
+            removed_bytes = self.removed.1,
+            "event stream ended"
+        );
+        out
+    }
+
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    fn note_removed(&mut self, bytes: usize) {
+        #[cfg(feature = "tracing")]
+        {
+            self.removed.0 += 1;
+            self.removed.1 += bytes as u64;
+            tracing::debug!(
+                event = self.scanner.last_removed_name().unwrap_or("(no data field)"),
+                bytes,
+                "removed annotation frame"
+            );
+        }
+    }
+}
+
+/// The error a filtered body fails with when a frame that spans chunks outgrows
+/// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes) and the layer is
+/// set to [`Overflow::Error`](crate::Overflow::Error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameTooLarge {
+    limit: usize,
+}
+
+impl FrameTooLarge {
+    /// The cap that was exceeded, in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl fmt::Display for FrameTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "event-stream frame exceeds the limit of {} held bytes",
+            self.limit
+        )
+    }
+}
+
+impl std::error::Error for FrameTooLarge {}

@@ -1,0 +1,148 @@
+//! Tower middleware that keeps router-internal annotation frames out of `text/event-stream`
+//! responses unless the client asked for them.
+//!
+//! # The problem
+//!
+//! Disaggregated LLM routers such as NVIDIA Dynamo annotate streamed responses with frames meant
+//! for the router's own clients. When the KV router bypasses remote prefill, Dynamo starts the
+//! event stream with
+//!
+//! ```text
+//! event: x-bypass-remote-prefill
+//! : true
+//!
+//! ```
+//!
+//! an `event` field and a comment, with no `data` line. The OpenAI SDKs parse the `data` of every
+//! frame as JSON, so openai-python raises `JSONDecodeError` and openai-node `SyntaxError`, and
+//! every bypassed request fails.
+//!
+//! [`BypassMarkerLayer`] removes such frames from the response body, unless the client opted in
+//! through its request's `nvext.annotations` (the same contract as Dynamo's `request_id`). Its
+//! request-side guard, [`BypassMarkerLayer::guard_annotations`], strips router-owned names from
+//! what the client sent, so a client cannot force the bypass either.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{header, Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use std::convert::Infallible;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // A streaming endpoint that starts its stream with Dynamo's marker.
+//! let upstream = service_fn(|_req: Request<Full<Bytes>>| async {
+//!     let body = "event: x-bypass-remote-prefill\n: true\n\ndata: {\"id\":1}\n\ndata: [DONE]\n\n";
+//!     Ok::<_, Infallible>(
+//!         Response::builder()
+//!             .header(header::CONTENT_TYPE, "text/event-stream")
+//!             .body(Full::new(Bytes::from(body)))
+//!             .unwrap(),
+//!     )
+//! });
+//!
+//! // The default layer: the marker reaches only clients that opted in.
+//! let svc = ServiceBuilder::new()
+//!     .layer(BypassMarkerLayer::new())
+//!     .service(upstream);
+//!
+//! let res = svc.clone().oneshot(Request::new(Full::default())).await?;
+//! let bytes = res.into_body().collect().await?.to_bytes();
+//! assert_eq!(bytes, "data: {\"id\":1}\n\ndata: [DONE]\n\n");
+//!
+//! // A client that listed the marker in `nvext.annotations`: the app puts the opt-in in the
+//! // request's (or the response's) extensions and the frame is forwarded byte for byte.
+//! let mut req = Request::new(Full::default());
+//! req.extensions_mut()
+//!     .insert([BYPASS_REMOTE_PREFILL].into_iter().collect::<RequestedAnnotations>());
+//! let bytes = svc.oneshot(req).await?.into_body().collect().await?.to_bytes();
+//! assert!(bytes.starts_with(b"event: x-bypass-remote-prefill\n: true\n\n"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A customised layer, for a router that also emits `request_id` on request and `llm_metrics`
+//! for itself:
+//!
+//! ```
+//! use tower_bypass_marker::{BypassMarkerLayer, Overflow};
+//!
+//! let layer = BypassMarkerLayer::new()
+//!     .opt_in("request_id")          // forwarded only to clients that ask
+//!     .never_forward("llm_metrics")  // never forwarded, even when asked for
+//!     .max_frame_bytes(64 * 1024)    // hold at most 64 KiB of a frame that spans chunks
+//!     .on_overflow(Overflow::Error)  // and fail the body past that
+//!     .sdk_safe(true);               // also drop every frame with fields but no `data`
+//!
+//! // In a handler, after parsing the request body:
+//! let mut annotations = vec!["x-bypass-remote-prefill:true".to_owned(), "request_id".to_owned()];
+//! let granted = layer.guard_annotations(&mut annotations);
+//! assert_eq!(annotations, ["request_id"]); // the router never sees the client's marker
+//! assert!(granted.contains("request_id")); // and the client gets its request_id frame
+//! ```
+//!
+//! # What is removed, exactly
+//!
+//! The body is filtered when the response's media type is `text/event-stream` (any case,
+//! parameters allowed), it has no `content-encoding` other than `identity`, and at least one
+//! configured name is to be removed for this request (or SDK-safe mode is on). Every other
+//! response (JSON, gRPC, compressed streams) passes through untouched, with the inner body's
+//! `size_hint` and `is_end_stream`. A filtered response loses its `content-length` header.
+//!
+//! The event-stream grammar is WHATWG's:
+//!
+//! - Lines end in CRLF, LF or CR; a CR ending one chunk and a LF starting the next are one line
+//!   end. One UTF-8 BOM at the very start of the body is kept and is not part of the first line.
+//! - A frame is a run of non-empty lines closed by an empty line. Its event type is the value of
+//!   its *last* `event` field: the field name is compared byte for byte, a line without a colon is
+//!   a field with an empty value, and exactly one space after the colon is removed. Comment lines
+//!   (starting with `:`) belong to the frame they stand in.
+//! - A frame whose event type is a name to remove is removed whole, its closing empty line
+//!   included. Everything else is forwarded unchanged and in order: other frames, comments,
+//!   keep-alives, stray empty lines, invalid UTF-8, NUL bytes.
+//! - A frame still open when the body ends (or when trailers or an error arrive) is judged as it
+//!   stands, its unterminated last line included.
+//!
+//! # Latency, copies and memory
+//!
+//! Once the last byte of a frame has arrived, the frame is yielded before the inner body is
+//! polled again; only the bytes of a frame that is still open are held. Forwarded data are slices
+//! of the inner body's [`Bytes`](bytes::Bytes): a chunk made of whole frames that are all kept is
+//! forwarded as that same `Bytes`. Only a frame that spans chunks is copied, into a buffer capped
+//! by [`BypassMarkerLayer::max_frame_bytes`] (1 MiB by default). Past the cap the frame is
+//! forwarded as it arrives, unfiltered ([`Overflow::Forward`], the default: annotation frames are
+//! tiny, so such a frame is data), or the body fails with [`FrameTooLarge`]
+//! ([`Overflow::Error`]).
+//!
+//! Trailers are forwarded after all data. An error from the inner body is passed through, after
+//! the data held for an open frame, judged as at the end of the body.
+//!
+//! # Where to put it
+//!
+//! Inside any compression layer: an encoded body is passed through unfiltered.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod annotations;
+mod body;
+mod future;
+mod layer;
+mod scan;
+mod service;
+
+pub use annotations::RequestedAnnotations;
+pub use body::{BypassMarkerBody, FrameTooLarge};
+pub use future::ResponseFuture;
+pub use layer::{BypassMarkerLayer, Overflow, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
+pub use service::BypassMarker;
+
+/// The event type Dynamo's router gives the frame it prepends when it bypasses remote prefill.
+pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
+
+/// The error type of [`BypassMarkerBody`]: the inner body's error, or [`FrameTooLarge`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,0 +1,85 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+use crate::layer::Config;
+use crate::{BypassMarkerLayer, RequestedAnnotations};
+
+/// Middleware that removes router-internal annotation frames from `text/event-stream` responses
+/// unless the client opted in.
+///
+/// Made by [`BypassMarkerLayer`]; see the [module docs](crate) for an example.
+#[derive(Clone)]
+pub struct BypassMarker<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> BypassMarker<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+
+    /// Wraps `inner` with the default configuration ([`BypassMarkerLayer::new`]).
+    pub fn with_defaults(inner: S) -> Self {
+        Self::new(inner, BypassMarkerLayer::new().config)
+    }
+
+    /// Returns a [`Layer`](tower_layer::Layer) with the default configuration.
+    pub fn layer() -> BypassMarkerLayer {
+        BypassMarkerLayer::new()
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for BypassMarker<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BypassMarker")
+            .field("inner", &self.inner)
+            .field(
+                "layer",
+                &BypassMarkerLayer {
+                    config: self.config.clone(),
+                },
+            )
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BypassMarker<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<crate::BypassMarkerBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let requested = req
+            .extensions()
+            .get::<RequestedAnnotations>()
+            .map_or(0, |r| self.config.requested_mask(r));
+        ResponseFuture::new(self.inner.call(req), self.config.clone(), requested)
+    }
+}
