@@ -252,7 +252,10 @@ impl Filter {
             self.removed.0 += 1;
             self.removed.1 += bytes as u64;
             tracing::debug!(
-                event = self.scanner.last_removed_name().unwrap_or("(no data field)"),
+                event = self
+                    .scanner
+                    .last_removed_name()
+                    .unwrap_or("(no data field)"),
                 bytes,
                 "removed annotation frame"
             );

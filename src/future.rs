@@ -109,32 +109,56 @@ mod tests {
 
     #[test]
     fn event_stream_media_type_is_matched_case_insensitively_with_parameters() {
-        assert!(is_plain_event_stream(&headers(&[("content-type", "text/event-stream")])));
+        assert!(is_plain_event_stream(&headers(&[(
+            "content-type",
+            "text/event-stream"
+        )])));
         assert!(is_plain_event_stream(&headers(&[(
             "content-type",
             "Text/Event-Stream; charset=utf-8"
         )])));
-        assert!(is_plain_event_stream(&headers(&[("content-type", " text/event-stream ;x=y")])));
+        assert!(is_plain_event_stream(&headers(&[(
+            "content-type",
+            " text/event-stream ;x=y"
+        )])));
     }
 
     #[test]
     fn other_media_types_are_not_event_streams() {
         assert!(!is_plain_event_stream(&headers(&[])));
-        assert!(!is_plain_event_stream(&headers(&[("content-type", "application/json")])));
-        assert!(!is_plain_event_stream(&headers(&[("content-type", "application/grpc")])));
-        assert!(!is_plain_event_stream(&headers(&[("content-type", "text/event-streamx")])));
+        assert!(!is_plain_event_stream(&headers(&[(
+            "content-type",
+            "application/json"
+        )])));
+        assert!(!is_plain_event_stream(&headers(&[(
+            "content-type",
+            "application/grpc"
+        )])));
+        assert!(!is_plain_event_stream(&headers(&[(
+            "content-type",
+            "text/event-streamx"
+        )])));
     }
 
     #[test]
     fn encoded_event_streams_are_not_filtered_but_identity_is() {
         let ct = ("content-type", "text/event-stream");
-        assert!(!is_plain_event_stream(&headers(&[ct, ("content-encoding", "gzip")])));
-        assert!(!is_plain_event_stream(&headers(&[ct, ("content-encoding", "identity, br")])));
+        assert!(!is_plain_event_stream(&headers(&[
+            ct,
+            ("content-encoding", "gzip")
+        ])));
+        assert!(!is_plain_event_stream(&headers(&[
+            ct,
+            ("content-encoding", "identity, br")
+        ])));
         assert!(!is_plain_event_stream(&headers(&[
             ct,
             ("content-encoding", "identity"),
             ("content-encoding", "gzip")
         ])));
-        assert!(is_plain_event_stream(&headers(&[ct, ("content-encoding", "Identity")])));
+        assert!(is_plain_event_stream(&headers(&[
+            ct,
+            ("content-encoding", "Identity")
+        ])));
     }
 }

@@ -135,6 +135,10 @@ mod layer;
 mod scan;
 mod service;
 
+#[cfg(test)]
+#[path = "../tests/model/mod.rs"]
+mod test_model;
+
 pub use annotations::RequestedAnnotations;
 pub use body::{BypassMarkerBody, FrameTooLarge};
 pub use future::ResponseFuture;

@@ -47,8 +47,6 @@ enum Cr {
     None,
     /// The CR ended a non-empty line of the open frame.
     Frame,
-    /// The CR ended an empty line whose bytes were forwarded.
-    Forwarded,
     /// The CR ended the empty line that closed a removed frame.
     Discarded,
 }
@@ -140,7 +138,7 @@ impl Scanner {
         if cr != Cr::None && input[0] == b'\n' {
             match cr {
                 Cr::Discarded => return Step::Discard(1),
-                Cr::Frame | Cr::Forwarded | Cr::None => i = 1,
+                Cr::Frame | Cr::None => i = 1,
             }
         }
 
@@ -202,13 +200,11 @@ impl Scanner {
             Some(end) => {
                 let frame = std::mem::take(&mut self.frame);
                 if frame.unfiltered {
-                    self.mark_cr(input, end, Cr::Forwarded);
                     Step::Forward(end)
                 } else if self.removes(&frame) {
                     self.mark_cr(input, end, Cr::Discarded);
                     Step::DiscardHeld(end)
                 } else {
-                    self.mark_cr(input, end, Cr::Forwarded);
                     Step::Release(end)
                 }
             }
@@ -240,19 +236,18 @@ impl Scanner {
         while i < len {
             let b = input[i];
             if b == b'\n' || b == b'\r' {
-                // A stray empty line between frames.
-                i = self.end_of_terminator(input, i, Cr::Forwarded);
+                // A stray empty line between frames. (A LF after a CR that ends the input is one
+                // too, as far as what to do with it goes: it is forwarded.)
+                i = self.end_of_terminator_raw(input, i);
                 continue;
             }
             if !self.config.sdk_safe {
                 if next_event <= i {
-                    next_event = memchr::memmem::find(&input[i..], EVENT_FIELD).map_or(len, |p| i + p);
+                    next_event =
+                        memchr::memmem::find(&input[i..], EVENT_FIELD).map_or(len, |p| i + p);
                 }
                 if let Some(end) = last_blank_line_end(input, i, next_event) {
                     i = end;
-                    if i == len && input[len - 1] == b'\r' {
-                        self.cr = Cr::Forwarded;
-                    }
                     continue;
                 }
             }
@@ -265,7 +260,6 @@ impl Scanner {
                 Some(end) => {
                     let frame = std::mem::take(&mut self.frame);
                     if !self.removes(&frame) {
-                        self.mark_cr(input, end, Cr::Forwarded);
                         i = end;
                         continue;
                     }
@@ -451,4 +445,482 @@ fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize>
         hi = j;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BypassMarkerLayer;
+
+    use crate::test_model as model;
+
+    const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+    const CHUNK: &[u8] = b"data: {\"id\":1}\n\n";
+
+    fn scanner(layer: &BypassMarkerLayer) -> Scanner {
+        let config = layer.config.clone();
+        let remove = config.removal_mask(0);
+        Scanner::new(config, remove)
+    }
+
+    fn rules(layer: &BypassMarkerLayer) -> model::Rules {
+        model::Rules {
+            remove: layer
+                .config
+                .names
+                .iter()
+                .map(|n| n.name.as_bytes().to_vec())
+                .collect(),
+            sdk_safe: layer.config.sdk_safe,
+        }
+    }
+
+    /// Feeds `chunks` the way the body does and returns the output. After every chunk, checks
+    /// that exactly what the model calls complete has been yielded (nothing held back that could
+    /// go, nothing of an open frame let out).
+    fn drive(layer: &BypassMarkerLayer, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut s = scanner(layer);
+        let rules = rules(layer);
+        let mut out = Vec::new();
+        let mut held = Vec::new();
+        let mut seen = Vec::new();
+        for chunk in chunks {
+            let mut rest = *chunk;
+            let mut steps = 0;
+            loop {
+                steps += 1;
+                assert!(steps < 10_000, "scanner makes no progress");
+                match s.step(rest) {
+                    Step::Forward(n) => {
+                        out.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                    }
+                    Step::Discard(n) => rest = &rest[n..],
+                    Step::Hold(n) => {
+                        held.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                    }
+                    Step::Release(n) => {
+                        held.extend_from_slice(&rest[..n]);
+                        out.append(&mut held);
+                        rest = &rest[n..];
+                    }
+                    Step::DiscardHeld(n) => {
+                        held.clear();
+                        rest = &rest[n..];
+                    }
+                    Step::Overflow => panic!("overflow"),
+                    Step::NeedInput => break,
+                }
+            }
+            assert!(rest.is_empty());
+            seen.extend_from_slice(chunk);
+            assert_eq!(
+                Esc(&out),
+                Esc(&model::filter(&seen, &rules).complete),
+                "after {:?}",
+                Esc(&seen)
+            );
+        }
+        match s.finish() {
+            Step::Release(0) => out.append(&mut held),
+            Step::DiscardHeld(0) => held.clear(),
+            Step::NeedInput => assert!(held.is_empty()),
+            other => panic!("finish gave {other:?}"),
+        }
+        assert!(s.is_idle());
+        out
+    }
+
+    struct Esc<'a>(&'a [u8]);
+    impl PartialEq for Esc<'_> {
+        fn eq(&self, other: &Self) -> bool {
+            self.0 == other.0
+        }
+    }
+    impl std::fmt::Debug for Esc<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "\"{}\"", self.0.escape_ascii())
+        }
+    }
+
+    /// Checks that `input` becomes `expected` whole, split at every offset, split at every pair
+    /// of offsets (short inputs) and fed a byte at a time, and that the model agrees.
+    fn assert_filters(layer: &BypassMarkerLayer, input: &[u8], expected: &[u8]) {
+        assert_eq!(
+            Esc(&model::filter(input, &rules(layer)).all),
+            Esc(expected),
+            "the model disagrees with the expectation"
+        );
+        assert_eq!(Esc(&drive(layer, &[input])), Esc(expected), "whole");
+        for i in 0..=input.len() {
+            let (a, b) = input.split_at(i);
+            assert_eq!(Esc(&drive(layer, &[a, b])), Esc(expected), "split at {i}");
+        }
+        if input.len() <= 64 {
+            for i in 0..=input.len() {
+                for j in i..=input.len() {
+                    let parts = [&input[..i], &input[i..j], &input[j..]];
+                    assert_eq!(
+                        Esc(&drive(layer, &parts)),
+                        Esc(expected),
+                        "split at {i}, {j}"
+                    );
+                }
+            }
+        }
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(Esc(&drive(layer, &bytes)), Esc(expected), "byte by byte");
+    }
+
+    fn cat(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn marker_frame_is_removed_at_every_split() {
+        let layer = BypassMarkerLayer::new();
+        let input = cat(&[MARKER, CHUNK, b"data: [DONE]\n\n"]);
+        assert_filters(&layer, &input, &cat(&[CHUNK, b"data: [DONE]\n\n"]));
+    }
+
+    #[test]
+    fn marker_in_the_middle_and_at_the_end_is_removed() {
+        let layer = BypassMarkerLayer::new();
+        assert_filters(&layer, &cat(&[CHUNK, MARKER, CHUNK]), &cat(&[CHUNK, CHUNK]));
+        assert_filters(&layer, &cat(&[CHUNK, MARKER]), CHUNK);
+        assert_filters(&layer, MARKER, b"");
+    }
+
+    #[test]
+    fn every_line_ending_is_understood() {
+        let layer = BypassMarkerLayer::new();
+        for eol in [&b"\n"[..], b"\r", b"\r\n"] {
+            let marker = cat(&[b"event: x-bypass-remote-prefill", eol, b": true", eol, eol]);
+            let data = cat(&[b"data: 1", eol, eol]);
+            assert_filters(&layer, &cat(&[&marker, &data]), &data);
+        }
+        // Mixed endings within one frame and between frames.
+        assert_filters(
+            &layer,
+            b"data: a\r\n\revent: x-bypass-remote-prefill\r: true\n\r\ndata: b\r\r",
+            b"data: a\r\n\rdata: b\r\r",
+        );
+    }
+
+    #[test]
+    fn crlf_split_after_a_removed_frame_drops_the_lf() {
+        let layer = BypassMarkerLayer::new();
+        let out = drive(
+            &layer,
+            &[
+                b"event: x-bypass-remote-prefill\r\n: true\r\n\r",
+                b"\ndata: 1\r\n\r\n",
+            ],
+        );
+        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
+    }
+
+    #[test]
+    fn crlf_split_after_a_kept_frame_forwards_the_lf() {
+        let layer = BypassMarkerLayer::new();
+        let out = drive(&layer, &[b"data: 1\r\n\r", b"\ndata: 2\r\n\r\n"]);
+        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\ndata: 2\r\n\r\n"));
+        // And after a kept frame that was held across chunks.
+        let out = drive(&layer, &[b"data: 1\r", b"\n\r", b"\n"]);
+        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_cr_then_a_cr_is_two_line_ends() {
+        let layer = BypassMarkerLayer::new();
+        let out = drive(
+            &layer,
+            &[b"event: x-bypass-remote-prefill\r", b"\rdata: 1\n\n"],
+        );
+        assert_eq!(Esc(&out), Esc(b"data: 1\n\n"));
+    }
+
+    #[test]
+    fn leading_bom_is_kept_and_is_not_part_of_the_field_name() {
+        let layer = BypassMarkerLayer::new();
+        let input = cat(&[BOM, MARKER, CHUNK]);
+        assert_filters(&layer, &input, &cat(&[BOM, CHUNK]));
+        assert_filters(&layer, BOM, BOM);
+    }
+
+    #[test]
+    fn partial_bom_is_part_of_the_first_field_name() {
+        let layer = BypassMarkerLayer::new();
+        // "\xEF\xBBevent" is not "event": the frame is kept, bytes unchanged.
+        let input = cat(&[b"\xEF\xBB", MARKER, MARKER]);
+        assert_filters(&layer, &input, &cat(&[b"\xEF\xBB", MARKER]));
+        assert_filters(&layer, b"\xEF", b"\xEF");
+        assert_filters(&layer, b"\xEF\xBB\n\n", b"\xEF\xBB\n\n");
+    }
+
+    #[test]
+    fn a_second_bom_is_ordinary_bytes() {
+        let layer = BypassMarkerLayer::new();
+        let input = cat(&[BOM, BOM, MARKER, MARKER]);
+        assert_filters(&layer, &input, &cat(&[BOM, BOM, MARKER]));
+    }
+
+    #[test]
+    fn field_names_are_compared_exactly() {
+        let layer = BypassMarkerLayer::new();
+        for kept in [
+            &b"Event: x-bypass-remote-prefill\n\n"[..],
+            b"event:  x-bypass-remote-prefill\n\n",
+            b" event: x-bypass-remote-prefill\n\n",
+            b"event: x-bypass-remote-prefill \n\n",
+            b"event: X-Bypass-Remote-Prefill\n\n",
+            b"event: x-bypass-remote-prefillx\n\n",
+            b"event: x-bypass-remote\n\n",
+            b"eventx: x-bypass-remote-prefill\n\n",
+            b"event\n\n",
+            b"data: event: x-bypass-remote-prefill\n\n",
+            b": event: x-bypass-remote-prefill\n\n",
+        ] {
+            assert_filters(&layer, &cat(&[kept, CHUNK]), &cat(&[kept, CHUNK]));
+        }
+        assert_filters(
+            &layer,
+            b"event:x-bypass-remote-prefill\n\ndata: 1\n\n",
+            b"data: 1\n\n",
+        );
+    }
+
+    #[test]
+    fn the_last_event_field_wins() {
+        let layer = BypassMarkerLayer::new();
+        let kept = b"event: x-bypass-remote-prefill\nevent: message\ndata: 1\n\n";
+        assert_filters(&layer, kept, kept);
+        let removed = b"event: message\nevent: x-bypass-remote-prefill\ndata: 1\n\n";
+        assert_filters(&layer, &cat(&[removed, CHUNK]), CHUNK);
+        // An `event` line without a colon sets an empty type, undoing the marker.
+        let kept = b"event: x-bypass-remote-prefill\nevent\n\n";
+        assert_filters(&layer, kept, kept);
+    }
+
+    #[test]
+    fn marker_frame_with_data_and_id_is_removed_whole() {
+        let layer = BypassMarkerLayer::new();
+        let input =
+            b"id: 7\nevent: x-bypass-remote-prefill\ndata: {}\nretry: 10\n: c\n\ndata: 1\n\n";
+        assert_filters(&layer, input, b"data: 1\n\n");
+    }
+
+    #[test]
+    fn keep_alives_comments_and_stray_blank_lines_are_forwarded() {
+        let layer = BypassMarkerLayer::new();
+        let input = cat(&[
+            b"\n\r\n:\n\n: ping\r\n\r\n",
+            MARKER,
+            b"\n\n:keep\n\n",
+            CHUNK,
+            b"\r",
+        ]);
+        assert_filters(
+            &layer,
+            &input,
+            &cat(&[b"\n\r\n:\n\n: ping\r\n\r\n", b"\n\n:keep\n\n", CHUNK, b"\r"]),
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_and_nul_bytes_are_forwarded_unchanged() {
+        let layer = BypassMarkerLayer::new();
+        let odd = b"data: \xff\xfe\x00\xc3\n\xf0\x9f: \x00\n\n";
+        assert_filters(&layer, &cat(&[odd, MARKER, odd]), &cat(&[odd, odd]));
+        let nul_event = b"event: x-bypass-remote-prefill\x00\n\n";
+        assert_filters(&layer, nul_event, nul_event);
+    }
+
+    #[test]
+    fn unterminated_frame_at_the_end_is_judged_as_it_stands() {
+        let layer = BypassMarkerLayer::new();
+        assert_filters(
+            &layer,
+            b"data: 1\n\nevent: x-bypass-remote-prefill",
+            b"data: 1\n\n",
+        );
+        assert_filters(
+            &layer,
+            b"data: 1\n\nevent: x-bypass-remote-prefill\n: t",
+            b"data: 1\n\n",
+        );
+        assert_filters(
+            &layer,
+            b"data: 1\n\nevent: x-bypass-remote-prefill\n",
+            b"data: 1\n\n",
+        );
+        assert_filters(&layer, b"data: 1\n\ndata: 2", b"data: 1\n\ndata: 2");
+        assert_filters(
+            &layer,
+            b"data: 1\n\nevent: other\r",
+            b"data: 1\n\nevent: other\r",
+        );
+    }
+
+    #[test]
+    fn empty_input_yields_nothing() {
+        let layer = BypassMarkerLayer::new();
+        assert_eq!(drive(&layer, &[]), b"");
+        assert_eq!(drive(&layer, &[b"", b""]), b"");
+    }
+
+    #[test]
+    fn an_event_line_spanning_chunks_is_recognised() {
+        let layer = BypassMarkerLayer::new().opt_in("request_id");
+        let out = drive(
+            &layer,
+            &[
+                b"data: 0\n\nev",
+                b"ent: x-bypass-rem",
+                b"ote-prefill",
+                b"\n: true\n",
+                b"\ndata: 1\n\n",
+            ],
+        );
+        assert_eq!(Esc(&out), Esc(b"data: 0\n\ndata: 1\n\n"));
+        // A long value spanning chunks is not mistaken for a name it starts with.
+        let long = cat(&[b"event: request_id", &[b'x'; 300], b"\n\n"]);
+        let out = drive(&layer, &[&long[..10], &long[10..200], &long[200..]]);
+        assert_eq!(Esc(&out), Esc(&long));
+    }
+
+    #[test]
+    fn opt_in_and_never_forwarded_names_are_removed_too() {
+        let layer = BypassMarkerLayer::new()
+            .opt_in("request_id")
+            .never_forward("llm_metrics");
+        let input = b"event: request_id\n: \"abc\"\n\nevent: llm_metrics\ndata: {}\n\nevent: other\ndata: x\n\n";
+        assert_filters(&layer, input, b"event: other\ndata: x\n\n");
+    }
+
+    #[test]
+    fn requested_names_are_forwarded_but_never_forwarded_ones_are_not() {
+        let layer = BypassMarkerLayer::new()
+            .opt_in("request_id")
+            .never_forward("llm_metrics");
+        let config = layer.config.clone();
+        let requested: crate::RequestedAnnotations =
+            ["request_id", "llm_metrics", BYPASS].into_iter().collect();
+        let mask = config.removal_mask(config.requested_mask(&requested));
+        let mut s = Scanner::new(config, mask);
+        let input = cat(&[MARKER, b"event: request_id\n\nevent: llm_metrics\n\n"]);
+        let mut out = Vec::new();
+        let mut rest = &input[..];
+        loop {
+            match s.step(rest) {
+                Step::Forward(n) => {
+                    out.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                }
+                Step::Discard(n) => rest = &rest[n..],
+                Step::NeedInput => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(Esc(&out), Esc(&cat(&[MARKER, b"event: request_id\n\n"])));
+        assert_eq!(s.last_removed_name(), Some("llm_metrics"));
+    }
+    const BYPASS: &str = crate::BYPASS_REMOTE_PREFILL;
+
+    #[test]
+    fn sdk_safe_mode_removes_frames_without_data_but_keeps_keep_alives() {
+        let layer = BypassMarkerLayer::new().sdk_safe(true);
+        let input =
+            b"id: 1\n\n:\n\nevent: ping\n\nretry: 5\n: c\n\nevent: x\ndata: 1\n\ndata\n\nfoo\n\n";
+        assert_filters(&layer, input, b":\n\nevent: x\ndata: 1\n\ndata\n\n");
+        // Off by default.
+        let layer = BypassMarkerLayer::new();
+        assert_filters(
+            &layer,
+            b"id: 1\n\nevent: ping\n\n",
+            b"id: 1\n\nevent: ping\n\n",
+        );
+    }
+
+    #[test]
+    fn overflow_forward_streams_the_frame_through_unfiltered() {
+        let layer = BypassMarkerLayer::new().max_frame_bytes(8);
+        let mut s = scanner(&layer);
+        // The marker frame spans chunks and outgrows the cap: it is forwarded as it arrives.
+        assert_eq!(s.step(b"data: 0\n\nevent: x-bypass"), Step::Forward(24));
+        assert_eq!(s.step(b"-remote-prefill\n: true\n\nev"), Step::Forward(24));
+        // The frames after it are filtered again.
+        assert_eq!(s.step(b"ev"), Step::Hold(2));
+        assert_eq!(
+            s.step(b"ent: x-bypass-remote-prefill\n\n"),
+            Step::DiscardHeld(30)
+        );
+        // A frame held below the cap is released first when it outgrows it.
+        assert_eq!(s.step(b"event: x"), Step::Hold(8));
+        assert_eq!(s.step(b"-bypass"), Step::Release(0));
+        assert_eq!(s.step(b"-bypass"), Step::Forward(7));
+    }
+
+    #[test]
+    fn overflow_error_is_reported() {
+        let layer = BypassMarkerLayer::new()
+            .max_frame_bytes(8)
+            .on_overflow(Overflow::Error);
+        let mut s = scanner(&layer);
+        assert_eq!(s.step(b"data: 0\n\nevent: x-bypass"), Step::Forward(9));
+        assert_eq!(s.step(b"event: x-bypass"), Step::Overflow);
+    }
+
+    #[test]
+    fn held_bytes_never_exceed_the_cap() {
+        let layer = BypassMarkerLayer::new().max_frame_bytes(16);
+        let mut s = scanner(&layer);
+        let mut held = 0;
+        let mut forwarded = 0;
+        let input = cat(&[
+            b"event: x-bypass-remote-prefill\n",
+            &[b'a'; 100],
+            b"\n\ndata: 1\n\n",
+        ]);
+        for chunk in input.chunks(3) {
+            let mut rest = chunk;
+            loop {
+                match s.step(rest) {
+                    Step::Hold(n) => {
+                        held += n;
+                        rest = &rest[n..];
+                    }
+                    Step::Release(n) => {
+                        forwarded += held + n;
+                        held = 0;
+                        rest = &rest[n..];
+                    }
+                    Step::Forward(n) => {
+                        forwarded += n;
+                        rest = &rest[n..];
+                    }
+                    Step::NeedInput => break,
+                    other => panic!("{other:?}"),
+                }
+                assert!(held <= 16, "held {held} bytes");
+            }
+        }
+        assert_eq!(
+            forwarded,
+            input.len(),
+            "the oversized frame is forwarded whole"
+        );
+    }
+
+    #[test]
+    fn blank_line_search_finds_the_last_frame_boundary() {
+        assert_eq!(last_blank_line_end(b"data: 1\n\n", 0, 9), Some(9));
+        assert_eq!(last_blank_line_end(b"data: 1\r\n\r\n", 0, 11), Some(11));
+        assert_eq!(last_blank_line_end(b"data: 1\n\r\n", 0, 10), Some(10));
+        assert_eq!(last_blank_line_end(b"data: 1\r\r", 0, 9), Some(9));
+        assert_eq!(last_blank_line_end(b"data: 1\r\n", 0, 9), None);
+        assert_eq!(last_blank_line_end(b"a\n\nb\n", 0, 5), Some(3));
+        assert_eq!(last_blank_line_end(b"\n", 0, 1), None);
+    }
 }

@@ -1,7 +1,7 @@
 //! A whole-input reference model of the filter, written as plainly as possible: split the input
 //! into lines, group lines into frames, judge each frame. The property tests and the fuzz targets
 //! compare the layer with it.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -36,13 +36,23 @@ fn lines(input: &[u8]) -> Vec<Line<'_>> {
     while i < input.len() {
         match input[i] {
             b'\n' => {
-                out.push(Line { content: &input[start..i], terminator: &input[i..i + 1] });
+                out.push(Line {
+                    content: &input[start..i],
+                    terminator: &input[i..i + 1],
+                });
                 i += 1;
                 start = i;
             }
             b'\r' => {
-                let end = if input.get(i + 1) == Some(&b'\n') { i + 2 } else { i + 1 };
-                out.push(Line { content: &input[start..i], terminator: &input[i..end] });
+                let end = if input.get(i + 1) == Some(&b'\n') {
+                    i + 2
+                } else {
+                    i + 1
+                };
+                out.push(Line {
+                    content: &input[start..i],
+                    terminator: &input[i..end],
+                });
                 i = end;
                 start = i;
             }
@@ -50,7 +60,10 @@ fn lines(input: &[u8]) -> Vec<Line<'_>> {
         }
     }
     if start < input.len() {
-        out.push(Line { content: &input[start..], terminator: b"" });
+        out.push(Line {
+            content: &input[start..],
+            terminator: b"",
+        });
     }
     out
 }
