@@ -145,6 +145,10 @@ pub use future::ResponseFuture;
 pub use layer::{BypassMarkerLayer, Overflow, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
 pub use service::BypassMarker;
 
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+pub use scan::fuzz as __fuzz;
+
 /// The event type Dynamo's router gives the frame it prepends when it bypasses remote prefill.
 pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
 

@@ -924,3 +924,62 @@ mod tests {
         assert_eq!(last_blank_line_end(b"\n", 0, 1), None);
     }
 }
+
+/// Drives a [`Scanner`] over chunks the way the body does, for fuzzing and tests outside the
+/// crate. Not part of the public API.
+#[cfg(feature = "__fuzz")]
+pub mod fuzz {
+    use super::{Scanner, Step};
+    use crate::{BypassMarkerLayer, RequestedAnnotations};
+
+    /// The scanner's output for `chunks`, and after each chunk how many output bytes had been
+    /// yielded. `None` when the frame cap was exceeded with [`crate::Overflow::Error`].
+    pub fn filter_chunks(
+        layer: &BypassMarkerLayer,
+        requested: &RequestedAnnotations,
+        chunks: &[&[u8]],
+    ) -> Option<(Vec<u8>, Vec<usize>)> {
+        let config = layer.config.clone();
+        let remove = config.removal_mask(config.requested_mask(requested));
+        let mut s = Scanner::new(config.clone(), remove);
+        let mut out = Vec::new();
+        let mut held = Vec::new();
+        let mut after = Vec::new();
+        for chunk in chunks {
+            let mut rest = *chunk;
+            loop {
+                match s.step(rest) {
+                    Step::Forward(n) => {
+                        out.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                    }
+                    Step::Discard(n) => rest = &rest[n..],
+                    Step::Hold(n) => {
+                        held.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                    }
+                    Step::Release(n) => {
+                        held.extend_from_slice(&rest[..n]);
+                        out.append(&mut held);
+                        rest = &rest[n..];
+                    }
+                    Step::DiscardHeld(n) => {
+                        held.clear();
+                        rest = &rest[n..];
+                    }
+                    Step::Overflow => return None,
+                    Step::NeedInput => break,
+                }
+                assert!(held.len() <= config.max_frame_bytes.max(2), "held past the cap");
+            }
+            assert!(rest.is_empty(), "chunk not consumed");
+            after.push(out.len());
+        }
+        match s.finish() {
+            Step::Release(_) => out.append(&mut held),
+            Step::DiscardHeld(_) | Step::NeedInput => {}
+            other => panic!("finish gave {other:?}"),
+        }
+        Some((out, after))
+    }
+}
