@@ -1,0 +1,140 @@
+//! A simulated disaggregated LLM router with an OpenAI-compatible API, served with
+//! `BypassMarkerLayer` (or, with `--no-layer`, as Dynamo behaves without it).
+//!
+//! ```text
+//! cargo run --release --example router -- --addr 127.0.0.1:3000
+//! ```
+//!
+//! Point an OpenAI SDK at `http://127.0.0.1:3000/v1` and send the same streamed request twice:
+//! the second is a prefix-cache hit, for which the router bypasses remote prefill and prepends
+//! `event: x-bypass-remote-prefill\n: true\n\n` to the stream. With the layer only clients that
+//! list `x-bypass-remote-prefill` in `nvext.annotations` receive that frame.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+const USAGE: &str = "\
+usage: router [--addr HOST:PORT] [--no-layer] [--shutdown-after SECS]
+
+  --addr HOST:PORT       address to listen on (default 127.0.0.1:3000; port 0 picks a free port)
+  --no-layer             serve the router without BypassMarkerLayer, as Dynamo behaves today
+  --shutdown-after SECS  stop by itself after SECS seconds (default: run until Ctrl-C or SIGTERM)
+  -h, --help             print this help";
+
+struct Args {
+    addr: SocketAddr,
+    with_layer: bool,
+    shutdown_after: Option<Duration>,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+    let mut parsed = Args {
+        addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        with_layer: true,
+        shutdown_after: None,
+    };
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--no-layer" => parsed.with_layer = false,
+            "--addr" => {
+                let addr = value("--addr")?;
+                parsed.addr = addr
+                    .parse()
+                    .map_err(|err| format!("invalid --addr {addr:?}: {err}"))?;
+            }
+            "--shutdown-after" => {
+                let secs = value("--shutdown-after")?;
+                let secs: u64 = secs
+                    .parse()
+                    .map_err(|err| format!("invalid --shutdown-after {secs:?}: {err}"))?;
+                parsed.shutdown_after = Some(Duration::from_secs(secs));
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Some(parsed))
+}
+
+/// Completes on Ctrl-C, on SIGTERM, or once `limit` has passed.
+async fn shutdown_signal(limit: Option<Duration>) {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    let deadline = async {
+        match limit {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    let why = tokio::select! {
+        () = ctrl_c => "Ctrl-C",
+        () = terminate => "SIGTERM",
+        () = deadline => "--shutdown-after elapsed",
+    };
+    eprintln!("{why}: shutting down");
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("router: {err}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match TcpListener::bind(args.addr).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            eprintln!("router: cannot listen on {}: {err}", args.addr);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(addr) => addr,
+        Err(err) => {
+            eprintln!("router: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let router = support::SimRouter::new(args.with_layer);
+    if args.with_layer {
+        println!("simulated router with BypassMarkerLayer (opt in: nvext.annotations)");
+    } else {
+        println!("simulated router without BypassMarkerLayer (--no-layer): Dynamo as it is");
+    }
+    // The listener is bound, so connections are accepted from here on.
+    println!("listening on http://{addr}");
+    match support::serve(listener, router, shutdown_signal(args.shutdown_after)).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("router: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
