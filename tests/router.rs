@@ -1,0 +1,309 @@
+//! The simulated Dynamo-like router of `examples/support`, served on 127.0.0.1 and called with a
+//! real HTTP client: what clients receive on a prefix-cache hit with and without the layer, and
+//! what the simulated worker is handed.
+
+#[path = "../examples/support/mod.rs"]
+mod support;
+
+use serde_json::Value;
+use support::{Endpoint, Reply, Running, WorkerRequest, BYPASS_FRAME, DONE_FRAME};
+
+const ENDPOINTS: [Endpoint; 2] = [Endpoint::Chat, Endpoint::Completions];
+
+async fn send(server: &Running, endpoint: Endpoint, request: &Value) -> Reply {
+    server
+        .post_json(support::path(endpoint), request)
+        .await
+        .expect("the router answers")
+}
+
+/// Sends a streamed request and checks it is a well-formed 200 event stream.
+async fn stream(server: &Running, endpoint: Endpoint, request: &Value) -> Vec<u8> {
+    let reply = send(server, endpoint, request).await;
+    assert_eq!(reply.status, 200, "body: {:?}", reply.body);
+    assert_eq!(reply.content_type(), "text/event-stream");
+    assert!(reply.body.ends_with(DONE_FRAME.as_bytes()));
+    reply.body.to_vec()
+}
+
+fn last_worker_request(server: &Running) -> WorkerRequest {
+    server
+        .router
+        .worker_log()
+        .pop()
+        .expect("the worker was called")
+}
+
+fn event_frames(body: &[u8]) -> Vec<String> {
+    support::frames(body)
+        .into_iter()
+        .filter(|f| f.starts_with(b"event:") || f.starts_with(b":"))
+        .map(support::escape)
+        .collect()
+}
+
+#[tokio::test]
+async fn no_layer_router_prepends_the_marker_to_cache_hit_streams_only() {
+    let server = support::spawn(false).await.unwrap();
+    for endpoint in ENDPOINTS {
+        let request = support::request(endpoint, "no layer here", true, 4);
+        let cold = stream(&server, endpoint, &request).await;
+        assert!(!last_worker_request(&server).bypass_remote_prefill);
+        assert!(
+            event_frames(&cold).is_empty(),
+            "{:?}",
+            support::escape(&cold)
+        );
+
+        let hit = stream(&server, endpoint, &request).await;
+        assert!(last_worker_request(&server).bypass_remote_prefill);
+        assert!(
+            hit.starts_with(BYPASS_FRAME.as_bytes()),
+            "{:?}",
+            support::escape(&hit)
+        );
+        assert_eq!(
+            event_frames(&hit),
+            [support::escape(BYPASS_FRAME.as_bytes())]
+        );
+    }
+}
+
+#[tokio::test]
+async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
+    let without = support::spawn(false).await.unwrap();
+    let with = support::spawn(true).await.unwrap();
+    for endpoint in ENDPOINTS {
+        let request = support::request(endpoint, "the same prompt twice", true, 5);
+        stream(&with, endpoint, &request).await;
+        stream(&without, endpoint, &request).await;
+
+        let filtered = stream(&with, endpoint, &request).await;
+        let worker = last_worker_request(&with);
+        assert!(worker.bypass_remote_prefill, "not a cache hit: {worker:?}");
+        assert!(
+            event_frames(&filtered).is_empty(),
+            "{:?}",
+            support::escape(&filtered)
+        );
+        assert!(filtered.starts_with(b"data: {"));
+
+        // The layer removed exactly the marker: the same request to the router without it gets
+        // the same bytes after the marker.
+        let bare = stream(&without, endpoint, &request).await;
+        assert_eq!(
+            bare.strip_prefix(BYPASS_FRAME.as_bytes()),
+            Some(&filtered[..])
+        );
+        assert_eq!(
+            support::streamed_text(&filtered).unwrap(),
+            "the same prompt twice the"
+        );
+    }
+}
+
+#[tokio::test]
+async fn opted_in_client_gets_the_marker_as_first_frame() {
+    let server = support::spawn(true).await.unwrap();
+    for endpoint in ENDPOINTS {
+        let request = support::request(endpoint, "opt in to the marker", true, 3);
+        let opted_in = support::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
+
+        // A cold request: nothing was bypassed, so there is nothing to forward.
+        let cold = stream(&server, endpoint, &opted_in).await;
+        assert!(
+            event_frames(&cold).is_empty(),
+            "{:?}",
+            support::escape(&cold)
+        );
+
+        let hit = stream(&server, endpoint, &opted_in).await;
+        assert!(last_worker_request(&server).bypass_remote_prefill);
+        assert_eq!(
+            support::frames(&hit)[0],
+            BYPASS_FRAME.as_bytes(),
+            "{:?}",
+            support::escape(&hit)
+        );
+        assert_eq!(event_frames(&hit).len(), 1, "{:?}", support::escape(&hit));
+        assert_eq!(support::streamed_text(&hit).unwrap(), "opt in to");
+
+        // The opt-in is per request: the next default request gets no marker.
+        let default = stream(&server, endpoint, &request).await;
+        assert!(last_worker_request(&server).bypass_remote_prefill);
+        assert!(event_frames(&default).is_empty());
+    }
+}
+
+#[tokio::test]
+async fn client_sent_marker_annotations_never_reach_the_worker() {
+    let sent = [
+        "x-bypass-remote-prefill",
+        "x-bypass-remote-prefill:true",
+        " X-Bypass-Remote-Prefill : TRUE",
+        "request_id",
+        "some-other-annotation",
+    ];
+    for endpoint in ENDPOINTS {
+        for stream in [true, false] {
+            let request = support::with_annotations(
+                support::request(endpoint, "forcing the bypass", stream, 2),
+                &sent,
+            );
+
+            let with = support::spawn(true).await.unwrap();
+            send(&with, endpoint, &request).await;
+            let worker = last_worker_request(&with);
+            assert_eq!(
+                worker.annotations,
+                ["request_id", "some-other-annotation"],
+                "{endpoint:?}, stream: {stream}"
+            );
+            assert!(!worker.bypass_remote_prefill, "a cold request is not a hit");
+
+            // Without the guard the worker is handed everything the client sent.
+            let without = support::spawn(false).await.unwrap();
+            send(&without, endpoint, &request).await;
+            assert_eq!(last_worker_request(&without).annotations, sent);
+        }
+    }
+}
+
+#[tokio::test]
+async fn request_id_reaches_only_clients_that_asked_for_it() {
+    let server = support::spawn(true).await.unwrap();
+    for endpoint in ENDPOINTS {
+        let request = support::request(endpoint, "which request is this", true, 2);
+        let asked = support::with_annotations(request.clone(), &["request_id"]);
+
+        let body = stream(&server, endpoint, &asked).await;
+        let frames = support::frames(&body);
+        let first: Value = serde_json::from_slice(
+            frames[1]
+                .strip_prefix(b"data: ")
+                .expect("a data frame after request_id"),
+        )
+        .unwrap();
+        let id = first["id"].as_str().unwrap();
+        assert_eq!(
+            support::escape(frames[0]),
+            support::escape(format!("event: request_id\n: \"{id}\"\n\n").as_bytes())
+        );
+        assert_eq!(event_frames(&body).len(), 1);
+
+        let body = stream(&server, endpoint, &request).await;
+        assert!(event_frames(&body).is_empty());
+    }
+}
+
+#[tokio::test]
+async fn non_streamed_json_is_byte_identical_with_and_without_the_layer() {
+    let without = support::spawn(false).await.unwrap();
+    let with = support::spawn(true).await.unwrap();
+    for endpoint in ENDPOINTS {
+        let request = support::request(endpoint, "plain json please", false, 6);
+        // The cold request and the cache hit.
+        for round in 0..2 {
+            let a = send(&without, endpoint, &request).await;
+            let b = send(&with, endpoint, &request).await;
+            assert_eq!(a.status, 200);
+            assert_eq!(a.content_type(), "application/json");
+            assert_eq!(b.status, a.status);
+            assert_eq!(b.body, a.body, "round {round}");
+            for name in ["content-type", "content-length"] {
+                assert_eq!(b.headers.get(name), a.headers.get(name), "{name}");
+            }
+            assert_eq!(last_worker_request(&with).bypass_remote_prefill, round == 1);
+            let json: Value = serde_json::from_slice(&b.body).unwrap();
+            let text = match endpoint {
+                Endpoint::Chat => &json["choices"][0]["message"]["content"],
+                Endpoint::Completions => &json["choices"][0]["text"],
+            };
+            assert_eq!(text, "plain json please plain json please");
+            assert_eq!(json["usage"]["completion_tokens"], 6);
+        }
+    }
+}
+
+#[tokio::test]
+async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
+    let server = support::spawn(true).await.unwrap();
+    for (endpoint, object) in [
+        (Endpoint::Chat, "chat.completion.chunk"),
+        (Endpoint::Completions, "text_completion"),
+    ] {
+        let request = support::request(endpoint, "one two three", true, 7);
+        let body = stream(&server, endpoint, &request).await;
+        let frames = support::frames(&body);
+        let mut content_chunks = 0;
+        for frame in &frames[..frames.len() - 1] {
+            let data = frame.strip_prefix(b"data: ").expect("only data frames");
+            let data = data
+                .strip_suffix(b"\n\n")
+                .expect("frames end in an empty line");
+            let chunk: Value = serde_json::from_slice(data).unwrap();
+            assert_eq!(chunk["object"], object);
+            let choice = &chunk["choices"][0];
+            let piece = choice["delta"]["content"]
+                .as_str()
+                .or(choice["text"].as_str())
+                .unwrap_or("");
+            content_chunks += usize::from(!piece.is_empty());
+        }
+        assert_eq!(content_chunks, 7);
+        assert_eq!(
+            support::streamed_text(&body).unwrap(),
+            "one two three one two three one"
+        );
+
+        let mut with_usage = request.clone();
+        with_usage["stream_options"] = serde_json::json!({"include_usage": true});
+        let body = stream(&server, endpoint, &with_usage).await;
+        let frames = support::frames(&body);
+        let last = frames[frames.len() - 2].strip_prefix(b"data: ").unwrap();
+        let last: Value = serde_json::from_slice(last).unwrap();
+        assert_eq!(last["choices"], serde_json::json!([]));
+        assert_eq!(last["usage"]["completion_tokens"], 7);
+        assert_eq!(last["usage"]["prompt_tokens"], 3);
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_a_400_with_a_json_error() {
+    let server = support::spawn(true).await.unwrap();
+    let cases: [(Endpoint, &str, &str); 5] = [
+        (Endpoint::Chat, "{\"model\":", "invalid JSON body"),
+        (Endpoint::Completions, "not json", "invalid JSON body"),
+        (
+            Endpoint::Chat,
+            r#"{"model":"m","prompt":"p"}"#,
+            "`messages` is required",
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"model":"m","messages":[]}"#,
+            "`prompt` is required",
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":"p","max_tokens":0}"#,
+            "max_tokens must be between 1",
+        ),
+    ];
+    for (endpoint, body, message) in cases {
+        let reply = server
+            .post(support::path(endpoint), body.to_owned())
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 400, "{body}");
+        assert_eq!(reply.content_type(), "application/json");
+        let json: Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        let got = json["error"]["message"].as_str().unwrap();
+        assert!(got.starts_with(message), "{body}: {got}");
+    }
+    assert!(
+        server.router.worker_log().is_empty(),
+        "bad requests never reach the worker"
+    );
+}
