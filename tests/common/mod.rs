@@ -1,0 +1,248 @@
+//! Helpers shared by the integration tests that run real servers and hand-made bodies.
+//!
+//! Each test binary uses a different subset, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, StreamBody};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// The frame Dynamo's router prepends when it bypasses remote prefill.
+pub const MARKER: &str = "event: x-bypass-remote-prefill\n: true\n\n";
+
+/// Bound on every wait in these tests: a hang fails the test instead of stalling the run.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The error type of the hand-made bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A `text/event-stream` response around `body`.
+pub fn event_stream<B>(body: B) -> Response<B> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(body)
+        .unwrap()
+}
+
+/// A listener on 127.0.0.1, port chosen by the OS.
+pub async fn listener() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+/// Serves `router` with `axum::serve` on 127.0.0.1; the server stops with the test's runtime.
+pub async fn spawn_axum(router: axum::Router) -> SocketAddr {
+    let (listener, addr) = listener().await;
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// Serves `svc` with hyper-util's auto (HTTP/1.1 and h2c) connection builder on 127.0.0.1, with
+/// room for `max_streams` concurrent HTTP/2 streams per connection.
+pub async fn spawn_auto<S, B>(svc: S, max_streams: u32) -> SocketAddr
+where
+    S: tower::Service<http::Request<hyper::body::Incoming>, Response = Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (listener, addr) = listener().await;
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let svc = hyper_util::service::TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http2().max_concurrent_streams(max_streams);
+                // A client that goes away mid-response is an error here, and expected.
+                let _ = builder
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A pooled HTTP/1.1 client.
+pub fn h1_client() -> Client<HttpConnector, http_body_util::Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// An HTTP/2 prior-knowledge (h2c) client: one connection, many streams.
+pub fn h2_client() -> Client<HttpConnector, http_body_util::Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// Reads a whole body: its data, concatenated, and its trailers.
+pub async fn read_all<B>(body: B) -> (Bytes, Option<HeaderMap>)
+where
+    B: Body,
+    B::Error: std::fmt::Debug,
+{
+    let collected = tokio::time::timeout(PATIENCE, body.collect())
+        .await
+        .expect("body did not end in time")
+        .expect("body failed");
+    let trailers = collected.trailers().cloned();
+    (collected.to_bytes(), trailers)
+}
+
+/// A body fed by the test through a channel of frames (or errors).
+pub type FedBody = StreamBody<ReceiverStream<Result<Frame<Bytes>, BoxError>>>;
+
+/// A body the test feeds frame by frame.
+pub fn fed_body(capacity: usize) -> (mpsc::Sender<Result<Frame<Bytes>, BoxError>>, FedBody) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (tx, StreamBody::new(ReceiverStream::new(rx)))
+}
+
+/// A body made of a fixed list of frames (or errors).
+pub type FramesBody =
+    StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, BoxError>>>>;
+
+/// A body that yields `frames` in order, then ends.
+pub fn frames_body(frames: Vec<Result<Frame<Bytes>, BoxError>>) -> FramesBody {
+    StreamBody::new(futures_util::stream::iter(frames))
+}
+
+/// A data frame.
+pub fn data(s: impl Into<Bytes>) -> Result<Frame<Bytes>, BoxError> {
+    Ok(Frame::data(s.into()))
+}
+
+pin_project_lite::pin_project! {
+    /// Wraps a body and raises a flag when it is dropped.
+    pub struct DropFlag<B> {
+        #[pin]
+        inner: B,
+        flag: Arc<AtomicBool>,
+        on_drop: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+
+    impl<B> PinnedDrop for DropFlag<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.flag.store(true, Ordering::SeqCst);
+            if let Some(tx) = this.on_drop.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+impl<B> DropFlag<B> {
+    /// `inner`, and the flag its drop raises.
+    pub fn new(inner: B) -> (Self, Arc<AtomicBool>) {
+        let flag = Arc::new(AtomicBool::new(false));
+        let body = Self {
+            inner,
+            flag: flag.clone(),
+            on_drop: None,
+        };
+        (body, flag)
+    }
+
+    /// `inner`, and a receiver that completes when it is dropped.
+    pub fn notifying(inner: B) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body = Self {
+            inner,
+            flag: Arc::new(AtomicBool::new(false)),
+            on_drop: Some(tx),
+        };
+        (body, rx)
+    }
+}
+
+impl<B: Body> Body for DropFlag<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A body that never yields anything and never ends.
+#[derive(Debug, Default)]
+pub struct Forever;
+
+impl Body for Forever {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Pending
+    }
+}
+
+/// Splits `bytes` into chunks whose lengths cycle through `sizes`, so frames and lines straddle
+/// chunk boundaries at many offsets.
+pub fn chunked(bytes: &[u8], sizes: &[usize]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut rest = Bytes::copy_from_slice(bytes);
+    for size in sizes.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        out.push(rest.split_to((*size).clamp(1, rest.len())));
+    }
+    out
+}
+
+/// Concatenates byte strings.
+pub fn concat<I: IntoIterator<Item = T>, T: AsRef<[u8]>>(parts: I) -> Bytes {
+    let mut out = BytesMut::new();
+    for part in parts {
+        out.extend_from_slice(part.as_ref());
+    }
+    out.freeze()
+}
+
+/// A field of `/proc/self/status` in KiB (e.g. `VmRSS`, `VmHWM`), where there is one.
+pub fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
