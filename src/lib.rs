@@ -135,6 +135,10 @@ mod layer;
 mod scan;
 mod service;
 
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(test)]
 #[path = "../tests/model/mod.rs"]
 mod test_model;
