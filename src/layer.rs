@@ -50,6 +50,8 @@ pub(crate) struct Config {
     pub(crate) max_frame_bytes: usize,
     pub(crate) on_overflow: Overflow,
     pub(crate) sdk_safe: bool,
+    /// Finds `event:`, built once per layer rather than once per chunk.
+    pub(crate) event_finder: memchr::memmem::Finder<'static>,
     /// How many bytes of a line the scanner needs to tell whether it is an `event` field naming a
     /// configured name.
     pub(crate) line_cap: usize,
@@ -62,6 +64,7 @@ impl Config {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             on_overflow: Overflow::default(),
             sdk_safe: false,
+            event_finder: memchr::memmem::Finder::new(crate::scan::EVENT_FIELD).into_owned(),
             line_cap: 0,
         };
         config.set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true);

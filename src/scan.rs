@@ -17,7 +17,7 @@ use crate::layer::{Config, Overflow};
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// The bytes every `event` field line with a non-empty value starts with.
-const EVENT_FIELD: &[u8] = b"event:";
+pub(crate) const EVENT_FIELD: &[u8] = b"event:";
 
 /// What the caller does with the bytes at the front of the input it passed to [`Scanner::step`].
 ///
@@ -243,8 +243,11 @@ impl Scanner {
             }
             if !self.config.sdk_safe {
                 if next_event <= i {
-                    next_event =
-                        memchr::memmem::find(&input[i..], EVENT_FIELD).map_or(len, |p| i + p);
+                    next_event = self
+                        .config
+                        .event_finder
+                        .find(&input[i..])
+                        .map_or(len, |p| i + p);
                 }
                 if let Some(end) = last_blank_line_end(input, i, next_event) {
                     i = end;
@@ -970,7 +973,10 @@ pub mod fuzz {
                     Step::Overflow => return None,
                     Step::NeedInput => break,
                 }
-                assert!(held.len() <= config.max_frame_bytes.max(2), "held past the cap");
+                assert!(
+                    held.len() <= config.max_frame_bytes.max(2),
+                    "held past the cap"
+                );
             }
             assert!(rest.is_empty(), "chunk not consumed");
             after.push(out.len());
