@@ -1,0 +1,164 @@
+#!/usr/bin/env node
+// The openai-node counterpart of tests/sdk/client.py's `sdk` mode (started by tests/sdk/run.sh).
+//
+//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail-on-hit --label L --version V
+//
+// Loads the openai package installed under DIR and streams, for chat and completions: a cold
+// request, the same request again (a prefix-cache hit), again with a spoofed marker in
+// nvext.annotations, and again opted in to the marker. With --expect pass (router with the layer)
+// the first three must stream the echo model's text; with --expect fail-on-hit (router without
+// the layer) only the cold one must, and the cache hits must fail with the SyntaxError that
+// openai-node throws on the marker frame: the Dynamo bug. The opted-in request gets the marker in
+// both cases, so it fails too; that proves nvext reaches the router.
+//
+// Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
+
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
+
+const MAX_TOKENS = 8;
+// A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
+// layer does not know.
+const SPOOFED = ['x-bypass-remote-prefill:true', 'sdk-test'];
+// The opt-in: the layer forwards the marker to this client (which an SDK cannot parse).
+const OPT_IN = ['x-bypass-remote-prefill'];
+
+const { values: args } = parseArgs({
+  options: {
+    'sdk-dir': { type: 'string' },
+    'base-url': { type: 'string' },
+    expect: { type: 'string' },
+    label: { type: 'string' },
+    version: { type: 'string' },
+  },
+});
+for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version']) {
+  if (!args[name]) {
+    console.error(`client.mjs: --${name} is required`);
+    process.exit(2);
+  }
+}
+if (!['pass', 'fail-on-hit'].includes(args.expect)) {
+  console.error(`client.mjs: --expect must be pass or fail-on-hit, got ${args.expect}`);
+  process.exit(2);
+}
+
+let failures = 0;
+function report(ok, what, why = '') {
+  if (ok) {
+    console.log(`PASS ${what}`);
+  } else {
+    failures += 1;
+    console.log(`FAIL ${what}: ${why}`);
+  }
+}
+
+// What the simulated echo model answers: the prompt's words, cycled, MAX_TOKENS of them.
+function echoText(prompt) {
+  const words = prompt.split(/\s+/).filter(Boolean);
+  if (words.length === 0) words.push('...');
+  return Array.from({ length: MAX_TOKENS }, (_, i) => words[i % words.length]).join(' ');
+}
+
+// The package under --sdk-dir, not one this script's own location would resolve.
+const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
+const entry = sdkRequire.resolve('openai');
+const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
+const sdk = sdkRequire(entry);
+const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+
+async function main() {
+  if (version !== args.version) {
+    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
+    return;
+  }
+  const client = new OpenAI({
+    baseURL: args['base-url'],
+    apiKey: 'sk-simulated',
+    maxRetries: 0,
+    timeout: 20_000,
+  });
+  const model = 'sim-llm';
+
+  async function chat(prompt, extra) {
+    const stream = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'user', content: prompt }],
+      max_tokens: MAX_TOKENS,
+      stream: true,
+      // openai-node sends unknown body parameters as they are.
+      ...extra,
+    });
+    let text = '';
+    for await (const chunk of stream) {
+      if (chunk.choices.length > 0) text += chunk.choices[0].delta.content ?? '';
+    }
+    return text;
+  }
+
+  async function completion(prompt, extra) {
+    const stream = await client.completions.create({
+      model,
+      prompt,
+      max_tokens: MAX_TOKENS,
+      stream: true,
+      ...extra,
+    });
+    let text = '';
+    for await (const chunk of stream) {
+      if (chunk.choices.length > 0) text += chunk.choices[0].text ?? '';
+    }
+    return text;
+  }
+
+  const withLayer = args.expect === 'pass';
+  const router = withLayer ? 'with layer' : 'without layer';
+  for (const [endpoint, call] of [
+    ['chat', chat],
+    ['completions', completion],
+  ]) {
+    const prompt = `prefix caching for ${args.label}`;
+    // [what, extra body, whether the SDK must fail on it]
+    const attempts = [
+      ['#1 cold', {}, false],
+      ['#2 cache hit', {}, !withLayer],
+      ['#3 cache hit, spoofed marker in nvext.annotations', { nvext: { annotations: SPOOFED } }, !withLayer],
+      ['#4 cache hit, opted in to the marker via nvext', { nvext: { annotations: OPT_IN } }, true],
+    ];
+    for (const [name, extra, mustFail] of attempts) {
+      const what = `${args.label} | ${router} | ${endpoint} stream ${name}`;
+      let text;
+      try {
+        text = await call(prompt, extra);
+      } catch (err) {
+        const failed = `${err?.constructor?.name ?? typeof err}: ${err?.message ?? err}`;
+        if (!mustFail) {
+          report(false, what, `the SDK failed: ${failed}`);
+        } else {
+          // The bug: the SDK parses the marker frame's empty data as JSON.
+          report(
+            err instanceof SyntaxError,
+            `${what}: marker received, SDK fails as in Dynamo (${failed})`,
+            `expected a SyntaxError, got ${failed}`,
+          );
+        }
+        continue;
+      }
+      if (mustFail) {
+        report(false, what, `streamed ${JSON.stringify(text)}, but the marker frame must reach and break the SDK`);
+      } else {
+        const expected = echoText(prompt);
+        report(text === expected, `${what}: ${JSON.stringify(text)}`, `expected ${JSON.stringify(expected)}`);
+      }
+    }
+  }
+}
+
+try {
+  await main();
+} catch (err) {
+  report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
+}
+process.exitCode = failures > 0 ? 1 : 0;

