@@ -60,10 +60,22 @@ pub const DEFAULT_MAX_TOKENS: u64 = 16;
 /// The largest `max_tokens` the simulated worker accepts.
 pub const MAX_TOKENS_LIMIT: u64 = 4096;
 
+/// How many prompts the prefix cache holds before it is emptied.
+const PREFIX_CACHE_ENTRIES: usize = 100_000;
+
+/// How many requests the worker's log keeps, the newest.
+const WORKER_LOG_ENTRIES: usize = 1024;
+
 /// The layer the simulated router is served with: Dynamo's marker and its `request_id`
 /// annotation both reach only the clients that asked for them.
 pub fn layer() -> BypassMarkerLayer {
     BypassMarkerLayer::new().opt_in("request_id")
+}
+
+/// The simulated router's axum app, with a new prefix cache, wrapped in [`layer()`] when
+/// `with_layer` is true. Use [`SimRouter`] to also read what its worker was handed.
+pub fn app(with_layer: bool) -> axum::Router {
+    SimRouter::new(with_layer).app()
 }
 
 /// The OpenAI endpoints the router serves.
@@ -132,7 +144,7 @@ impl SimRouter {
         }
     }
 
-    /// Everything the simulated worker has been handed, oldest first.
+    /// What the simulated worker has been handed (the last 1024 requests), oldest first.
     pub fn worker_log(&self) -> Vec<WorkerRequest> {
         lock(&self.shared.worker_log).clone()
     }
@@ -157,26 +169,39 @@ impl SimRouter {
         }
 
         // The request-side guard: a client cannot hand the worker a router-owned marker.
-        let mut annotations = req.nvext.map(|nvext| nvext.annotations).unwrap_or_default();
+        let mut annotations = req
+            .nvext
+            .and_then(|nvext| nvext.annotations)
+            .unwrap_or_default();
         let granted = match &self.shared.layer {
             Some(layer) => layer.guard_annotations(&mut annotations),
             None => RequestedAnnotations::new(),
         };
 
         // The KV router: a prompt it has served before is in the prefix cache.
+        let stream = req.stream.unwrap_or(false);
         let served_before = {
             let mut seen = lock(&self.shared.seen);
+            if seen.len() >= PREFIX_CACHE_ENTRIES {
+                seen.clear(); // evicted, all at once
+            }
             let count = seen.entry((endpoint, prompt.clone())).or_insert(0);
             *count += 1;
             *count - 1
         };
         let bypass = served_before > 0;
-        lock(&self.shared.worker_log).push(WorkerRequest {
-            endpoint,
-            annotations: annotations.clone(),
-            bypass_remote_prefill: bypass,
-            stream: req.stream,
-        });
+        {
+            let mut log = lock(&self.shared.worker_log);
+            if log.len() >= WORKER_LOG_ENTRIES {
+                log.remove(0);
+            }
+            log.push(WorkerRequest {
+                endpoint,
+                annotations: annotations.clone(),
+                bypass_remote_prefill: bypass,
+                stream,
+            });
+        }
 
         let completion = Completion {
             endpoint,
@@ -186,7 +211,7 @@ impl SimRouter {
             prompt_tokens: prompt.split_whitespace().count() as u64,
             tokens: echo_tokens(&prompt, max_tokens),
         };
-        let mut res = if req.stream {
+        let mut res = if stream {
             let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
             let mut frames = Vec::new();
             if bypass {
@@ -228,7 +253,7 @@ struct CompletionRequest {
     #[serde(default)]
     prompt: Option<Prompt>,
     #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
     #[serde(default)]
     max_tokens: Option<u64>,
     #[serde(default)]
@@ -274,7 +299,7 @@ struct StreamOptions {
 #[derive(Deserialize)]
 struct NvExt {
     #[serde(default)]
-    annotations: Vec<String>,
+    annotations: Option<Vec<String>>,
 }
 
 impl CompletionRequest {
