@@ -149,6 +149,21 @@ for v in "${node_versions[@]}"; do
   node_dir[$v]="$(install_npm "$v")"
   node_bin[$v]="$(node_for "${node_dir[$v]}")"
 done
+# Older "newest" versions are not needed any more.
+prune() {
+  local kind="$1" dir keep
+  shift
+  for dir in "$cache/$kind"-*; do
+    [[ -d "$dir" ]] || continue
+    for keep in "$@"; do
+      [[ "$dir" == "$cache/$kind-$keep" ]] && continue 2
+    done
+    log "removing $dir"
+    rm -rf "$dir"
+  done
+}
+prune py-openai "${py_versions[@]}"
+prune node-openai "${node_versions[@]}"
 log "SDKs ready in $((SECONDS - started)) s: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
 # ---------------------------------------------------------------------------------------------
