@@ -131,7 +131,7 @@ resolve_newest() {
   fi
   cached="$(newest_cached "$kind")"
   [[ -n "$cached" ]] || die "cannot ask the registry for the newest openai ($kind) and none is cached"
-  log "registry not reachable: using the newest cached $kind, $cached"
+  log "registry not asked (SDK_OFFLINE=1) or not reachable: using the newest cached $kind, $cached"
   printf '%s\n' "$cached"
 }
 
