@@ -1,1 +1,44 @@
-fn main(){}
+//! Throughput of `BypassMarkerBody`, against the unfiltered body, a bare `memchr2` line scan and
+//! an `eventsource-stream` decode + re-encode, on the same chunks in the same run.
+//!
+//! `cargo bench --bench throughput` (add a filter such as `-- events_64k` to run one workload).
+//! For the table of ratios, see `cargo run --release --example bench_summary` and BENCHMARKS.md.
+
+use std::time::Duration;
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+
+mod support;
+
+use support::{workloads, Variant};
+
+fn throughput(c: &mut Criterion) {
+    for workload in workloads() {
+        workload.check();
+        let target = workload
+            .floor_target
+            .map_or(String::new(), |t| format!(", target layer/floor >= {t}"));
+        eprintln!(
+            "{}: {}, {} chunks, {} bytes{target}",
+            workload.name,
+            workload.shape,
+            workload.chunk_count(),
+            workload.input_len()
+        );
+        let mut group = c.benchmark_group(workload.name);
+        group.throughput(Throughput::Bytes(workload.input_len()));
+        // A run is 1 to 2 MiB, so each sample is long enough; keep `cargo bench` to minutes.
+        group.sample_size(20);
+        group.warm_up_time(Duration::from_millis(500));
+        group.measurement_time(Duration::from_secs(2));
+        for variant in Variant::ALL {
+            group.bench_function(variant.name(), |b| {
+                b.iter(|| black_box(workload.run(black_box(variant))))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, throughput);
+criterion_main!(benches);

@@ -1,0 +1,535 @@
+//! Workloads and the polling harness shared by `benches/throughput.rs` (criterion) and
+//! `examples/bench_summary.rs` (the self-timing ratio table).
+//!
+//! Every variant of a workload reads the same prepared `Bytes` chunks through the same harness: a
+//! `tower::service_fn` upstream answers with a hand-made body that yields the chunks, the response
+//! is produced by `oneshot`, and the body is polled to completion synchronously with a no-op waker
+//! (every poll is ready). Only what happens to the chunks differs:
+//!
+//! - `layer`: through `BypassMarkerLayer::new()`, the bench's subject;
+//! - `unfiltered`: the upstream's body as is;
+//! - `memchr2 floor`: the upstream's body as is, plus a `memchr2(b'\n', b'\r', ..)` scan that finds
+//!   every line end of every chunk and does nothing else: what any filter that looks at line
+//!   structure must at least do;
+//! - `decode + re-encode`: what an application would write without this crate: parse with
+//!   `eventsource-stream`, drop the marker events, serialise the rest back to bytes.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use eventsource_stream::Eventsource;
+use futures_util::task::noop_waker_ref;
+use futures_util::Stream;
+use http::{header, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
+
+/// Dynamo's marker frame, as the router prepends it.
+pub const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+
+/// How a workload's chunks are processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Through `BypassMarkerLayer::new()`.
+    Layer,
+    /// The upstream body, untouched.
+    Unfiltered,
+    /// The upstream body plus a bare `memchr2` scan for every line end.
+    Floor,
+    /// `eventsource-stream` decode, drop the marker, re-serialise.
+    Decode,
+}
+
+impl Variant {
+    /// Every variant, in the order the tables show them.
+    pub const ALL: [Variant; 4] = [
+        Variant::Layer,
+        Variant::Unfiltered,
+        Variant::Floor,
+        Variant::Decode,
+    ];
+
+    /// A short name, used as the criterion function id.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Layer => "layer",
+            Variant::Unfiltered => "unfiltered",
+            Variant::Floor => "memchr2_floor",
+            Variant::Decode => "decode_reencode",
+        }
+    }
+}
+
+/// One input stream, cut into the chunks the upstream body yields.
+pub struct Workload {
+    /// A short name, used as the criterion group id.
+    pub name: &'static str,
+    /// What the chunks look like.
+    pub shape: &'static str,
+    /// The target for layer / memchr2 floor, if the brief sets one for this shape.
+    pub floor_target: Option<f64>,
+    chunks: Arc<[Bytes]>,
+    /// The client opted in to the marker: the layer passes the body through.
+    opted_in: bool,
+    /// The input minus its marker frames.
+    without_marker: Vec<u8>,
+}
+
+/// The upstream body: yields the prepared chunks, one per poll, always ready.
+pub struct ChunkBody {
+    chunks: Arc<[Bytes]>,
+    next: usize,
+}
+
+impl Body for ChunkBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let Some(chunk) = self.chunks.get(self.next).cloned() else {
+            return Poll::Ready(None);
+        };
+        self.next += 1;
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next == self.chunks.len()
+    }
+}
+
+impl Workload {
+    fn new(
+        name: &'static str,
+        shape: &'static str,
+        floor_target: Option<f64>,
+        chunks: Vec<Bytes>,
+    ) -> Self {
+        let input: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let without_marker = remove_all(&input, MARKER);
+        Self {
+            name,
+            shape,
+            floor_target,
+            chunks: chunks.into(),
+            opted_in: false,
+            without_marker,
+        }
+    }
+
+    fn opted_in(mut self) -> Self {
+        self.opted_in = true;
+        self
+    }
+
+    /// The bytes the upstream body yields per run.
+    pub fn input_len(&self) -> u64 {
+        self.chunks.iter().map(|c| c.len() as u64).sum()
+    }
+
+    /// How many chunks the upstream body yields per run.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn request(&self) -> Request<()> {
+        let mut req = Request::new(());
+        if self.opted_in {
+            req.extensions_mut().insert(
+                [BYPASS_REMOTE_PREFILL]
+                    .into_iter()
+                    .collect::<RequestedAnnotations>(),
+            );
+        }
+        req
+    }
+
+    /// Runs `variant` once over the workload. Returns the number of bytes yielded (the number of
+    /// line ends found, for the floor), so the work cannot be optimised away.
+    pub fn run(&self, variant: Variant) -> u64 {
+        let mut total = 0u64;
+        let n = self.run_with(variant, |data| total += data.len() as u64);
+        if variant == Variant::Floor {
+            n
+        } else {
+            total
+        }
+    }
+
+    /// Checks that every variant does the work it is meant to: the layer removes the marker (or,
+    /// for an opted-in client, forwards everything), the decode path yields the same bytes as the
+    /// layer minus the marker, and the floor finds every line end.
+    pub fn check(&self) {
+        let input: Vec<u8> = self.chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let collect = |variant| {
+            let mut out = Vec::new();
+            self.run_with(variant, |data| out.extend_from_slice(data));
+            out
+        };
+        let layer_expected = if self.opted_in {
+            &input
+        } else {
+            &self.without_marker
+        };
+        assert!(
+            collect(Variant::Layer) == *layer_expected,
+            "{}: layer output differs from the input minus its markers",
+            self.name
+        );
+        assert!(
+            collect(Variant::Unfiltered) == input,
+            "{}: unfiltered",
+            self.name
+        );
+        // eventsource-stream never yields a frame without data, so the decode path loses the marker
+        // even for a client that opted in.
+        assert!(
+            collect(Variant::Decode) == self.without_marker,
+            "{}: decode + re-encode output differs from the input minus its markers",
+            self.name
+        );
+        let line_ends = memchr::memchr2_iter(b'\n', b'\r', &input).count() as u64;
+        assert_eq!(self.run(Variant::Floor), line_ends, "{}: floor", self.name);
+    }
+
+    /// Runs `variant`, passing every yielded data chunk to `sink`; returns the floor's line-end
+    /// count (0 for the other variants).
+    fn run_with(&self, variant: Variant, sink: impl FnMut(&Bytes)) -> u64 {
+        let chunks = self.chunks.clone();
+        let upstream = service_fn(move |_req: Request<()>| {
+            let body = ChunkBody {
+                chunks: chunks.clone(),
+                next: 0,
+            };
+            let res = Response::builder()
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .body(body)
+                .expect("valid response");
+            std::future::ready(Ok::<_, Infallible>(res))
+        });
+        match variant {
+            Variant::Layer => {
+                let svc = BypassMarkerLayer::new().layer(upstream);
+                let body = ready(svc.oneshot(self.request())).into_body();
+                drain(body, sink);
+                0
+            }
+            Variant::Unfiltered => {
+                drain(ready(upstream.oneshot(self.request())).into_body(), sink);
+                0
+            }
+            Variant::Floor => {
+                let mut line_ends = 0;
+                drain(
+                    ready(upstream.oneshot(self.request())).into_body(),
+                    |chunk| line_ends += count_line_ends(chunk),
+                );
+                line_ends
+            }
+            Variant::Decode => {
+                let body = ready(upstream.oneshot(self.request())).into_body();
+                decode_reencode(body, sink);
+                0
+            }
+        }
+    }
+}
+
+/// The floor: finds every line end in `chunk` and does nothing else.
+#[inline(never)]
+fn count_line_ends(chunk: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut i = 0;
+    while let Some(p) = memchr::memchr2(b'\n', b'\r', &chunk[i..]) {
+        n += 1;
+        i += p + 1;
+    }
+    n
+}
+
+/// What an application would write without the layer: decode every event, drop the marker,
+/// serialise the rest again. Generous to this path: only `event` and `data` are written back, into
+/// one exact-size buffer per event.
+fn decode_reencode<B>(body: B, mut sink: impl FnMut(&Bytes))
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Debug,
+{
+    let mut events = pin!(body.into_data_stream().eventsource());
+    let mut cx = Context::from_waker(noop_waker_ref());
+    loop {
+        let event = match events.as_mut().poll_next(&mut cx) {
+            Poll::Ready(Some(Ok(event))) => event,
+            Poll::Ready(Some(Err(err))) => panic!("event stream error: {err:?}"),
+            Poll::Ready(None) => return,
+            Poll::Pending => unreachable!("the upstream body is always ready"),
+        };
+        if event.event == BYPASS_REMOTE_PREFILL {
+            continue;
+        }
+        let named = event.event != "message";
+        let lines = event.data.split('\n').count();
+        let mut out = Vec::with_capacity(
+            event.data.len() + lines * 7 + 1 + if named { event.event.len() + 8 } else { 0 },
+        );
+        if named {
+            out.extend_from_slice(b"event: ");
+            out.extend_from_slice(event.event.as_bytes());
+            out.push(b'\n');
+        }
+        for line in event.data.split('\n') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line.as_bytes());
+            out.push(b'\n');
+        }
+        out.push(b'\n');
+        sink(&Bytes::from(out));
+    }
+}
+
+/// Polls a future that is ready at once (the upstream and the layer's response future are).
+fn ready<T, F: Future<Output = Result<T, Infallible>>>(fut: F) -> T {
+    let mut cx = Context::from_waker(noop_waker_ref());
+    match pin!(fut).poll(&mut cx) {
+        Poll::Ready(Ok(out)) => out,
+        Poll::Ready(Err(never)) => match never {},
+        Poll::Pending => unreachable!("the upstream answers at once"),
+    }
+}
+
+/// Polls `body` to its end, passing every data chunk to `sink`.
+fn drain<B>(body: B, mut sink: impl FnMut(&Bytes))
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let mut body = pin!(body);
+    let mut cx = Context::from_waker(noop_waker_ref());
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    sink(data);
+                }
+            }
+            Poll::Ready(Some(Err(err))) => panic!("body error: {err:?}"),
+            Poll::Ready(None) => return,
+            Poll::Pending => unreachable!("the upstream body is always ready"),
+        }
+    }
+}
+
+fn remove_all(input: &[u8], needle: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(p) = memchr::memmem::find(rest, needle) {
+        out.extend_from_slice(&rest[..p]);
+        rest = &rest[p + needle.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// A small deterministic generator, so every run measures the same bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "model",
+    "streams",
+    "tokens",
+    "as",
+    "server",
+    "sent",
+    "events",
+    "and",
+    "each",
+    "chunk",
+    "carries",
+    "a",
+    "small",
+    "delta",
+    "of",
+    "text",
+    "prefill",
+    "decode",
+    "worker",
+    "cache",
+    "router",
+    "request",
+    "latency",
+    "is",
+    "measured",
+    "in",
+    "milliseconds",
+    "while",
+    "throughput",
+    "grows",
+];
+
+/// Appends words (plain ASCII, no JSON escaping needed) to `out` until it is `len` bytes long.
+fn words(rng: &mut Rng, out: &mut String, len: usize) {
+    assert!(len <= 1 << 20, "content length {len} out of range");
+    while out.len() < len {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
+    }
+    out.truncate(len);
+}
+
+/// One OpenAI chat-completion chunk event, 150 to 300 bytes long.
+fn chat_event(rng: &mut Rng) -> Vec<u8> {
+    let id = rng.next() as u32;
+    let head = format!(
+        "data: {{\"id\":\"chatcmpl-{id:08x}\",\"object\":\"chat.completion.chunk\",\"model\":\"llama-3.1-8b\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\""
+    );
+    let tail = "\"},\"finish_reason\":null}]}\n\n";
+    // The fixed parts are 157 bytes; a content of at least 3 bytes.
+    let min = (head.len() + tail.len() + 3).max(150);
+    let len = min + rng.below((301 - min) as u64) as usize;
+    let mut content = String::new();
+    words(rng, &mut content, len - head.len() - tail.len());
+    let event = format!("{head}{content}{tail}");
+    debug_assert!((150..=300).contains(&event.len()));
+    event.into_bytes()
+}
+
+/// One `data:` event of exactly `len` bytes: a JSON object with a long text field.
+fn big_event(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let head = "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"";
+    let tail = "\"}}]}\n\n";
+    let mut content = String::new();
+    words(rng, &mut content, len - head.len() - tail.len());
+    format!("{head}{content}{tail}").into_bytes()
+}
+
+/// Chat events totalling at least `bytes`.
+fn chat_events(rng: &mut Rng, bytes: usize) -> Vec<Vec<u8>> {
+    let mut events = Vec::new();
+    let mut total = 0;
+    while total < bytes {
+        let event = chat_event(rng);
+        total += event.len();
+        events.push(event);
+    }
+    events
+}
+
+/// Makes `pieces` the chunks of one static buffer: cloning, slicing and dropping them touches no
+/// reference count, so the harness costs every variant as little as it can. (Chunks read by hyper
+/// are reference-counted: that adds two atomic operations per chunk to every variant alike.) The
+/// buffer is leaked, once per workload and process.
+fn share(pieces: Vec<Vec<u8>>) -> Vec<Bytes> {
+    let all: &'static [u8] = Box::leak(pieces.concat().into_boxed_slice());
+    let mut at = 0;
+    pieces
+        .iter()
+        .map(|p| {
+            let chunk = Bytes::from_static(&all[at..at + p.len()]);
+            at += p.len();
+            chunk
+        })
+        .collect()
+}
+
+fn split_every(stream: &[u8], n: usize) -> Vec<Vec<u8>> {
+    stream.chunks(n).map(<[u8]>::to_vec).collect()
+}
+
+const MIB: usize = 1024 * 1024;
+
+/// The workloads of the brief, each about 1 to 2 MiB per run.
+pub fn workloads() -> Vec<Workload> {
+    let mut rng = Rng(0x5EED_CAFE_F00D_1234);
+    let events = chat_events(&mut rng, 2 * MIB);
+    let with_marker = |events: &[Vec<u8>]| {
+        let mut pieces = vec![MARKER.to_vec()];
+        pieces.extend_from_slice(events);
+        pieces
+    };
+    let stream = with_marker(&events).concat();
+
+    let one_per_chunk = with_marker(&events);
+    let sixteen_per_chunk: Vec<Vec<u8>> = {
+        let mut chunks: Vec<Vec<u8>> = events.chunks(16).map(<[Vec<u8>]>::concat).collect();
+        chunks[0].splice(0..0, MARKER.iter().copied());
+        chunks
+    };
+    let big: Vec<Vec<u8>> = {
+        let mut chunks = vec![MARKER.to_vec()];
+        chunks.extend((0..32).map(|_| big_event(&mut rng, 64 * 1024)));
+        chunks
+    };
+    let small_stream = with_marker(&chat_events(&mut rng, MIB)).concat();
+
+    vec![
+        Workload::new(
+            "chat_1_per_chunk",
+            "chat chunks, 1 event per chunk",
+            Some(0.4),
+            share(one_per_chunk.clone()),
+        ),
+        Workload::new(
+            "chat_16_per_chunk",
+            "chat chunks, 16 events per chunk",
+            Some(0.5),
+            share(sixteen_per_chunk),
+        ),
+        Workload::new(
+            "events_64k",
+            "64 KiB data events, 1 per chunk",
+            Some(0.8),
+            share(big),
+        ),
+        Workload::new(
+            "chat_61_byte_splits",
+            "chat stream split every 61 bytes",
+            Some(0.3),
+            share(split_every(&stream, 61)),
+        ),
+        Workload::new(
+            "chat_1_byte_chunks",
+            "chat stream in 1-byte chunks (1 MiB)",
+            None,
+            share(split_every(&small_stream, 1)),
+        ),
+        Workload::new(
+            "chat_no_marker",
+            "chat chunks, 1 per chunk, no marker",
+            None,
+            share(events.clone()),
+        ),
+        Workload::new(
+            "chat_opted_in",
+            "chat chunks, 1 per chunk, client opted in",
+            None,
+            share(one_per_chunk),
+        )
+        .opted_in(),
+    ]
+}
