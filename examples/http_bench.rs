@@ -1,0 +1,293 @@
+//! End-to-end throughput over HTTP/1.1 on 127.0.0.1: a hyper server streams at least 256 MiB of
+//! OpenAI chat-completion SSE (Dynamo's marker first) to a hyper client, through
+//! `BypassMarkerLayer` and without it, in one run.
+//!
+//! ```text
+//! cargo run --release --example http_bench [-- [--mib N] [--rounds N]]
+//! ```
+//!
+//! Two servers run side by side, one with the layer and one without; each round (5 by default)
+//! the client downloads the stream once from each, the order alternating between rounds, and reads
+//! the body to its end. Two chunk shapes: one event per body chunk (how an LLM server writes
+//! tokens) and sixteen events per chunk. The table shows median MiB/s and the median over rounds of
+//! the per-round ratio layer / no layer. Everything is bounded: each server accepts as many
+//! connections as the client will make, every transfer has a time limit, and the process exits
+//! when the rounds are done.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tower::{service_fn, Layer};
+use tower_bypass_marker::BypassMarkerLayer;
+
+const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+const MIB: u64 = 1024 * 1024;
+const TRANSFER_LIMIT: Duration = Duration::from_secs(120);
+
+/// One cycle of chat events, cut into chunks of `per_chunk` events, sharing one buffer (like the
+/// `Bytes` an application hands to hyper).
+fn event_chunks(per_chunk: usize) -> Arc<[Bytes]> {
+    let events: Vec<String> = (0..4096u32)
+        .map(|i| {
+            let words = ["the", "model", "streams", "tokens", "to", "each", "client"];
+            let content: Vec<&str> = (0..8 + i % 24).map(|k| words[((i + k) % 7) as usize]).collect();
+            format!(
+                "data: {{\"id\":\"chatcmpl-{i:08x}\",\"object\":\"chat.completion.chunk\",\"model\":\"llama-3.1-8b\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"finish_reason\":null}}]}}\n\n",
+                content.join(" ")
+            )
+        })
+        .collect();
+    let all = Bytes::from(events.concat());
+    let mut at = 0;
+    events
+        .chunks(per_chunk)
+        .map(|group| {
+            let len: usize = group.iter().map(String::len).sum();
+            let chunk = all.slice(at..at + len);
+            at += len;
+            chunk
+        })
+        .collect()
+}
+
+/// The response body: the marker, then the event chunks over and over until `remaining` is spent.
+struct EventStream {
+    chunks: Arc<[Bytes]>,
+    next: usize,
+    marker_sent: bool,
+    remaining: u64,
+}
+
+impl Body for EventStream {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if !self.marker_sent {
+            self.marker_sent = true;
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(MARKER)))));
+        }
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let chunk = self.chunks[self.next % self.chunks.len()].clone();
+        self.next += 1;
+        self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+}
+
+/// The payload after the marker, in bytes, for a stream of at least `min` bytes.
+fn payload_len(chunks: &[Bytes], min: u64) -> u64 {
+    let mut total = 0;
+    let mut i = 0;
+    while total < min {
+        total += chunks[i % chunks.len()].len() as u64;
+        i += 1;
+    }
+    total
+}
+
+/// Serves `connections` connections on `listener`, one after the other, then returns.
+async fn serve(listener: TcpListener, with_layer: bool, min_bytes: u64, connections: usize) {
+    let one = event_chunks(1);
+    let sixteen = event_chunks(16);
+    let upstream = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let chunks = if req.uri().path() == "/16" {
+            sixteen.clone()
+        } else {
+            one.clone()
+        };
+        let body = EventStream {
+            chunks,
+            next: 0,
+            marker_sent: false,
+            remaining: min_bytes,
+        };
+        let res = Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(body)
+            .expect("valid response");
+        std::future::ready(Ok::<_, Infallible>(res))
+    });
+    let layered = BypassMarkerLayer::new().layer(upstream.clone());
+    for _ in 0..connections {
+        let Ok(Ok((stream, _))) = tokio::time::timeout(TRANSFER_LIMIT, listener.accept()).await
+        else {
+            eprintln!("server: no connection within {TRANSFER_LIMIT:?}; stopping");
+            return;
+        };
+        stream.set_nodelay(true).expect("nodelay");
+        let io = TokioIo::new(stream);
+        let http = hyper::server::conn::http1::Builder::new();
+        // The client makes one transfer at a time, so each server serves one connection at a time.
+        let served = if with_layer {
+            let svc = TowerToHyperService::new(layered.clone());
+            tokio::time::timeout(TRANSFER_LIMIT, http.serve_connection(io, svc)).await
+        } else {
+            let svc = TowerToHyperService::new(upstream.clone());
+            tokio::time::timeout(TRANSFER_LIMIT, http.serve_connection(io, svc)).await
+        };
+        if let Err(err) = served
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            eprintln!("server: connection failed: {err}");
+        }
+    }
+}
+
+/// Downloads `path` from `addr` and returns the body's bytes and the seconds it took, checking that
+/// the marker is there (or not) as it should be.
+async fn download(addr: SocketAddr, path: &str, expect_marker: bool) -> (u64, f64) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header(header::HOST, "127.0.0.1")
+        .body(Empty::<Bytes>::new())
+        .expect("valid request");
+    let start = Instant::now();
+    let res = sender.send_request(req).await.expect("response");
+    assert_eq!(res.status(), 200);
+    let mut body = res.into_body();
+    let mut bytes = 0u64;
+    let mut head = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("body").into_data() {
+            if head.len() < MARKER.len() {
+                let take = (MARKER.len() - head.len()).min(data.len());
+                head.extend_from_slice(&data[..take]);
+            }
+            bytes += data.len() as u64;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(
+        head == MARKER,
+        expect_marker,
+        "marker present: {}, expected {expect_marker}",
+        head == MARKER
+    );
+    (bytes, secs)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let mut mib = 256u64;
+    let mut rounds = 5usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let value = args.next().and_then(|v| v.parse::<u64>().ok());
+        match (arg.as_str(), value) {
+            ("--mib", Some(v)) if v > 0 => mib = v,
+            ("--rounds", Some(v)) if v > 0 => rounds = v as usize,
+            _ => panic!("usage: http_bench [--mib N] [--rounds N]"),
+        }
+    }
+    // The servers and the client each get a thread and a single-threaded runtime: hyper hands each
+    // received chunk from the connection task to the body reader, which is cheap on one thread and
+    // a futex round trip per chunk across threads.
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let shapes = [
+        ("/1", "1 event per chunk", 1),
+        ("/16", "16 events per chunk", 16),
+    ];
+    let min_bytes = mib * MIB;
+    let connections = shapes.len() * rounds;
+    let (with, without) = runtime().block_on(async {
+        let with = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let without = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        (with.into_std().unwrap(), without.into_std().unwrap())
+    });
+    let addrs = (with.local_addr().unwrap(), without.local_addr().unwrap());
+    let servers = std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let with = TcpListener::from_std(with).expect("listener");
+            let without = TcpListener::from_std(without).expect("listener");
+            tokio::join!(
+                serve(with, true, min_bytes, connections),
+                serve(without, false, min_bytes, connections)
+            );
+        })
+    });
+    runtime().block_on(run(&shapes, addrs, min_bytes, rounds));
+    servers.join().expect("server thread");
+}
+
+async fn run(
+    shapes: &[(&str, &str, usize)],
+    (with_addr, without_addr): (SocketAddr, SocketAddr),
+    min_bytes: u64,
+    rounds: usize,
+) {
+    println!(
+        "{} MiB of SSE per transfer (marker first), {rounds} rounds, HTTP/1.1 over 127.0.0.1\n",
+        min_bytes / MIB
+    );
+    println!("| chunks | with layer MiB/s | without MiB/s | layer / without (min-max) |");
+    println!("|---|---:|---:|---:|");
+    for &(path, shape, per_chunk) in shapes {
+        let payload = payload_len(&event_chunks(per_chunk), min_bytes);
+        let (mut speed_with, mut speed_without, mut ratios) = (vec![], vec![], vec![]);
+        for round in 0..rounds {
+            let mut speeds = [0.0; 2];
+            for k in 0..2 {
+                let layered = (k + round) % 2 == 0;
+                let (addr, expected) = if layered {
+                    (with_addr, payload)
+                } else {
+                    (without_addr, payload + MARKER.len() as u64)
+                };
+                let transfer = download(addr, path, !layered);
+                let (bytes, secs) = tokio::time::timeout(TRANSFER_LIMIT, transfer)
+                    .await
+                    .expect("transfer within the time limit");
+                assert_eq!(bytes, expected, "{shape}: body length");
+                speeds[usize::from(!layered)] = bytes as f64 / secs / MIB as f64;
+            }
+            speed_with.push(speeds[0]);
+            speed_without.push(speeds[1]);
+            ratios.push(speeds[0] / speeds[1]);
+        }
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {shape} | {:.0} | {:.0} | {:.3} ({lo:.3}-{hi:.3}) |",
+            median(&mut speed_with),
+            median(&mut speed_without),
+            median(&mut ratios),
+        );
+    }
+}
