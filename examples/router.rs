@@ -7,8 +7,11 @@
 //!
 //! Point an OpenAI SDK at `http://127.0.0.1:3000/v1` and send the same streamed request twice:
 //! the second is a prefix-cache hit, for which the router bypasses remote prefill and prepends
-//! `event: x-bypass-remote-prefill\n: true\n\n` to the stream. With the layer only clients that
-//! list `x-bypass-remote-prefill` in `nvext.annotations` receive that frame.
+//! `event: x-bypass-remote-prefill\n: true\n\n` to the stream. Like Dynamo, the router also
+//! prepends `event: request_id\n: "<id>"\n\n` (after the marker) to every stream. With the layer
+//! a client receives each of these frames only if it lists its name (`x-bypass-remote-prefill`,
+//! `request_id`) in `nvext.annotations`; without it (`--no-layer`) every streamed request breaks
+//! the SDKs.
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! The simulated Dynamo-like router of `examples/support`, served on 127.0.0.1 and called with a
 //! real HTTP client: what clients receive on a prefix-cache hit with and without the layer, and
-//! what the simulated worker is handed.
+//! what the simulated worker is handed. The router prepends a `request_id` frame to every stream
+//! and the marker to cache hits; the layer forwards each only to the clients that asked for it.
 
 #[path = "../examples/support/mod.rs"]
 mod support;
@@ -34,6 +35,14 @@ fn last_worker_request(server: &Running) -> WorkerRequest {
         .expect("the worker was called")
 }
 
+/// The `request_id` frame the router must have sent with `body`, written out here rather than
+/// taken from the router: `event: request_id` and the stream's completion id as a JSON string.
+fn request_id_frame_of(body: &[u8]) -> String {
+    let id = support::stream_id(body).expect("a stream with an id");
+    assert!(!id.is_empty() && !id.contains(['"', '\\', '\n']), "{id:?}");
+    format!("event: request_id\n: \"{id}\"\n\n")
+}
+
 fn event_frames(body: &[u8]) -> Vec<String> {
     support::frames(body)
         .into_iter()
@@ -43,29 +52,37 @@ fn event_frames(body: &[u8]) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn no_layer_router_prepends_the_marker_to_cache_hit_streams_only() {
+async fn no_layer_router_prepends_request_id_to_every_stream_and_the_marker_to_cache_hits() {
     let server = support::spawn(false).await.unwrap();
     for endpoint in ENDPOINTS {
         let request = support::request(endpoint, "no layer here", true, 4);
         let cold = stream(&server, endpoint, &request).await;
         assert!(!last_worker_request(&server).bypass_remote_prefill);
-        assert!(
-            event_frames(&cold).is_empty(),
-            "{:?}",
-            support::escape(&cold)
-        );
-
-        let hit = stream(&server, endpoint, &request).await;
-        assert!(last_worker_request(&server).bypass_remote_prefill);
-        assert!(
-            hit.starts_with(BYPASS_FRAME.as_bytes()),
-            "{:?}",
-            support::escape(&hit)
-        );
         assert_eq!(
-            event_frames(&hit),
-            [support::escape(BYPASS_FRAME.as_bytes())]
+            support::escape(support::frames(&cold)[0]),
+            support::escape(request_id_frame_of(&cold).as_bytes())
         );
+        assert_eq!(event_frames(&cold).len(), 1, "{:?}", support::escape(&cold));
+
+        // The marker comes first, then request_id, whatever the client asked for.
+        for annotations in [&[][..], &["request_id"], &["x-bypass-remote-prefill"]] {
+            let request = support::with_annotations(request.clone(), annotations);
+            let hit = stream(&server, endpoint, &request).await;
+            assert!(last_worker_request(&server).bypass_remote_prefill);
+            assert_eq!(
+                event_frames(&hit),
+                [
+                    support::escape(BYPASS_FRAME.as_bytes()),
+                    support::escape(request_id_frame_of(&hit).as_bytes()),
+                ],
+                "{annotations:?}"
+            );
+            assert!(
+                hit.starts_with(BYPASS_FRAME.as_bytes()),
+                "{:?}",
+                support::escape(&hit)
+            );
+        }
     }
 }
 
@@ -75,8 +92,18 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
     let with = support::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
         let request = support::request(endpoint, "the same prompt twice", true, 5);
-        stream(&with, endpoint, &request).await;
-        stream(&without, endpoint, &request).await;
+        // The cold request: only request_id to remove.
+        let filtered = stream(&with, endpoint, &request).await;
+        assert!(
+            event_frames(&filtered).is_empty(),
+            "{:?}",
+            support::escape(&filtered)
+        );
+        let bare = stream(&without, endpoint, &request).await;
+        assert_eq!(
+            bare.strip_prefix(request_id_frame_of(&bare).as_bytes()),
+            Some(&filtered[..])
+        );
 
         let filtered = stream(&with, endpoint, &request).await;
         let worker = last_worker_request(&with);
@@ -88,13 +115,11 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
         );
         assert!(filtered.starts_with(b"data: {"));
 
-        // The layer removed exactly the marker: the same request to the router without it gets
-        // the same bytes after the marker.
+        // The layer removed exactly the marker and request_id: the same request to the router
+        // without it gets the same bytes after those two frames.
         let bare = stream(&without, endpoint, &request).await;
-        assert_eq!(
-            bare.strip_prefix(BYPASS_FRAME.as_bytes()),
-            Some(&filtered[..])
-        );
+        let prefix = format!("{BYPASS_FRAME}{}", request_id_frame_of(&bare));
+        assert_eq!(bare.strip_prefix(prefix.as_bytes()), Some(&filtered[..]));
         assert_eq!(
             support::streamed_text(&filtered).unwrap(),
             "the same prompt twice the"
@@ -109,7 +134,8 @@ async fn opted_in_client_gets_the_marker_as_first_frame() {
         let request = support::request(endpoint, "opt in to the marker", true, 3);
         let opted_in = support::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
 
-        // A cold request: nothing was bypassed, so there is nothing to forward.
+        // A cold request: nothing was bypassed, so there is no marker to forward, and request_id
+        // was not asked for.
         let cold = stream(&server, endpoint, &opted_in).await;
         assert!(
             event_frames(&cold).is_empty(),
@@ -125,6 +151,7 @@ async fn opted_in_client_gets_the_marker_as_first_frame() {
             "{:?}",
             support::escape(&hit)
         );
+        // The marker only: request_id was removed, this client did not ask for it.
         assert_eq!(event_frames(&hit).len(), 1, "{:?}", support::escape(&hit));
         assert_eq!(support::streamed_text(&hit).unwrap(), "opt in to");
 
@@ -170,29 +197,51 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
 }
 
 #[tokio::test]
-async fn request_id_reaches_only_clients_that_asked_for_it() {
+async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
     let server = support::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
         let request = support::request(endpoint, "which request is this", true, 2);
         let asked = support::with_annotations(request.clone(), &["request_id"]);
 
-        let body = stream(&server, endpoint, &asked).await;
-        let frames = support::frames(&body);
-        let first: Value = serde_json::from_slice(
-            frames[1]
-                .strip_prefix(b"data: ")
-                .expect("a data frame after request_id"),
-        )
-        .unwrap();
-        let id = first["id"].as_str().unwrap();
-        assert_eq!(
-            support::escape(frames[0]),
-            support::escape(format!("event: request_id\n: \"{id}\"\n\n").as_bytes())
-        );
-        assert_eq!(event_frames(&body).len(), 1);
+        // Cold, then a cache hit: request_id first, as a frame of its own, and no marker.
+        for round in 0..2 {
+            let body = stream(&server, endpoint, &asked).await;
+            assert_eq!(
+                last_worker_request(&server).bypass_remote_prefill,
+                round == 1
+            );
+            assert_eq!(
+                support::escape(support::frames(&body)[0]),
+                support::escape(request_id_frame_of(&body).as_bytes()),
+                "round {round}"
+            );
+            assert_eq!(event_frames(&body).len(), 1, "{:?}", support::escape(&body));
+            assert!(support::frames(&body)[1].starts_with(b"data: {"));
+        }
 
+        // Both opt-ins: the marker first, then request_id, each once.
+        let both =
+            support::with_annotations(request.clone(), &["x-bypass-remote-prefill", "request_id"]);
+        let body = stream(&server, endpoint, &both).await;
+        assert!(last_worker_request(&server).bypass_remote_prefill);
+        assert_eq!(
+            event_frames(&body),
+            [
+                support::escape(BYPASS_FRAME.as_bytes()),
+                support::escape(request_id_frame_of(&body).as_bytes()),
+            ]
+        );
+        assert!(body.starts_with(BYPASS_FRAME.as_bytes()));
+
+        // A client that did not ask: removed, though the router sent it.
         let body = stream(&server, endpoint, &request).await;
-        assert!(event_frames(&body).is_empty());
+        assert!(last_worker_request(&server).bypass_remote_prefill);
+        assert!(
+            event_frames(&body).is_empty(),
+            "{:?}",
+            support::escape(&body)
+        );
+        assert!(body.starts_with(b"data: {"));
     }
 }
 

@@ -11,14 +11,25 @@
 //!
 //! ```
 //!
-//! which the OpenAI SDKs cannot parse. Like Dynamo, it also starts the stream with
-//! `event: request_id\n: "<id>"\n\n` when the request's `nvext.annotations` list `request_id`.
+//! which the OpenAI SDKs cannot parse. Like Dynamo, it also prepends a `request_id` annotation
+//! frame to *every* stream, whatever the client asked for (after the marker on a cache hit):
 //!
-//! With the layer ([`SimRouter::new(true)`](SimRouter::new)) the handler runs the client's
-//! `nvext.annotations` through [`BypassMarkerLayer::guard_annotations`] before the simulated worker
-//! sees them, and puts the returned [`RequestedAnnotations`] in the response's extensions, where
-//! [`BypassMarkerLayer`] reads the client's opt-in. Without it the router behaves as Dynamo does
-//! today.
+//! ```text
+//! event: request_id
+//! : "<the completion's id>"
+//!
+//! ```
+//!
+//! It has no `data` line either, so without the layer every streamed request breaks the SDKs, cold
+//! or not.
+//!
+//! With the layer ([`SimRouter::new(true)`](SimRouter::new), configured by [`layer()`]) both frames
+//! are opt-in: the handler runs the client's `nvext.annotations` through
+//! [`BypassMarkerLayer::guard_annotations`] before the simulated worker sees them, and puts the
+//! returned [`RequestedAnnotations`] in the response's extensions, where [`BypassMarkerLayer`]
+//! reads the client's opt-in. A client that lists `x-bypass-remote-prefill` gets the marker, one
+//! that lists `request_id` gets the `request_id` frame, others get neither. Without the layer the
+//! router behaves as Dynamo does today.
 //!
 //! The model is an echo model: the completion is the prompt's words, repeated until `max_tokens`
 //! (16 by default) words have been produced, one word per streamed chunk.
@@ -51,6 +62,13 @@ use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 /// The frame the router prepends to the stream of a request that bypassed remote prefill.
 pub const BYPASS_FRAME: &str = "event: x-bypass-remote-prefill\n: true\n\n";
 
+/// The frame the router prepends to every stream (after [`BYPASS_FRAME`], if any): `event:
+/// request_id` and the completion's `id` as a JSON string in a comment, no `data` line.
+pub fn request_id_frame(id: &str) -> String {
+    let id = serde_json::to_string(id).expect("a string serializes");
+    format!("event: request_id\n: {id}\n\n")
+}
+
 /// The last frame of every stream.
 pub const DONE_FRAME: &str = "data: [DONE]\n\n";
 
@@ -66,8 +84,8 @@ const PREFIX_CACHE_ENTRIES: usize = 100_000;
 /// How many requests the worker's log keeps, the newest.
 const WORKER_LOG_ENTRIES: usize = 1024;
 
-/// The layer the simulated router is served with: Dynamo's marker and its `request_id`
-/// annotation both reach only the clients that asked for them.
+/// The layer the simulated router is served with: Dynamo's marker and the `request_id` frame the
+/// router prepends to every stream both reach only the clients that asked for them.
 pub fn layer() -> BypassMarkerLayer {
     BypassMarkerLayer::new().opt_in("request_id")
 }
@@ -217,10 +235,8 @@ impl SimRouter {
             if bypass {
                 frames.push(Bytes::from_static(BYPASS_FRAME.as_bytes()));
             }
-            if annotations.iter().any(|a| a == "request_id") {
-                let id = serde_json::to_string(&completion.id).expect("a string serializes");
-                frames.push(Bytes::from(format!("event: request_id\n: {id}\n\n")));
-            }
+            // Always, whatever the client asked for; the layer makes it opt-in.
+            frames.push(Bytes::from(request_id_frame(&completion.id)));
             frames.extend(completion.chunks(include_usage));
             frames.push(Bytes::from_static(DONE_FRAME.as_bytes()));
             event_stream(frames)
@@ -810,6 +826,20 @@ pub fn streamed_text(body: &[u8]) -> Result<String, BoxError> {
         }
     }
     Ok(text)
+}
+
+/// The `id` of the first `data` frame of a stream: the completion's id.
+pub fn stream_id(body: &[u8]) -> Result<String, BoxError> {
+    let data = frames(body)
+        .into_iter()
+        .find_map(|frame| frame.strip_prefix(b"data: "))
+        .ok_or("no data frame in the stream")?;
+    let chunk: serde_json::Value =
+        serde_json::from_slice(data.strip_suffix(b"\n\n").unwrap_or(data))?;
+    Ok(chunk["id"]
+        .as_str()
+        .ok_or("the first data frame has no string id")?
+        .to_owned())
 }
 
 /// `bytes` with CR, LF, tab, backslash and other control or non-ASCII bytes escaped, quotes left

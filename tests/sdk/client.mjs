@@ -1,15 +1,19 @@
 #!/usr/bin/env node
 // The openai-node counterpart of tests/sdk/client.py's `sdk` mode (started by tests/sdk/run.sh).
 //
-//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail-on-hit --label L --version V
+//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail-every-stream --label L --version V
 //
-// Loads the openai package installed under DIR and streams, for chat and completions: a cold
+// The router prepends `event: request_id\n: "<id>"\n\n` to every stream, and Dynamo's marker
+// `event: x-bypass-remote-prefill\n: true\n\n` before it on a prefix-cache hit; neither has a data
+// line. Loads the openai package installed under DIR and streams, for chat and completions: a cold
 // request, the same request again (a prefix-cache hit), again with a spoofed marker in
-// nvext.annotations, and again opted in to the marker. With --expect pass (router with the layer)
-// the first three must stream the echo model's text; with --expect fail-on-hit (router without
-// the layer) only the cold one must, and the cache hits must fail with the SyntaxError that
-// openai-node throws on the marker frame: the Dynamo bug. The opted-in request gets the marker in
-// both cases, so it fails too; that proves nvext reaches the router.
+// nvext.annotations, and again opted in to the marker. With --expect pass (router with the layer,
+// which removes both frames unless asked for) the first three must stream the echo model's text;
+// with --expect fail-every-stream (router without the layer) every one must fail with the
+// SyntaxError that openai-node throws on such a frame, the cold one on the request_id frame, the
+// cache hits on the marker too: the Dynamo bug. The opted-in request gets the marker in both
+// cases, so it fails too; that proves nvext reaches the router. (client.py's `raw` mode checks the
+// bytes behind these errors.)
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
@@ -24,6 +28,8 @@ const MAX_TOKENS = 8;
 const SPOOFED = ['x-bypass-remote-prefill:true', 'sdk-test'];
 // The opt-in: the layer forwards the marker to this client (which an SDK cannot parse).
 const OPT_IN = ['x-bypass-remote-prefill'];
+const MARKER = 'the x-bypass-remote-prefill frame';
+const REQUEST_ID = 'the request_id frame';
 
 const { values: args } = parseArgs({
   options: {
@@ -40,8 +46,8 @@ for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version']) {
     process.exit(2);
   }
 }
-if (!['pass', 'fail-on-hit'].includes(args.expect)) {
-  console.error(`client.mjs: --expect must be pass or fail-on-hit, got ${args.expect}`);
+if (!['pass', 'fail-every-stream'].includes(args.expect)) {
+  console.error(`client.mjs: --expect must be pass or fail-every-stream, got ${args.expect}`);
   process.exit(2);
 }
 
@@ -115,39 +121,41 @@ async function main() {
 
   const withLayer = args.expect === 'pass';
   const router = withLayer ? 'with layer' : 'without layer';
+  // What breaks the SDK on a cache hit without the layer: the marker, first, then request_id.
+  const hit = withLayer ? null : `${MARKER} and ${REQUEST_ID}`;
   for (const [endpoint, call] of [
     ['chat', chat],
     ['completions', completion],
   ]) {
     const prompt = `prefix caching for ${args.label}`;
-    // [what, extra body, whether the SDK must fail on it]
+    // [what, extra body, the frame the SDK must fail on, or null if it must stream the text]
     const attempts = [
-      ['#1 cold', {}, false],
-      ['#2 cache hit', {}, !withLayer],
-      ['#3 cache hit, spoofed marker in nvext.annotations', { nvext: { annotations: SPOOFED } }, !withLayer],
-      ['#4 cache hit, opted in to the marker via nvext', { nvext: { annotations: OPT_IN } }, true],
+      ['#1 cold', {}, withLayer ? null : REQUEST_ID],
+      ['#2 cache hit', {}, hit],
+      ['#3 cache hit, spoofed marker in nvext.annotations', { nvext: { annotations: SPOOFED } }, hit],
+      ['#4 cache hit, opted in to the marker via nvext', { nvext: { annotations: OPT_IN } }, withLayer ? MARKER : hit],
     ];
-    for (const [name, extra, mustFail] of attempts) {
+    for (const [name, extra, breaksOn] of attempts) {
       const what = `${args.label} | ${router} | ${endpoint} stream ${name}`;
       let text;
       try {
         text = await call(prompt, extra);
       } catch (err) {
         const failed = `${err?.constructor?.name ?? typeof err}: ${err?.message ?? err}`;
-        if (!mustFail) {
+        if (breaksOn === null) {
           report(false, what, `the SDK failed: ${failed}`);
         } else {
-          // The bug: the SDK parses the marker frame's empty data as JSON.
+          // The bug: the SDK parses the empty data of a frame without data as JSON.
           report(
             err instanceof SyntaxError,
-            `${what}: marker received, SDK fails as in Dynamo (${failed})`,
+            `${what}: ${breaksOn} received, SDK fails as in Dynamo (${failed})`,
             `expected a SyntaxError, got ${failed}`,
           );
         }
         continue;
       }
-      if (mustFail) {
-        report(false, what, `streamed ${JSON.stringify(text)}, but the marker frame must reach and break the SDK`);
+      if (breaksOn !== null) {
+        report(false, what, `streamed ${JSON.stringify(text)}, but ${breaksOn} must reach and break the SDK`);
       } else {
         const expected = echoText(prompt);
         report(text === expected, `${what}: ${JSON.stringify(text)}`, `expected ${JSON.stringify(expected)}`);

@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
 """Real clients against the simulated router of examples/support (started by tests/sdk/run.sh).
 
-  client.py sdk --base-url URL/v1 --expect pass|fail-on-hit --label L --version V
+The router prepends `event: request_id\n: "<id>"\n\n` to every stream, and Dynamo's marker
+`event: x-bypass-remote-prefill\n: true\n\n` before it on a prefix-cache hit. Neither frame has a
+data line, so each one alone breaks the SDKs.
+
+  client.py sdk --base-url URL/v1 --expect pass|fail-every-stream --label L --version V
       Streams with the openai package of the running interpreter, for chat and completions: a
       cold request, the same request again (a prefix-cache hit), again with a spoofed marker in
       nvext.annotations (sent through extra_body), and again opted in to the marker. With
-      --expect pass (router with the layer) the first three must stream the echo model's text;
-      with --expect fail-on-hit (router without the layer) only the cold one must, and the cache
-      hits must fail with the SDK's JSON decode error: the Dynamo bug. The opted-in request gets
-      the marker in both cases, so it fails too; that proves nvext reaches the router.
+      --expect pass (router with the layer, which removes both frames unless asked for) the first
+      three must stream the echo model's text; with --expect fail-every-stream (router without
+      the layer) every one must fail with the SDK's JSON decode error, the cold one on the
+      request_id frame, the cache hits on the marker too: the Dynamo bug. The opted-in request
+      gets the marker in both cases, so it fails too; that proves nvext reaches the router.
 
   client.py raw --layer-url URL --no-layer-url URL
-      A raw HTTP client (urllib, no SDK) checking the bytes: a client that lists
+      A raw HTTP client (urllib, no SDK) checking the bytes, so that the SDK errors above are
+      known to come from these frames. Through the layer: a client that lists
       x-bypass-remote-prefill in nvext.annotations gets the marker as the first frame of its
-      cache-hit stream through the layer, others do not; without the layer everyone gets it.
+      cache-hit stream, exactly once, and no request_id frame unless it also lists request_id;
+      others get neither frame. Without the layer: every stream starts with the request_id frame,
+      and a cache-hit stream starts with the exact marker frame, then request_id.
 
 Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 """
@@ -30,6 +38,8 @@ BYPASS_FRAME = b"event: x-bypass-remote-prefill\n: true\n\n"
 SPOOFED = ["x-bypass-remote-prefill:true", "sdk-test"]
 # The opt-in: the layer forwards the marker to this client (which an SDK cannot parse).
 OPT_IN = ["x-bypass-remote-prefill"]
+MARKER = "the x-bypass-remote-prefill frame"
+REQUEST_ID = "the request_id frame"
 
 failures = 0
 
@@ -78,44 +88,44 @@ def run_sdk(args):
 
     with_layer = args.expect == "pass"
     router = "with layer" if with_layer else "without layer"
+    # What breaks the SDK on a cache hit without the layer: the marker, first, then request_id.
+    hit = None if with_layer else f"{MARKER} and {REQUEST_ID}"
     for endpoint, call in (("chat", chat), ("completions", completion)):
         prompt = f"prefix caching for {args.label}"
-        # (what, extra_body, whether the SDK must fail on it)
+        # (what, extra_body, the frame the SDK must fail on, or None if it must stream the text)
         attempts = (
-            ("#1 cold", None, False),
-            ("#2 cache hit", None, not with_layer),
+            ("#1 cold", None, None if with_layer else REQUEST_ID),
+            ("#2 cache hit", None, hit),
             (
                 "#3 cache hit, spoofed marker in nvext.annotations",
                 {"nvext": {"annotations": SPOOFED}},
-                not with_layer,
+                hit,
             ),
             (
                 "#4 cache hit, opted in to the marker via extra_body",
                 {"nvext": {"annotations": OPT_IN}},
-                True,
+                MARKER if with_layer else hit,
             ),
         )
-        for name, extra_body, must_fail in attempts:
+        for name, extra_body, breaks_on in attempts:
             what = f"{args.label} | {router} | {endpoint} stream {name}"
             try:
                 text = call(prompt, extra_body)
             except Exception as err:  # the SDK's own error is what is being checked
                 failed = f"{type(err).__module__}.{type(err).__name__}: {err}"
-                if not must_fail:
+                if breaks_on is None:
                     report(False, what, f"the SDK failed: {failed}")
                 else:
-                    # The bug: the SDK parses the marker frame's empty data as JSON.
+                    # The bug: the SDK parses the empty data of a frame without data as JSON.
                     report(
                         isinstance(err, json.JSONDecodeError),
-                        f"{what}: marker received, SDK fails as in Dynamo ({failed})",
+                        f"{what}: {breaks_on} received, SDK fails as in Dynamo ({failed})",
                         f"expected json.JSONDecodeError, got {failed}",
                     )
                 continue
-            if must_fail:
+            if breaks_on is not None:
                 report(
-                    False,
-                    what,
-                    f"streamed {text!r}, but the marker frame must reach and break the SDK",
+                    False, what, f"streamed {text!r}, but {breaks_on} must reach and break the SDK"
                 )
             else:
                 expected = echo_text(prompt)
@@ -160,40 +170,75 @@ def run_raw(args):
     def check(what, ok, body):
         report(ok, what, f"received {body!r}")
 
+    def request_id_frame(body):
+        """The request_id frame the router must have sent with `body`: the stream's id."""
+        data = next(f for f in frames(body) if f.startswith(b"data: "))
+        stream_id = json.loads(data[len(b"data: ") :])["id"]
+        return f'event: request_id\n: "{stream_id}"\n\n'.encode()
+
+    def events(body):
+        """The frames that carry an event field, in order."""
+        return [f for f in frames(body) if f.startswith(b"event:")]
+
     prompt = "raw client prompt"
     opt_in = ["x-bypass-remote-prefill"]
     cold = stream(args.layer_url, prompt, opt_in)
-    check("raw | with layer | opted-in cold request: no marker", BYPASS_FRAME not in cold, cold)
+    check(
+        "raw | with layer | marker opted-in cold request: no marker, no request_id",
+        events(cold) == [],
+        cold,
+    )
     hit = stream(args.layer_url, prompt, opt_in)
     check(
-        "raw | with layer | opted-in cache hit: marker is the first frame",
+        "raw | with layer | marker opted-in cache hit: marker is the first frame",
         frames(hit)[0] == BYPASS_FRAME,
         hit,
     )
     check(
-        "raw | with layer | opted-in cache hit: marker sent once", hit.count(BYPASS_FRAME) == 1, hit
+        "raw | with layer | marker opted-in cache hit: marker sent once, request_id not at all",
+        events(hit) == [BYPASS_FRAME],
+        hit,
     )
     hit = stream(args.layer_url, prompt)
-    check("raw | with layer | default cache hit: no marker", b"event:" not in hit, hit)
+    check(
+        "raw | with layer | default cache hit: no marker, no request_id", b"event:" not in hit, hit
+    )
     hit = stream(args.layer_url, prompt, ["x-bypass-remote-prefill:true"])
     check(
-        "raw | with layer | spoofed 'x-bypass-remote-prefill:true' is no opt-in: no marker",
+        "raw | with layer | spoofed 'x-bypass-remote-prefill:true' is no opt-in: neither frame",
         b"event:" not in hit,
         hit,
     )
     hit = stream(args.layer_url, prompt, ["request_id"])
-    first = frames(hit)[0]
     check(
-        "raw | with layer | request_id opt-in: request_id frame first, no marker",
-        first.startswith(b'event: request_id\n: "') and BYPASS_FRAME not in hit,
+        "raw | with layer | request_id opted-in cache hit: request_id frame first, no marker",
+        frames(hit)[0] == request_id_frame(hit) and events(hit) == [request_id_frame(hit)],
+        hit,
+    )
+    hit = stream(args.layer_url, prompt, ["x-bypass-remote-prefill", "request_id"])
+    check(
+        "raw | with layer | both opted in, cache hit: marker first, then request_id, once each",
+        frames(hit)[:2] == [BYPASS_FRAME, request_id_frame(hit)]
+        and events(hit) == [BYPASS_FRAME, request_id_frame(hit)],
         hit,
     )
 
-    stream(args.no_layer_url, prompt)
+    cold = stream(args.no_layer_url, prompt)
+    check(
+        "raw | without layer | default cold request: request_id frame first, no marker",
+        frames(cold)[0] == request_id_frame(cold) and events(cold) == [request_id_frame(cold)],
+        cold,
+    )
     hit = stream(args.no_layer_url, prompt)
     check(
         "raw | without layer | default cache hit: marker is the first frame",
         frames(hit)[0] == BYPASS_FRAME,
+        hit,
+    )
+    check(
+        "raw | without layer | default cache hit: request_id frame right after the marker",
+        frames(hit)[1] == request_id_frame(hit)
+        and events(hit) == [BYPASS_FRAME, request_id_frame(hit)],
         hit,
     )
 
@@ -205,7 +250,7 @@ def main():
     sub = parser.add_subparsers(dest="mode", required=True)
     sdk = sub.add_parser("sdk")
     sdk.add_argument("--base-url", required=True)
-    sdk.add_argument("--expect", choices=["pass", "fail-on-hit"], required=True)
+    sdk.add_argument("--expect", choices=["pass", "fail-every-stream"], required=True)
     sdk.add_argument("--label", required=True)
     sdk.add_argument("--version", required=True)
     raw = sub.add_parser("raw")
