@@ -132,7 +132,7 @@ impl Body for Items {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.hint.clone()
+        self.hint
     }
 }
 
