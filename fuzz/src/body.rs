@@ -1,0 +1,396 @@
+//! Drives the real `BypassMarkerBody` for a case: a `tower::service_fn` answers with a scripted
+//! inner body, the layer wraps it, and the body is polled by hand with a no-op waker.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use tower::{service_fn, Layer, Service};
+use tower_bypass_marker::{BoxError, FrameTooLarge};
+
+use crate::case::{Case, CONTENT_TYPES};
+use crate::oracle::{self, esc};
+
+/// The message of the inner body's error.
+pub const INNER_ERROR: &str = "inner body failed";
+
+/// One step of the scripted inner body.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Data(Bytes),
+    /// `Poll::Pending` once (the waker is woken at once).
+    Pending,
+    Trailers(HeaderMap),
+    Error,
+}
+
+/// An inner body that plays a script, then ends.
+#[derive(Debug)]
+pub struct Scripted {
+    items: VecDeque<Item>,
+}
+
+impl Body for Scripted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(match self.items.pop_front() {
+            None => None,
+            Some(Item::Data(d)) => Some(Ok(Frame::data(d))),
+            Some(Item::Trailers(t)) => Some(Ok(Frame::trailers(t))),
+            Some(Item::Error) => {
+                self.items.clear();
+                Some(Err(INNER_ERROR.into()))
+            }
+            Some(Item::Pending) => {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let data = self.items.iter().map(|item| match item {
+            Item::Data(d) => d.len() as u64,
+            _ => 0,
+        });
+        SizeHint::with_exact(data.sum())
+    }
+}
+
+/// What the wrapped body yields, poll by poll.
+#[derive(Debug)]
+pub enum Event {
+    Data(Bytes),
+    Pending,
+    Trailers(HeaderMap),
+    Error(BoxError),
+    End,
+}
+
+fn trailers() -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert("x-fuzz-trailer", HeaderValue::from_static("1"));
+    map
+}
+
+/// The inner body's script for `case`.
+pub fn script(case: &Case) -> Vec<Item> {
+    let plan = &case.body;
+    let mut items = Vec::new();
+    for (i, chunk) in case.chunks().into_iter().enumerate() {
+        if plan.error_after == Some(i) {
+            items.push(Item::Error);
+            return items;
+        }
+        if plan.empty_chunks {
+            items.push(Item::Data(Bytes::new()));
+        }
+        items.push(Item::Data(Bytes::copy_from_slice(chunk)));
+        if plan.pending {
+            items.push(Item::Pending);
+        }
+    }
+    if plan.error_after.is_some() {
+        items.push(Item::Error);
+    } else if plan.trailers {
+        items.push(Item::Trailers(trailers()));
+    }
+    items
+}
+
+/// A waker that does nothing: every poll here is by hand. (`Waker::noop` is newer than the crate's
+/// MSRV.)
+struct Noop;
+
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+fn noop_waker() -> Waker {
+    Waker::from(Arc::new(Noop))
+}
+
+fn ready<F: Future>(f: F) -> F::Output {
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    match pin!(f).poll(&mut cx) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("a future over ready services was pending"),
+    }
+}
+
+/// Runs `case` through the layer and checks everything the body yields against the oracle.
+pub fn check_body(case: &Case) {
+    let items = script(case);
+    let (content_type, encoding, event_stream) = CONTENT_TYPES[case.body.content_type];
+    let filtering = event_stream && (case.sdk_safe || !case.removed_names().is_empty());
+    if filtering && oracle::known_divergence(case, data_before_error(case).0).is_some() {
+        return;
+    }
+
+    // The opt-in, put where the plan says.
+    let requested = case.requested();
+    let (mut on_request, mut on_response) = (None, None);
+    match case.body.opt_in_at {
+        0 => on_request = Some(requested),
+        1 => on_response = Some(requested),
+        2 => {
+            let (a, b): (Vec<_>, Vec<_>) = case
+                .requested
+                .iter()
+                .enumerate()
+                .partition(|(i, _)| i % 2 == 0);
+            on_request = Some(a.into_iter().map(|(_, n)| n.as_str()).collect());
+            on_response = Some(b.into_iter().map(|(_, n)| n.as_str()).collect());
+        }
+        _ => {
+            on_request = Some(requested.clone());
+            on_response = Some(requested);
+        }
+    }
+
+    let mut res = Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CONTENT_LENGTH, case.input.len())
+        .body(Scripted {
+            items: items.iter().cloned().collect(),
+        })
+        .unwrap();
+    if let Some(encoding) = encoding {
+        res.headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    if let Some(r) = on_response {
+        res.extensions_mut().insert(r);
+    }
+    let mut res = Some(res);
+    let mut svc = case.layer().layer(service_fn(move |_req: Request<()>| {
+        std::future::ready(Ok::<_, Infallible>(res.take().expect("called once")))
+    }));
+    let mut req = Request::new(());
+    if let Some(r) = on_request {
+        req.extensions_mut().insert(r);
+    }
+    ready(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
+    let res = ready(svc.call(req)).unwrap();
+    assert_eq!(
+        res.headers().get(header::CONTENT_TYPE).unwrap(),
+        content_type
+    );
+    assert_eq!(
+        res.headers().contains_key(header::CONTENT_LENGTH),
+        !filtering,
+        "content-length is removed exactly when the body is filtered"
+    );
+    let body = res.into_body();
+    assert_eq!(body.is_filtering(), filtering, "filtering decision");
+
+    // Poll to the end, checking size_hint and is_end_stream before every poll.
+    let mut body = pin!(body);
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut events = Vec::new();
+    // Every poll yields a frame of data (at most one per input byte and chunk), an item or the end.
+    let budget = 2 * (items.len() + case.input.len()) + 4;
+    let expected_data: Option<Vec<u8>> = if filtering {
+        let exp = expected_data(case);
+        Some(match exp.all {
+            Ok(all) | Err(all) => all,
+        })
+    } else {
+        None
+    };
+    let mut yielded = 0;
+    loop {
+        assert!(
+            events.len() <= budget,
+            "more polls than the script and its data allow"
+        );
+        let end_stream = body.is_end_stream();
+        let hint = body.size_hint();
+        if filtering {
+            let total = expected_data.as_ref().map_or(0, Vec::len);
+            let remaining = total.saturating_sub(yielded) as u64;
+            assert!(
+                hint.lower() <= remaining,
+                "size_hint lower {} > {remaining} to come",
+                hint.lower()
+            );
+            if let Some(upper) = hint.upper() {
+                assert!(
+                    upper >= remaining,
+                    "size_hint upper {upper} < {remaining} to come"
+                );
+            }
+        } else {
+            let inner = body.get_ref();
+            assert_eq!(
+                end_stream,
+                inner.is_end_stream(),
+                "passthrough is_end_stream"
+            );
+            let inner_hint = inner.size_hint();
+            assert_eq!(
+                (hint.lower(), hint.upper()),
+                (inner_hint.lower(), inner_hint.upper())
+            );
+        }
+        let event = match body.as_mut().poll_frame(&mut cx) {
+            Poll::Pending => Event::Pending,
+            Poll::Ready(None) => Event::End,
+            Poll::Ready(Some(Err(e))) => Event::Error(e),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(d) => Event::Data(d),
+                Err(frame) => Event::Trailers(frame.into_trailers().expect("data or trailers")),
+            },
+        };
+        if end_stream {
+            assert!(matches!(event, Event::End), "is_end_stream, then {event:?}");
+        }
+        if let Event::Data(d) = &event {
+            yielded += d.len();
+        }
+        let done = matches!(event, Event::End);
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    // (After `FrameTooLarge` the body ends but `is_end_stream` stays false, which http-body allows:
+    // false never promises more frames.)
+    let too_large = events
+        .iter()
+        .any(|e| matches!(e, Event::Error(e) if e.is::<FrameTooLarge>()));
+    assert!(
+        too_large || body.is_end_stream(),
+        "is_end_stream after the end"
+    );
+
+    if filtering {
+        check_filtered(case, &events);
+    } else {
+        check_passthrough(&items, &events);
+    }
+}
+
+/// The data the script yields before any error, and its chunk ends.
+fn data_before_error(case: &Case) -> (&[u8], &[usize]) {
+    match case.body.error_after {
+        Some(k) if k < case.ends.len() => {
+            let end = if k == 0 { 0 } else { case.ends[k - 1] };
+            (&case.input[..end], &case.ends[..k])
+        }
+        _ => (&case.input[..], &case.ends[..]),
+    }
+}
+
+/// The oracle for the data the script yields before any error.
+fn expected_data(case: &Case) -> oracle::Expected {
+    let (input, ends) = data_before_error(case);
+    oracle::expected(
+        input,
+        ends,
+        &oracle::rules(case),
+        case.max_frame_bytes(),
+        case.overflow,
+    )
+}
+
+fn check_passthrough(items: &[Item], events: &[Event]) {
+    let mut events = events.iter();
+    for item in items {
+        let event = events.next().expect("an event for every item");
+        match (item, event) {
+            (Item::Data(a), Event::Data(b)) => assert_eq!(esc(a), esc(b), "passthrough data"),
+            (Item::Pending, Event::Pending) => {}
+            (Item::Trailers(a), Event::Trailers(b)) => assert_eq!(a, b),
+            (Item::Error, Event::Error(e)) => assert_eq!(e.to_string(), INNER_ERROR),
+            (item, event) => panic!("passthrough gave {event:?} for {item:?}"),
+        }
+    }
+    assert!(matches!(events.next(), Some(Event::End)));
+    assert!(events.next().is_none());
+}
+
+fn check_filtered(case: &Case, events: &[Event]) {
+    let exp = expected_data(case);
+    let mut data = Vec::new();
+    let mut pendings = 0;
+    let mut tail = Vec::new();
+    for event in events {
+        match event {
+            Event::Data(d) => {
+                assert!(tail.is_empty(), "data after {tail:?}");
+                data.extend_from_slice(d);
+            }
+            Event::Pending => {
+                assert!(tail.is_empty(), "pending after {tail:?}");
+                // The script is pending once after each chunk: all it allows is out by now.
+                let n = *exp
+                    .after
+                    .get(pendings)
+                    .expect("a pending for each chunk handled");
+                assert_eq!(
+                    esc(&data),
+                    esc(exp_prefix(&exp, n)),
+                    "yielded before the inner body's pending #{pendings}"
+                );
+                pendings += 1;
+            }
+            other => tail.push(other),
+        }
+    }
+    if case.body.pending {
+        assert_eq!(pendings, exp.after.len(), "pendings seen");
+    }
+    let error_expected = case.body.error_after.is_some();
+    match &exp.all {
+        Ok(all) => {
+            assert_eq!(esc(&data), esc(all), "output");
+            match tail.as_slice() {
+                [Event::Error(e), Event::End] if error_expected => {
+                    assert_eq!(e.to_string(), INNER_ERROR)
+                }
+                [Event::Trailers(t), Event::End] if !error_expected && case.body.trailers => {
+                    assert_eq!(t, &trailers())
+                }
+                [Event::End] if !error_expected && !case.body.trailers => {}
+                other => panic!("after the data: {other:?}"),
+            }
+        }
+        Err(before) => {
+            assert_eq!(esc(&data), esc(before), "output before FrameTooLarge");
+            match tail.as_slice() {
+                [Event::Error(e), Event::End] => {
+                    let e = e
+                        .downcast_ref::<FrameTooLarge>()
+                        .unwrap_or_else(|| panic!("expected FrameTooLarge, got {e}"));
+                    assert_eq!(e.limit(), case.max_frame_bytes());
+                }
+                other => panic!("expected FrameTooLarge, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// The first `n` bytes of the expected output.
+fn exp_prefix(exp: &oracle::Expected, n: usize) -> &[u8] {
+    match &exp.all {
+        Ok(all) | Err(all) => &all[..n],
+    }
+}

@@ -1,0 +1,336 @@
+//! Decodes a fuzz input into a test case: a layer configuration, the client's opt-in, a body
+//! (bytes and where it is cut into chunks) and, for the `body` target, how the inner body behaves
+//! around the data.
+//!
+//! The first bytes are a header; a byte past the end of the input reads as 0, so every input
+//! decodes. The layout is documented in FUZZING.md.
+
+use tower_bypass_marker::{
+    BypassMarkerLayer, Overflow, RequestedAnnotations, BYPASS_REMOTE_PREFILL,
+};
+
+/// Tokens the dictionary mode maps input bytes to (`byte % 32`), so that a few mutations reach
+/// frames, line endings and event names the scanner has to tell apart.
+pub const TOKENS: [&[u8]; 32] = [
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"event:",
+    b"event: ",
+    b"data:",
+    b"data: ",
+    b":",
+    b" ",
+    b"x-bypass-remote-prefill",
+    b"request_id",
+    b"llm_metrics",
+    b"true",
+    b"\xEF\xBB\xBF",
+    b"\xEF",
+    b"\xEF\xBB",
+    b"id: 1",
+    b"event",
+    b"data",
+    b"x",
+    b"\0",
+    b"\xFF",
+    b": true",
+    b"retry: 5",
+    b"{\"id\":1}",
+    b"[DONE]",
+    b"Event",
+    b"x-bypass-remote-prefil",
+    b"x-bypass-remote-prefillx",
+    b"\t",
+    // The fuzz-chosen extra name, or "event: " when there is none.
+    b"",
+];
+
+/// How a configured name is treated, as the layer's builder leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    OptIn,
+    NeverForward,
+}
+
+/// A builder call on the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    OptIn,
+    NeverForward,
+    RouterOwned,
+}
+
+/// What the `body` target's inner response and body do besides yielding the data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyPlan {
+    /// Trailers after the data.
+    pub trailers: bool,
+    /// An error after this many data chunks (instead of the rest of the data and the trailers).
+    pub error_after: Option<usize>,
+    /// The inner body is `Pending` once after every data chunk.
+    pub pending: bool,
+    /// An empty data chunk before every data chunk.
+    pub empty_chunks: bool,
+    /// Index into [`CONTENT_TYPES`].
+    pub content_type: usize,
+    /// Where the opt-in goes: 0 request extensions, 1 response extensions, 2 split between the
+    /// two, 3 both.
+    pub opt_in_at: u8,
+}
+
+/// Response heads the `body` target picks from: (content-type, content-encoding, filtered).
+pub const CONTENT_TYPES: [(&str, Option<&str>, bool); 8] = [
+    ("text/event-stream", None, true),
+    ("text/event-stream", None, true),
+    ("text/event-stream", None, true),
+    ("text/event-stream", None, true),
+    ("Text/Event-Stream; charset=utf-8", None, true),
+    ("application/json", None, false),
+    ("text/event-stream", Some("gzip"), false),
+    ("text/event-stream", Some("identity"), true),
+];
+
+/// One decoded fuzz input.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The builder calls after `BypassMarkerLayer::new()`, in order.
+    pub calls: Vec<(String, Call)>,
+    /// The configured names and their kinds once those calls are made (the bypass marker first),
+    /// as the layer's documentation describes them.
+    pub names: Vec<(String, Kind)>,
+    pub sdk_safe: bool,
+    /// `Some(cap)`: a small `max_frame_bytes`; `None`: the default (1 MiB).
+    pub cap: Option<usize>,
+    pub overflow: Overflow,
+    /// The names the client opted in to.
+    pub requested: Vec<String>,
+    /// The body's bytes.
+    pub input: Vec<u8>,
+    /// The end offset of every chunk, the last one `input.len()`.
+    pub ends: Vec<usize>,
+    pub body: BodyPlan,
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    fn take(&mut self, n: usize) -> &[u8] {
+        let (head, rest) = self.0.split_at(n.min(self.0.len()));
+        self.0 = rest;
+        head
+    }
+}
+
+/// The longest body decoded in byte-by-byte mode, where every prefix is checked against the model.
+const BYTEWISE_MAX: usize = 512;
+
+impl Case {
+    /// Decodes `data`. Header: flags, opt-in, cap, extra name, body plan, error point, extra
+    /// name bytes, chunk count and lengths; the rest is the body (mapped through [`TOKENS`] in
+    /// dictionary mode).
+    pub fn decode(data: &[u8]) -> Case {
+        let mut r = Reader(data);
+        let flags = r.byte();
+        let opt_in = r.byte();
+        let cap = r.byte();
+        let extra = r.byte();
+        let plan = r.byte();
+        let error_at = r.byte();
+
+        let mut calls = Vec::new();
+        if opt_in & 0x10 != 0 {
+            calls.push((BYPASS_REMOTE_PREFILL.to_owned(), Call::NeverForward));
+        }
+        if flags & 0x01 != 0 {
+            calls.push(("request_id".to_owned(), Call::OptIn));
+        }
+        if flags & 0x02 != 0 {
+            calls.push(("llm_metrics".to_owned(), Call::NeverForward));
+        }
+        let extra_len = usize::from(extra & 0x1F);
+        let extra_name = if flags & 0x40 != 0 && extra_len > 0 {
+            let raw = r.take(extra_len);
+            let name: String = String::from_utf8_lossy(raw)
+                .chars()
+                .map(|c| if c == '\r' || c == '\n' { '_' } else { c })
+                .collect();
+            (!name.is_empty()).then_some(name)
+        } else {
+            None
+        };
+        if let Some(name) = &extra_name {
+            let call = match (extra >> 5) & 3 {
+                0 | 3 => Call::OptIn,
+                1 => Call::NeverForward,
+                _ => Call::RouterOwned,
+            };
+            calls.push((name.clone(), call));
+        }
+        let names = configured_names(&calls);
+
+        let mut requested = Vec::new();
+        for (bit, name) in [
+            (0x01, Some(BYPASS_REMOTE_PREFILL)),
+            (0x02, Some("request_id")),
+            (0x04, Some("llm_metrics")),
+            (0x08, extra_name.as_deref()),
+        ] {
+            if let Some(name) = name {
+                if opt_in & bit != 0 && !requested.iter().any(|r| r == name) {
+                    requested.push(name.to_owned());
+                }
+            }
+        }
+
+        let cuts = usize::from(r.byte() % 32);
+        let lengths: Vec<usize> = r.take(cuts).iter().map(|&b| usize::from(b)).collect();
+        let rest = r.0;
+        let mut input = if flags & 0x20 != 0 {
+            let extra_token = extra_name.as_deref().unwrap_or("event: ").as_bytes();
+            rest.iter()
+                .flat_map(|&b| match usize::from(b % 32) {
+                    31 => extra_token,
+                    k => TOKENS[k],
+                })
+                .copied()
+                .collect()
+        } else {
+            rest.to_vec()
+        };
+        let bytewise = flags & 0x80 != 0;
+        if bytewise {
+            input.truncate(BYTEWISE_MAX);
+        }
+
+        let mut ends = Vec::new();
+        if bytewise {
+            ends.extend(1..=input.len());
+        } else {
+            let mut at = 0;
+            for len in lengths {
+                at = (at + len).min(input.len());
+                ends.push(at);
+            }
+        }
+        if ends.last() != Some(&input.len()) {
+            ends.push(input.len());
+        }
+
+        let body = BodyPlan {
+            trailers: plan & 0x01 != 0,
+            error_after: (plan & 0x02 != 0).then(|| usize::from(error_at) % (ends.len() + 1)),
+            pending: plan & 0x04 != 0,
+            empty_chunks: plan & 0x08 != 0,
+            content_type: usize::from(plan >> 4) % CONTENT_TYPES.len(),
+            opt_in_at: (opt_in >> 5) & 3,
+        };
+
+        Case {
+            calls,
+            names,
+            sdk_safe: flags & 0x04 != 0,
+            cap: (flags & 0x08 != 0).then_some(usize::from(cap)),
+            overflow: if flags & 0x10 != 0 {
+                Overflow::Error
+            } else {
+                Overflow::Forward
+            },
+            requested,
+            input,
+            ends,
+            body,
+        }
+    }
+
+    /// The same case with a plain inner body: `text/event-stream`, the opt-in in the request, no
+    /// trailers, errors, empty chunks or `Pending`. What the `scanner` target exercises.
+    pub fn plain(&self) -> Case {
+        Case {
+            body: BodyPlan::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The layer this case configures.
+    pub fn layer(&self) -> BypassMarkerLayer {
+        let mut layer = BypassMarkerLayer::new()
+            .sdk_safe(self.sdk_safe)
+            .on_overflow(self.overflow);
+        for (name, call) in &self.calls {
+            layer = match call {
+                Call::OptIn => layer.opt_in(name),
+                Call::NeverForward => layer.never_forward(name),
+                Call::RouterOwned => layer.router_owned(name),
+            };
+        }
+        if let Some(cap) = self.cap {
+            layer = layer.max_frame_bytes(cap);
+        }
+        layer
+    }
+
+    /// The client's opt-in.
+    pub fn requested(&self) -> RequestedAnnotations {
+        self.requested.iter().map(String::as_str).collect()
+    }
+
+    /// The cap on held bytes the layer enforces.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.cap
+            .unwrap_or(tower_bypass_marker::DEFAULT_MAX_FRAME_BYTES)
+    }
+
+    /// The event types whose frames are removed for this client.
+    pub fn removed_names(&self) -> Vec<Vec<u8>> {
+        self.names
+            .iter()
+            .filter(|(name, kind)| {
+                *kind == Kind::NeverForward || !self.requested.iter().any(|r| r == name)
+            })
+            .map(|(name, _)| name.as_bytes().to_vec())
+            .collect()
+    }
+
+    /// The chunks of the body.
+    pub fn chunks(&self) -> Vec<&[u8]> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let chunk = &self.input[start..end];
+                start = end;
+                chunk
+            })
+            .collect()
+    }
+}
+
+/// The names and kinds the builder's documentation says `calls` leave: `opt_in` and
+/// `never_forward` set the kind, `router_owned` adds an opt-in name or leaves a known one's kind.
+fn configured_names(calls: &[(String, Call)]) -> Vec<(String, Kind)> {
+    let mut names = vec![(BYPASS_REMOTE_PREFILL.to_owned(), Kind::OptIn)];
+    for (name, call) in calls {
+        let kind = match call {
+            Call::OptIn => Some(Kind::OptIn),
+            Call::NeverForward => Some(Kind::NeverForward),
+            Call::RouterOwned => None,
+        };
+        match names.iter_mut().find(|(n, _)| n == name) {
+            Some((_, k)) => *k = kind.unwrap_or(*k),
+            None => names.push((name.clone(), kind.unwrap_or(Kind::OptIn))),
+        }
+    }
+    names
+}

@@ -1,0 +1,9 @@
+//! Shared by the fuzz targets and by `tests/fuzz_regressions.rs`: decoding a fuzz input into a
+//! case, the oracle, and the body driver. See FUZZING.md.
+
+#[path = "../../tests/model/mod.rs"]
+pub mod model;
+
+pub mod body;
+pub mod case;
+pub mod oracle;
