@@ -72,6 +72,17 @@ fn routes() -> Router {
     Router::new().route("/v1/events", get(|| async { events() }))
 }
 
+/// The event stream gzip-encoded with stored (uncompressed) blocks: the marker frame's bytes
+/// appear literally inside the encoded body.
+fn stored_gzip() -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    encoder
+        .write_all(format!(": stream start\n\n{}", unfiltered()).as_bytes())
+        .unwrap();
+    encoder.finish().unwrap()
+}
+
 /// What a client gets: whether the body was gzip-encoded, and the body decoded.
 async fn fetch(addr: std::net::SocketAddr, gzip: bool, opt_in: bool) -> (bool, String) {
     let mut req = Request::get(format!("http://{addr}/v1/events"));
@@ -159,4 +170,44 @@ async fn default_compression_predicate_leaves_event_streams_uncompressed_and_fil
             "inside: {inside}"
         );
     }
+}
+
+#[tokio::test]
+async fn an_encoded_event_stream_passes_byte_for_byte_even_with_marker_bytes_inside() {
+    let gz = stored_gzip();
+    assert!(
+        gz.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+        "the encoded body should hold the marker frame literally"
+    );
+    let app = Router::new()
+        .route(
+            "/v1/events",
+            get(|| async {
+                (
+                    [
+                        (header::CONTENT_TYPE, "text/event-stream"),
+                        (header::CONTENT_ENCODING, "gzip"),
+                    ],
+                    stored_gzip(),
+                )
+            }),
+        )
+        .layer(BypassMarkerLayer::new());
+    let addr = spawn_axum(app).await;
+
+    let res = h1_client()
+        .request(
+            Request::get(format!("http://{addr}/v1/events"))
+                .body(Full::<Bytes>::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (body, _) = read_all(res.into_body()).await;
+    // Filtering the encoded bytes would have cut the marker out of the gzip stream and broken it.
+    assert_eq!(body, gz);
+    assert_eq!(
+        fetch(addr, true, false).await,
+        (true, format!(": stream start\n\n{}", unfiltered()))
+    );
 }

@@ -128,6 +128,24 @@ fn app(layered: bool) -> Router {
             "/v1/sized",
             get(|| async { ([(header::CONTENT_TYPE, "text/event-stream")], unfiltered()) }),
         )
+        .route(
+            // A proxy that copies the upstream's `content-length` and streams the body.
+            "/v1/proxied",
+            get(|| async {
+                let length = unfiltered().len().to_string();
+                let chunks = chunked(unfiltered().as_bytes(), &[11, 40]);
+                let body = axum::body::Body::from_stream(stream::iter(
+                    chunks.into_iter().map(Ok::<_, Infallible>),
+                ));
+                (
+                    [
+                        (header::CONTENT_TYPE, "text/event-stream".to_owned()),
+                        (header::CONTENT_LENGTH, length),
+                    ],
+                    body,
+                )
+            }),
+        )
         .with_state(layer.clone());
     let routes = if layered {
         routes.layer(layer.clone())
@@ -286,6 +304,28 @@ async fn axum_content_length_is_removed_only_from_a_filtered_event_stream() {
     let plain = spawn_axum(app(false)).await;
     let (parts, _) = send(plain, get_req("/v1/sized")).await;
     assert!(parts.headers.contains_key(header::CONTENT_LENGTH));
+}
+
+#[tokio::test]
+async fn axum_content_length_copied_from_upstream_is_removed_when_filtering() {
+    let addr = spawn_axum(app(true)).await;
+
+    // Left in place, the upstream's length would promise bytes the filtered body never sends.
+    let (parts, body) = send(addr, get_req("/v1/proxied")).await;
+    assert_eq!(body, filtered());
+    assert!(!parts.headers.contains_key(header::CONTENT_LENGTH));
+
+    let mut req = get_req("/v1/proxied");
+    req.headers_mut().insert(
+        "x-nvext-annotations",
+        HeaderValue::from_static(BYPASS_REMOTE_PREFILL),
+    );
+    let (parts, body) = send(addr, req).await;
+    assert_eq!(body, unfiltered());
+    assert_eq!(
+        parts.headers[header::CONTENT_LENGTH],
+        unfiltered().len().to_string().as_str()
+    );
 }
 
 // --- tonic ----------------------------------------------------------------------------------
