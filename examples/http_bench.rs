@@ -6,13 +6,15 @@
 //! cargo run --release --example http_bench [-- [--mib N] [--rounds N]]
 //! ```
 //!
-//! Two servers run side by side, one with the layer and one without; each round (5 by default)
+//! Two servers run side by side, one with the layer and one without; each round (7 by default)
 //! the client downloads the stream once from each, the order alternating between rounds, and reads
 //! the body to its end. Two chunk shapes: one event per body chunk (how an LLM server writes
-//! tokens) and sixteen events per chunk. The table shows median MiB/s and the median over rounds of
-//! the per-round ratio layer / no layer. Everything is bounded: each server accepts as many
-//! connections as the client will make, every transfer has a time limit, and the process exits
-//! when the rounds are done.
+//! tokens) and sixteen events per chunk. The table shows median MiB/s, the median over rounds of
+//! the per-round ratio layer / no layer, and the server thread's CPU time per GiB sent (read from
+//! `/proc/thread-self/schedstat`), which a machine shared with other work disturbs less than
+//! wall-clock throughput. Everything is bounded: each server accepts as many connections as the
+//! client will make, every transfer has a time limit, and the process exits when the rounds are
+//! done.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,6 +30,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tower::{service_fn, Layer};
 use tower_bypass_marker::BypassMarkerLayer;
 
@@ -102,8 +105,21 @@ fn payload_len(chunks: &[Bytes], min: u64) -> u64 {
     total
 }
 
-/// Serves `connections` connections on `listener`, one after the other, then returns.
-async fn serve(listener: TcpListener, with_layer: bool, min_bytes: u64, connections: usize) {
+/// CPU time the calling thread has used, in nanoseconds (Linux; `None` elsewhere).
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+/// Serves `connections` connections on `listener`, one after the other, then returns. Sends the
+/// server thread's CPU time for each connection on `cpu`.
+async fn serve(
+    listener: TcpListener,
+    with_layer: bool,
+    min_bytes: u64,
+    connections: usize,
+    cpu: UnboundedSender<Option<u64>>,
+) {
     let one = event_chunks(1);
     let sixteen = event_chunks(16);
     let upstream = service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -134,7 +150,9 @@ async fn serve(listener: TcpListener, with_layer: bool, min_bytes: u64, connecti
         stream.set_nodelay(true).expect("nodelay");
         let io = TokioIo::new(stream);
         let http = hyper::server::conn::http1::Builder::new();
-        // The client makes one transfer at a time, so each server serves one connection at a time.
+        // The client makes one transfer at a time, so each server serves one connection at a time,
+        // and the server thread's CPU time over it is that transfer's.
+        let cpu_before = thread_cpu_ns();
         let served = if with_layer {
             let svc = TowerToHyperService::new(layered.clone());
             tokio::time::timeout(TRANSFER_LIMIT, http.serve_connection(io, svc)).await
@@ -148,6 +166,8 @@ async fn serve(listener: TcpListener, with_layer: bool, min_bytes: u64, connecti
         {
             eprintln!("server: connection failed: {err}");
         }
+        let used = cpu_before.zip(thread_cpu_ns()).map(|(a, b)| b - a);
+        let _ = cpu.send(used);
     }
 }
 
@@ -189,19 +209,9 @@ async fn download(addr: SocketAddr, path: &str, expect_marker: bool) -> (u64, f6
     (bytes, secs)
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 fn main() {
     let mut mib = 256u64;
-    let mut rounds = 5usize;
+    let mut rounds = 7usize;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args.next().and_then(|v| v.parse::<u64>().ok());
@@ -232,17 +242,18 @@ fn main() {
         (with.into_std().unwrap(), without.into_std().unwrap())
     });
     let addrs = (with.local_addr().unwrap(), without.local_addr().unwrap());
+    let (cpu_tx, cpu_rx) = unbounded_channel();
     let servers = std::thread::spawn(move || {
         runtime().block_on(async move {
             let with = TcpListener::from_std(with).expect("listener");
             let without = TcpListener::from_std(without).expect("listener");
             tokio::join!(
-                serve(with, true, min_bytes, connections),
-                serve(without, false, min_bytes, connections)
+                serve(with, true, min_bytes, connections, cpu_tx.clone()),
+                serve(without, false, min_bytes, connections, cpu_tx)
             );
         })
     });
-    runtime().block_on(run(&shapes, addrs, min_bytes, rounds));
+    runtime().block_on(run(&shapes, addrs, min_bytes, rounds, cpu_rx));
     servers.join().expect("server thread");
 }
 
@@ -251,18 +262,23 @@ async fn run(
     (with_addr, without_addr): (SocketAddr, SocketAddr),
     min_bytes: u64,
     rounds: usize,
+    mut server_cpu: UnboundedReceiver<Option<u64>>,
 ) {
     println!(
         "{} MiB of SSE per transfer (marker first), {rounds} rounds, HTTP/1.1 over 127.0.0.1\n",
         min_bytes / MIB
     );
-    println!("| chunks | with layer MiB/s | without MiB/s | layer / without (min-max) |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| chunks | with layer MiB/s | without MiB/s | layer / without (min-max) \
+         | server CPU ms/GiB with | without | CPU with / without (min-max) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for &(path, shape, per_chunk) in shapes {
         let payload = payload_len(&event_chunks(per_chunk), min_bytes);
-        let (mut speed_with, mut speed_without, mut ratios) = (vec![], vec![], vec![]);
+        // Per variant (0: with the layer, 1: without): MiB/s and server CPU ms per GiB, per round.
+        let mut speed: [Vec<f64>; 2] = Default::default();
+        let mut cpu: [Vec<f64>; 2] = Default::default();
         for round in 0..rounds {
-            let mut speeds = [0.0; 2];
             for k in 0..2 {
                 let layered = (k + round) % 2 == 0;
                 let (addr, expected) = if layered {
@@ -275,19 +291,63 @@ async fn run(
                     .await
                     .expect("transfer within the time limit");
                 assert_eq!(bytes, expected, "{shape}: body length");
-                speeds[usize::from(!layered)] = bytes as f64 / secs / MIB as f64;
+                let used = tokio::time::timeout(TRANSFER_LIMIT, server_cpu.recv())
+                    .await
+                    .expect("the server finishes the connection")
+                    .expect("server running");
+                let v = usize::from(!layered);
+                speed[v].push(bytes as f64 / secs / MIB as f64);
+                if let Some(ns) = used {
+                    cpu[v].push(ns as f64 / 1e6 / (bytes as f64 / (1024.0 * MIB as f64)));
+                }
             }
-            speed_with.push(speeds[0]);
-            speed_without.push(speeds[1]);
-            ratios.push(speeds[0] / speeds[1]);
         }
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let ratios =
+            |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a / b).collect() };
+        let speed_ratio = Summary::of(ratios(&speed[0], &speed[1]));
+        let cpu_ratio = Summary::of(ratios(&cpu[0], &cpu[1]));
+        let [with, without] = speed.map(|s| Summary::of(s).median);
+        let [cpu_with, cpu_without] = cpu.map(|c| Summary::of(c).median);
         println!(
-            "| {shape} | {:.0} | {:.0} | {:.3} ({lo:.3}-{hi:.3}) |",
-            median(&mut speed_with),
-            median(&mut speed_without),
-            median(&mut ratios),
+            "| {shape} | {with:.0} | {without:.0} | {speed_ratio} | {cpu_with:.0} | {cpu_without:.0} \
+             | {cpu_ratio} |"
         );
+    }
+}
+
+/// The median, lowest and highest of some per-round figures.
+struct Summary {
+    median: f64,
+    low: f64,
+    high: f64,
+}
+
+impl Summary {
+    fn of(mut values: Vec<f64>) -> Self {
+        if values.is_empty() {
+            return Self {
+                median: f64::NAN,
+                low: f64::NAN,
+                high: f64::NAN,
+            };
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            low: values[0],
+            high: values[n - 1],
+        }
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} ({:.3}-{:.3})", self.median, self.low, self.high)
     }
 }
