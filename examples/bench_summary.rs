@@ -132,11 +132,9 @@ fn main() {
     let options = options();
     let workloads: Vec<Workload> = workloads()
         .into_iter()
-        .filter(|w| {
-            options
-                .filter
-                .as_ref()
-                .map_or(true, |f| w.name.contains(f.as_str()))
+        .filter(|w| match &options.filter {
+            Some(filter) => w.name.contains(filter.as_str()),
+            None => true,
         })
         .collect();
     assert!(!workloads.is_empty(), "no workload matches the filter");
