@@ -231,7 +231,8 @@ impl Scanner {
     /// removed or left open is forwarded as one run.
     fn run(&mut self, input: &[u8], mut i: usize) -> Step {
         let len = input.len();
-        // Where the next `event:` starts; frames before it cannot be removed (see `skip_to`).
+        // Where the next `event:` starts: the frames before it cannot be removed, so they are
+        // skipped in bulk, up to their last empty line (see `last_blank_line_end`).
         let mut next_event = 0;
         while i < len {
             let b = input[i];
@@ -243,11 +244,16 @@ impl Scanner {
             }
             if !self.config.sdk_safe {
                 if next_event <= i {
-                    next_event = self
-                        .config
-                        .event_finder
-                        .find(&input[i..])
-                        .map_or(len, |p| i + p);
+                    next_event = if long_line_ahead(input, i) {
+                        // Searching a long line for `event:` costs more than walking it line by
+                        // line, which visits it once with `memchr2`.
+                        i
+                    } else {
+                        self.config
+                            .event_finder
+                            .find(&input[i..])
+                            .map_or(len, |p| i + p)
+                    };
                 }
                 if let Some(end) = last_blank_line_end(input, i, next_event) {
                     i = end;
@@ -425,10 +431,26 @@ impl Scanner {
     }
 }
 
+/// How far a line must run, with no line end in its first [`LONG_LINE_PROBE`] bytes, to be walked
+/// rather than searched for `event:`.
+const LONG_LINE: usize = 16 * 1024;
+const LONG_LINE_PROBE: usize = 1024;
+
+/// Whether the line at `i` looks long (think 64 KiB `data:` events): at least [`LONG_LINE`] bytes
+/// of input left and no line end among the first [`LONG_LINE_PROBE`].
+fn long_line_ahead(input: &[u8], i: usize) -> bool {
+    input.len() - i >= LONG_LINE
+        && memchr::memchr2(b'\n', b'\r', &input[i..i + LONG_LINE_PROBE]).is_none()
+}
+
 /// The end of the last empty line that lies wholly in `input[from..until]` and is not at `from`
 /// itself, where `from` is a line start outside any frame. Everything in `input[from..end]` is
 /// then whole frames and empty lines.
 fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize> {
+    // The common case: a chunk of whole frames that ends in "\n\n".
+    if until >= from + 2 && input[until - 1] == b'\n' && input[until - 2] == b'\n' {
+        return Some(until);
+    }
     let mut hi = until;
     while hi > from + 1 {
         let j = from + memchr::memrchr2(b'\n', b'\r', &input[from..hi])?;
@@ -914,6 +936,44 @@ mod tests {
             input.len(),
             "the oversized frame is forwarded whole"
         );
+    }
+
+    #[test]
+    fn long_lines_are_walked_and_frames_after_them_still_filtered() {
+        let layer = BypassMarkerLayer::new();
+        let long = vec![b'x'; 40 * 1024];
+        let input = cat(&[
+            b"data: ",
+            &long,
+            b"\n\n",
+            MARKER,
+            b"data: ",
+            &long,
+            b"\r\n\r\n",
+            MARKER,
+        ]);
+        let expected = cat(&[b"data: ", &long, b"\n\n", b"data: ", &long, b"\r\n\r\n"]);
+        assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
+        for at in [
+            1,
+            100,
+            1025,
+            16 * 1024,
+            40 * 1024 + 7,
+            40 * 1024 + 20,
+            80 * 1024,
+        ] {
+            let (a, b) = input.split_at(at);
+            assert_eq!(
+                Esc(&drive(&layer, &[a, b])),
+                Esc(&expected),
+                "split at {at}"
+            );
+        }
+        // A long `event` line is never a configured name, and a marker after it still goes.
+        let input = cat(&[b"event: ", &long, b"\ndata: 1\n\n", MARKER]);
+        let expected = cat(&[b"event: ", &long, b"\ndata: 1\n\n"]);
+        assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
     }
 
     #[test]
