@@ -158,11 +158,12 @@ impl Filter {
             if let Some(data) = self.drain_chunk()? {
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             }
-            match std::mem::replace(&mut self.end, End::Done) {
-                End::Open => self.end = End::Open,
-                End::Trailers(trailers) => return Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-                End::Error(err) => return Poll::Ready(Some(Err(err))),
-                End::Done => return Poll::Ready(None),
+            if !matches!(self.end, End::Open) {
+                return Poll::Ready(match std::mem::replace(&mut self.end, End::Done) {
+                    End::Trailers(trailers) => Some(Ok(Frame::trailers(trailers))),
+                    End::Error(err) => Some(Err(err)),
+                    End::Open | End::Done => None,
+                });
             }
             match ready!(inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
