@@ -205,7 +205,8 @@ pub fn esc(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()
 }
 
-/// Divergences already reported and pinned by a test in tests/fuzz_regressions.rs. The targets
+/// Divergences already reported and pinned by a test in tests/fuzz_regressions.rs (inputs under
+/// `fuzz/regressions/open/`). The targets
 /// skip inputs that hit one, so that the fuzzer looks past them, unless `TBM_FUZZ_STRICT` is set;
 /// tests never skip them. `input` is the body's data up to its end (or its error).
 pub fn known_divergence(case: &Case, input: &[u8]) -> Option<&'static str> {
