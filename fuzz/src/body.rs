@@ -215,7 +215,7 @@ pub fn check_body(case: &Case) {
     } else {
         None
     };
-    let mut yielded = 0;
+    let mut data = Vec::new();
     loop {
         assert!(
             events.len() <= budget,
@@ -223,18 +223,27 @@ pub fn check_body(case: &Case) {
         );
         let end_stream = body.is_end_stream();
         let hint = body.size_hint();
-        if filtering {
-            let total = expected_data.as_ref().map_or(0, Vec::len);
-            let remaining = total.saturating_sub(yielded) as u64;
+        if let Some(expected) = &expected_data {
+            // Wrong data is reported as such, before the size hint it makes wrong.
+            assert!(
+                expected.starts_with(&data),
+                "output so far {:?} is not a prefix of the expected {:?}",
+                esc(&data),
+                esc(expected)
+            );
+            let remaining = (expected.len() - data.len()) as u64;
             assert!(
                 hint.lower() <= remaining,
-                "size_hint lower {} > {remaining} to come",
+                "size_hint lower {} > {remaining} bytes the oracle still expects",
                 hint.lower()
             );
             if let Some(upper) = hint.upper() {
                 assert!(
                     upper >= remaining,
-                    "size_hint upper {upper} < {remaining} to come"
+                    "size_hint upper {upper} < {remaining} bytes the oracle still expects \
+                     (output so far {:?}, expected {:?})",
+                    esc(&data),
+                    esc(expected)
                 );
             }
         } else {
@@ -263,7 +272,7 @@ pub fn check_body(case: &Case) {
             assert!(matches!(event, Event::End), "is_end_stream, then {event:?}");
         }
         if let Event::Data(d) = &event {
-            yielded += d.len();
+            data.extend_from_slice(d);
         }
         let done = matches!(event, Event::End);
         events.push(event);
