@@ -42,10 +42,16 @@ pub const TOKENS: [&[u8]; 32] = [
     b"Event",
     b"x-bypass-remote-prefil",
     b"x-bypass-remote-prefillx",
+    // A long run of `x` instead when byte 3 has bit 7 set (see `LONG_RUN`).
     b"\t",
     // The fuzz-chosen extra name, or "event: " when there is none.
     b"",
 ];
+
+/// What token 30 stands for when byte 3 has bit 7 set: a line longer than the scanner's
+/// long-line threshold (16 KiB with no line end in its first KiB), which it walks instead of
+/// searching for `event:`.
+pub const LONG_RUN: &[u8] = &[b'x'; 16 * 1024 + 100];
 
 /// How a configured name is treated, as the layer's builder leaves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +139,9 @@ impl Reader<'_> {
     }
 }
 
+/// The longest body decoded (dictionary mode can expand an input a lot).
+const MAX_INPUT: usize = 64 * 1024;
+
 /// The longest body decoded in byte-by-byte mode, where every prefix is checked against the model.
 const BYTEWISE_MAX: usize = 512;
 
@@ -199,8 +208,10 @@ impl Case {
         let rest = r.0;
         let mut input = if flags & 0x20 != 0 {
             let extra_token = extra_name.as_deref().unwrap_or("event: ").as_bytes();
+            let long = extra & 0x80 != 0;
             rest.iter()
                 .flat_map(|&b| match usize::from(b % 32) {
+                    30 if long => LONG_RUN,
                     31 => extra_token,
                     k => TOKENS[k],
                 })
@@ -210,9 +221,7 @@ impl Case {
             rest.to_vec()
         };
         let bytewise = flags & 0x80 != 0;
-        if bytewise {
-            input.truncate(BYTEWISE_MAX);
-        }
+        input.truncate(if bytewise { BYTEWISE_MAX } else { MAX_INPUT });
 
         let mut ends = Vec::new();
         if bytewise {
