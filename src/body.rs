@@ -116,9 +116,9 @@ where
             Some(f) => {
                 f.chunk.is_empty()
                     && f.held.is_empty()
-                    && f.scanner.is_idle()
                     && match f.end {
-                        End::Open => self.inner.is_end_stream(),
+                        End::Open => f.scanner.is_idle() && self.inner.is_end_stream(),
+                        // Past the end of the data (or a `FrameTooLarge`): nothing more to judge.
                         End::Done => true,
                         End::Trailers(_) | End::Error(_) => false,
                     }

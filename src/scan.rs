@@ -409,7 +409,12 @@ impl Scanner {
             return step;
         }
         if matches!(self.bom.take(), Some(k) if k > 0) {
-            // An unterminated first line made of a BOM's first bytes: no event, kept.
+            // An unterminated first line made of a BOM's first bytes: a field line with no event
+            // and no data, removed only in SDK-safe mode.
+            if self.config.sdk_safe {
+                self.last_removed = None;
+                return Step::DiscardHeld(0);
+            }
             return Step::Release(0);
         }
         if !self.frame.open {
@@ -866,6 +871,14 @@ mod tests {
             b"id: 1\n\nevent: ping\n\n",
             b"id: 1\n\nevent: ping\n\n",
         );
+    }
+
+    #[test]
+    fn sdk_safe_mode_removes_a_body_of_only_a_partial_bom() {
+        let layer = BypassMarkerLayer::new().sdk_safe(true);
+        assert_filters(&layer, b"\xEF", b"");
+        assert_filters(&layer, b"\xEF\xBB", b"");
+        assert_filters(&layer, b"\xEF\xBB\xBF", b"\xEF\xBB\xBF");
     }
 
     #[test]
