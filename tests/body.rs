@@ -340,6 +340,7 @@ async fn overflow_error_fails_the_body_with_frame_too_large() {
     assert!(std::future::poll_fn(|cx| body.as_mut().poll_frame(cx))
         .await
         .is_none());
+    assert!(body.is_end_stream(), "ended, and says so");
 }
 
 #[tokio::test]
