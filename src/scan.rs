@@ -511,53 +511,19 @@ mod tests {
     fn drive(layer: &BypassMarkerLayer, chunks: &[&[u8]]) -> Vec<u8> {
         let mut s = scanner(layer);
         let rules = rules(layer);
-        let mut out = Vec::new();
-        let mut held = Vec::new();
         let mut seen = Vec::new();
-        for chunk in chunks {
-            let mut rest = *chunk;
-            let mut steps = 0;
-            loop {
-                steps += 1;
-                assert!(steps < 10_000, "scanner makes no progress");
-                match s.step(rest) {
-                    Step::Forward(n) => {
-                        out.extend_from_slice(&rest[..n]);
-                        rest = &rest[n..];
-                    }
-                    Step::Discard(n) => rest = &rest[n..],
-                    Step::Hold(n) => {
-                        held.extend_from_slice(&rest[..n]);
-                        rest = &rest[n..];
-                    }
-                    Step::Release(n) => {
-                        held.extend_from_slice(&rest[..n]);
-                        out.append(&mut held);
-                        rest = &rest[n..];
-                    }
-                    Step::DiscardHeld(n) => {
-                        held.clear();
-                        rest = &rest[n..];
-                    }
-                    Step::Overflow => panic!("overflow"),
-                    Step::NeedInput => break,
-                }
-            }
-            assert!(rest.is_empty());
-            seen.extend_from_slice(chunk);
+        let mut chunk_index = 0;
+        let out = drive_chunks(&mut s, chunks, |out| {
+            seen.extend_from_slice(chunks[chunk_index]);
+            chunk_index += 1;
             assert_eq!(
-                Esc(&out),
+                Esc(out),
                 Esc(&model::filter(&seen, &rules).complete),
                 "after {:?}",
                 Esc(&seen)
             );
-        }
-        match s.finish() {
-            Step::Release(0) => out.append(&mut held),
-            Step::DiscardHeld(0) => held.clear(),
-            Step::NeedInput => assert!(held.is_empty()),
-            other => panic!("finish gave {other:?}"),
-        }
+        })
+        .expect("no overflow");
         assert!(s.is_idle());
         out
     }
@@ -1003,9 +969,68 @@ mod tests {
 
 /// Drives a [`Scanner`] over chunks the way the body does, for fuzzing and tests outside the
 /// crate. Not part of the public API.
+/// Feeds `chunks` to `s` the way the body does, with a plain buffer for the held bytes, and ends
+/// the body. Calls `after_chunk` with the output so far after each chunk. `None` on
+/// [`Step::Overflow`].
+#[cfg(any(test, feature = "__fuzz"))]
+fn drive_chunks(
+    s: &mut Scanner,
+    chunks: &[&[u8]],
+    mut after_chunk: impl FnMut(&[u8]),
+) -> Option<Vec<u8>> {
+    let cap = s.config.max_frame_bytes.max(BOM.len() - 1);
+    let mut out = Vec::new();
+    let mut held = Vec::new();
+    for chunk in chunks {
+        let mut rest = *chunk;
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            assert!(
+                steps <= 2 * chunk.len() + 2,
+                "the scanner makes no progress"
+            );
+            match s.step(rest) {
+                Step::Forward(n) => {
+                    out.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                }
+                Step::Discard(n) => rest = &rest[n..],
+                Step::Hold(n) => {
+                    held.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                }
+                Step::Release(n) => {
+                    held.extend_from_slice(&rest[..n]);
+                    out.append(&mut held);
+                    rest = &rest[n..];
+                }
+                Step::DiscardHeld(n) => {
+                    held.clear();
+                    rest = &rest[n..];
+                }
+                Step::Overflow => return None,
+                Step::NeedInput => break,
+            }
+            assert!(held.len() <= cap, "held {} bytes past the cap", held.len());
+        }
+        assert!(rest.is_empty(), "chunk not consumed");
+        after_chunk(&out);
+    }
+    match s.finish() {
+        Step::Release(0) => out.append(&mut held),
+        Step::DiscardHeld(0) => held.clear(),
+        Step::NeedInput => assert!(held.is_empty(), "held bytes left behind"),
+        other => panic!("finish gave {other:?}"),
+    }
+    Some(out)
+}
+
+/// Drives a [`Scanner`] over chunks the way the body does, for fuzzing. Not part of the public
+/// API.
 #[cfg(feature = "__fuzz")]
 pub mod fuzz {
-    use super::{Scanner, Step};
+    use super::{drive_chunks, Scanner};
     use crate::{BypassMarkerLayer, RequestedAnnotations};
 
     /// The scanner's output for `chunks`, and after each chunk how many output bytes had been
@@ -1017,48 +1042,9 @@ pub mod fuzz {
     ) -> Option<(Vec<u8>, Vec<usize>)> {
         let config = layer.config.clone();
         let remove = config.removal_mask(config.requested_mask(requested));
-        let mut s = Scanner::new(config.clone(), remove);
-        let mut out = Vec::new();
-        let mut held = Vec::new();
+        let mut s = Scanner::new(config, remove);
         let mut after = Vec::new();
-        for chunk in chunks {
-            let mut rest = *chunk;
-            loop {
-                match s.step(rest) {
-                    Step::Forward(n) => {
-                        out.extend_from_slice(&rest[..n]);
-                        rest = &rest[n..];
-                    }
-                    Step::Discard(n) => rest = &rest[n..],
-                    Step::Hold(n) => {
-                        held.extend_from_slice(&rest[..n]);
-                        rest = &rest[n..];
-                    }
-                    Step::Release(n) => {
-                        held.extend_from_slice(&rest[..n]);
-                        out.append(&mut held);
-                        rest = &rest[n..];
-                    }
-                    Step::DiscardHeld(n) => {
-                        held.clear();
-                        rest = &rest[n..];
-                    }
-                    Step::Overflow => return None,
-                    Step::NeedInput => break,
-                }
-                assert!(
-                    held.len() <= config.max_frame_bytes.max(2),
-                    "held past the cap"
-                );
-            }
-            assert!(rest.is_empty(), "chunk not consumed");
-            after.push(out.len());
-        }
-        match s.finish() {
-            Step::Release(_) => out.append(&mut held),
-            Step::DiscardHeld(_) | Step::NeedInput => {}
-            other => panic!("finish gave {other:?}"),
-        }
+        let out = drive_chunks(&mut s, chunks, |out| after.push(out.len()))?;
         Some((out, after))
     }
 }

@@ -15,6 +15,16 @@ const CHUNK: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
 const DONE: &str = "data: [DONE]\n\n";
 const SSE: &str = "text/event-stream";
 
+/// Runs an event stream made of `items` through `layer` and collects what comes out.
+async fn filter(
+    layer: &BypassMarkerLayer,
+    requested: Option<RequestedAnnotations>,
+    items: impl IntoIterator<Item = Item>,
+) -> bodies::Collected {
+    let res = through(layer, requested, response(SSE, Items::new(items))).await;
+    collect(res.into_body()).await
+}
+
 fn marked() -> Vec<Item> {
     vec![data(MARKER), data(CHUNK), data(DONE)]
 }
@@ -217,27 +227,13 @@ async fn empty_data_frames_do_not_end_the_body() {
         data(DONE),
         data(""),
     ];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, format!("{CHUNK}{DONE}").as_bytes());
 }
 
 #[tokio::test]
 async fn empty_body_yields_nothing() {
-    let out = collect(
-        through(
-            &BypassMarkerLayer::new(),
-            None,
-            response(SSE, Items::new([])),
-        )
-        .await
-        .into_body(),
-    )
-    .await;
+    let out = filter(&BypassMarkerLayer::new(), None, []).await;
     assert_eq!(out, Default::default());
 }
 
@@ -251,12 +247,7 @@ fn trailers() -> HeaderMap {
 async fn trailers_come_after_all_data_including_a_held_frame() {
     let layer = BypassMarkerLayer::new();
     let items = [data(MARKER), data("data: par"), Item::Trailers(trailers())];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, b"data: par");
     assert_eq!(out.trailers, Some(trailers()));
 
@@ -266,12 +257,7 @@ async fn trailers_come_after_all_data_including_a_held_frame() {
         data("event: x-bypass-remote-prefill\n: tr"),
         Item::Trailers(trailers()),
     ];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, CHUNK.as_bytes());
     assert_eq!(out.trailers, Some(trailers()));
 }
@@ -285,12 +271,7 @@ async fn inner_errors_pass_through_after_the_held_data() {
         Item::Error("upstream reset"),
         data(CHUNK),
     ];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, format!("{CHUNK}data: part").as_bytes());
     assert_eq!(out.error.as_deref(), Some("upstream reset"));
 
@@ -298,12 +279,7 @@ async fn inner_errors_pass_through_after_the_held_data() {
         data("event: x-bypass-remote-prefill\n"),
         Item::Error("upstream reset"),
     ];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, b"");
     assert_eq!(out.error.as_deref(), Some("upstream reset"));
 }
@@ -356,12 +332,7 @@ async fn overflow_forward_streams_an_oversized_frame_unfiltered() {
         data(MARKER),
         data(CHUNK),
     ];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.data, format!("{big}{CHUNK}").as_bytes());
 }
 
@@ -371,12 +342,7 @@ async fn chunks_of_whole_kept_frames_are_forwarded_as_the_same_bytes() {
     let whole = Bytes::from(format!("{CHUNK}{CHUNK}"));
     let mixed = Bytes::from(format!("{CHUNK}{MARKER}{DONE}"));
     let items = [Item::Data(whole.clone()), Item::Data(mixed.clone())];
-    let out = collect(
-        through(&layer, None, response(SSE, Items::new(items)))
-            .await
-            .into_body(),
-    )
-    .await;
+    let out = filter(&layer, None, items).await;
     assert_eq!(out.chunks.len(), 3);
     assert_eq!(
         out.chunks[0].as_ptr(),
