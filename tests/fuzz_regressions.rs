@@ -24,7 +24,7 @@ use std::path::Path;
 use bytes::Bytes;
 use case::Case;
 use http::{header, Request, Response};
-use http_body::Frame;
+use http_body::{Body, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::{BoxError, BypassMarkerLayer, FrameTooLarge, Overflow};
@@ -102,10 +102,12 @@ async fn filter(layer: BypassMarkerLayer, chunks: &[&'static [u8]]) -> (Vec<u8>,
                     body.frame().await.is_none(),
                     "the body ends after its error"
                 );
+                assert!(body.is_end_stream(), "is_end_stream once ended");
                 return (out, Some(e));
             }
         }
     }
+    assert!(body.is_end_stream(), "is_end_stream once ended");
     (out, None)
 }
 
@@ -139,7 +141,8 @@ async fn sdk_safe_removes_a_terminated_line_of_bom_bytes_and_keeps_a_whole_bom()
 }
 
 /// `body` target: with a cap of 0 and `Overflow::Error`, one byte of an open frame at the end of a
-/// chunk already fails the body, after the data before that frame, and the body then ends.
+/// chunk already fails the body, after the data before that frame, and the body then ends, with
+/// `is_end_stream` true (it stayed false after `FrameTooLarge` before 6cd6bb7).
 #[tokio::test]
 async fn frame_too_large_with_a_zero_cap_fails_after_the_data_before_the_frame() {
     let layer = || {
