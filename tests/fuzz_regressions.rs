@@ -3,8 +3,7 @@
 //! Every file under `fuzz/regressions/<target>/` (and the seed inputs, `fuzz/seeds/`) is replayed
 //! through the real body with the targets' own decoding and oracle (`fuzz/src/`); the `scanner`
 //! target's inputs with a plain inner body, since its scanner driver is behind a hidden feature.
-//! Inputs that hit a divergence still open in the crate are under `fuzz/regressions/open/<target>/`. The
-//! findings in the crate also have a test of their own below, written out by hand.
+//! The findings in the crate also have a test of their own below, written out by hand.
 
 mod model;
 
@@ -63,14 +62,6 @@ fn fuzz_seeds_replay_through_the_body() {
     assert!(replay("seeds", false) > 0);
 }
 
-/// Inputs that hit a divergence still open in the crate (the targets skip these while fuzzing).
-#[test]
-#[ignore = "bug: open divergences, see the tests below"]
-fn open_findings_replay_through_the_body() {
-    let ran = replay("regressions/open/scanner", true) + replay("regressions/open/body", false);
-    assert!(ran > 0);
-}
-
 // The findings, written out.
 
 async fn filter(layer: BypassMarkerLayer, chunks: &[&'static [u8]]) -> (Vec<u8>, Option<BoxError>) {
@@ -114,9 +105,8 @@ async fn filter(layer: BypassMarkerLayer, chunks: &[&'static [u8]]) -> (Vec<u8>,
 /// `scanner` target, first minute: a body that is nothing but the first one or two bytes of a
 /// UTF-8 BOM is an unterminated field line (`\xEF` is the field name) with no `data`, judged as it
 /// stands at the end of the body, so SDK-safe mode removes it, as it does once the line is
-/// terminated. The scanner's `finish` releases such bytes without looking at `sdk_safe`.
+/// terminated. The scanner released such bytes without looking at `sdk_safe` (fixed in f6e4766).
 #[tokio::test]
-#[ignore = "bug: sdk_safe keeps a body that is only \\xEF or \\xEF\\xBB (scan.rs finish)"]
 async fn sdk_safe_removes_a_body_that_is_only_the_first_bytes_of_a_bom() {
     let sdk_safe = || BypassMarkerLayer::new().sdk_safe(true);
     assert_eq!(filter(sdk_safe(), &[b"\xEF"]).await.0, b"");

@@ -205,29 +205,11 @@ pub fn esc(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()
 }
 
-/// Divergences already reported and pinned by a test in tests/fuzz_regressions.rs (inputs under
-/// `fuzz/regressions/open/`). The targets
-/// skip inputs that hit one, so that the fuzzer looks past them, unless `TBM_FUZZ_STRICT` is set;
-/// tests never skip them. `input` is the body's data up to its end (or its error).
-pub fn known_divergence(case: &Case, input: &[u8]) -> Option<&'static str> {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if cfg!(test) || *STRICT.get_or_init(|| std::env::var_os("TBM_FUZZ_STRICT").is_some()) {
-        return None;
-    }
-    if case.sdk_safe && !input.is_empty() && bom_pending(input, input.len()) {
-        return Some("sdk_safe keeps a body that is only the first bytes of a BOM");
-    }
-    None
-}
-
 /// Checks what the scanner driver (`__fuzz::filter_chunks`, or the body) produced for `case`:
 /// `Some((output, output length after each chunk))`, or `None` when it failed with
 /// `FrameTooLarge`.
 pub fn check_scanner(case: &Case, got: Option<(Vec<u8>, Vec<usize>)>) {
     let input = &case.input;
-    if known_divergence(case, input).is_some() {
-        return;
-    }
     let rules = rules(case);
     let exp = expected_for(case);
 
