@@ -134,12 +134,10 @@ impl Scanner {
         let mut i = 0;
 
         // A LF completing a CRLF whose CR ended the previous input.
-        let cr = std::mem::replace(&mut self.cr, Cr::None);
-        if cr != Cr::None && input[0] == b'\n' {
-            match cr {
-                Cr::Discarded => return Step::Discard(1),
-                Cr::Frame | Cr::None => i = 1,
-            }
+        match std::mem::replace(&mut self.cr, Cr::None) {
+            Cr::Discarded if input[0] == b'\n' => return Step::Discard(1),
+            Cr::Frame if input[0] == b'\n' => i = 1,
+            _ => {}
         }
 
         if let Some(matched) = self.bom {
