@@ -514,26 +514,24 @@ async fn hyper_round_trip(http2: bool, opt_in: bool) -> (Bytes, Option<HeaderMap
     read_all(res.into_body()).await
 }
 
+/// Over plain hyper (HTTP/2 when `http2`), a default client gets the filtered stream and an
+/// opted-in one the whole stream, both with the trailers.
+async fn assert_hyper_stream_is_filtered_and_trailers_forwarded(http2: bool) {
+    for (opted_in, expected) in [(false, filtered()), (true, unfiltered())] {
+        let (body, trailers) = hyper_round_trip(http2, opted_in).await;
+        assert_eq!(body, expected, "opted in: {opted_in}");
+        assert_eq!(trailers, Some(self::trailers()), "opted in: {opted_in}");
+    }
+}
+
 #[tokio::test]
 async fn hyper_http1_stream_is_filtered_and_trailers_forwarded() {
-    let (body, trailers) = hyper_round_trip(false, false).await;
-    assert_eq!(body, filtered());
-    assert_eq!(trailers, Some(self::trailers()));
-
-    let (body, trailers) = hyper_round_trip(false, true).await;
-    assert_eq!(body, unfiltered());
-    assert_eq!(trailers, Some(self::trailers()));
+    assert_hyper_stream_is_filtered_and_trailers_forwarded(false).await;
 }
 
 #[tokio::test]
 async fn hyper_h2c_stream_is_filtered_and_trailers_forwarded() {
-    let (body, trailers) = hyper_round_trip(true, false).await;
-    assert_eq!(body, filtered());
-    assert_eq!(trailers, Some(self::trailers()));
-
-    let (body, trailers) = hyper_round_trip(true, true).await;
-    assert_eq!(body, unfiltered());
-    assert_eq!(trailers, Some(self::trailers()));
+    assert_hyper_stream_is_filtered_and_trailers_forwarded(true).await;
 }
 
 // --- a client that goes away ----------------------------------------------------------------
