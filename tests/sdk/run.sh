@@ -179,7 +179,8 @@ log "building the router example"
 router="${CARGO_TARGET_DIR:-$root/target}/debug/examples/router"
 [[ -x "$router" ]] || die "no router binary at $router"
 
-# Starts the router with "$@"; prints its base URL once it accepts connections.
+# Starts the router with "$@" and sets router_url to its base URL once it accepts connections.
+# (Not called in a command substitution: that subshell would keep the pid from the cleanup.)
 start_router() {
   local name="$1" out="$work/$1.out" url="" i
   shift
@@ -193,11 +194,13 @@ start_router() {
     sleep 0.1
   done
   [[ -n "$url" ]] || die "router ($name) did not print 'listening on' within 10 s"
-  printf '%s\n' "$url"
+  router_url="$url"
 }
 
-with_layer="$(start_router layer)"
-without_layer="$(start_router no-layer --no-layer)"
+start_router layer
+with_layer="$router_url"
+start_router no-layer --no-layer
+without_layer="$router_url"
 log "router with the layer: $with_layer, without: $without_layer"
 
 # ---------------------------------------------------------------------------------------------
