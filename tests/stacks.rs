@@ -174,6 +174,14 @@ fn get_req(path: &str) -> Request<Full<Bytes>> {
     Request::get(path).body(Full::default()).unwrap()
 }
 
+/// A GET whose `x-nvext-annotations` header the test app's outer middleware turns into an opt-in.
+fn annotated_get(path: &str, annotations: &'static str) -> Request<Full<Bytes>> {
+    let mut req = get_req(path);
+    req.headers_mut()
+        .insert("x-nvext-annotations", HeaderValue::from_static(annotations));
+    req
+}
+
 fn chat_req(annotations: &[&str]) -> Request<Full<Bytes>> {
     let body = serde_json::json!({
         "model": "llama",
@@ -236,20 +244,12 @@ async fn axum_client_cannot_force_the_bypass_or_smuggle_the_marker() {
 async fn axum_opt_in_in_request_extensions_from_outer_middleware() {
     let addr = spawn_axum(app(true)).await;
 
-    let mut req = get_req("/v1/events");
-    req.headers_mut().insert(
-        "x-nvext-annotations",
-        HeaderValue::from_static(BYPASS_REMOTE_PREFILL),
-    );
+    let req = annotated_get("/v1/events", BYPASS_REMOTE_PREFILL);
     let (_, body) = send(addr, req).await;
     assert_eq!(body, unfiltered());
 
     // The same middleware with another annotation grants nothing the layer knows about.
-    let mut req = get_req("/v1/events");
-    req.headers_mut().insert(
-        "x-nvext-annotations",
-        HeaderValue::from_static("request_id"),
-    );
+    let req = annotated_get("/v1/events", "request_id");
     assert_eq!(send(addr, req).await.1, filtered());
 }
 
@@ -288,11 +288,7 @@ async fn axum_content_length_is_removed_only_from_a_filtered_event_stream() {
     );
 
     // An opted-in client gets the body passed through, with its length.
-    let mut req = get_req("/v1/sized");
-    req.headers_mut().insert(
-        "x-nvext-annotations",
-        HeaderValue::from_static(BYPASS_REMOTE_PREFILL),
-    );
+    let req = annotated_get("/v1/sized", BYPASS_REMOTE_PREFILL);
     let (parts, body) = send(addr, req).await;
     assert_eq!(body, unfiltered());
     assert_eq!(
@@ -315,11 +311,7 @@ async fn axum_content_length_copied_from_upstream_is_removed_when_filtering() {
     assert_eq!(body, filtered());
     assert!(!parts.headers.contains_key(header::CONTENT_LENGTH));
 
-    let mut req = get_req("/v1/proxied");
-    req.headers_mut().insert(
-        "x-nvext-annotations",
-        HeaderValue::from_static(BYPASS_REMOTE_PREFILL),
-    );
+    let req = annotated_get("/v1/proxied", BYPASS_REMOTE_PREFILL);
     let (parts, body) = send(addr, req).await;
     assert_eq!(body, unfiltered());
     assert_eq!(
