@@ -93,6 +93,7 @@ impl<B: fmt::Debug> fmt::Debug for BypassMarkerBody<B> {
 impl<B> Body for BypassMarkerBody<B>
 where
     B: Body,
+    B::Data: 'static,
     B::Error: Into<BoxError>,
 {
     type Data = Bytes;
@@ -140,8 +141,17 @@ where
     }
 }
 
-fn into_bytes_frame<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
-    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+/// `data` itself when the inner body's data type is `Bytes` (the common case: hyper, axum, tonic),
+/// so that no call to `copy_to_bytes` is needed to own it.
+fn as_bytes<D: Buf + 'static>(data: &mut D) -> Option<&mut Bytes> {
+    (data as &mut dyn std::any::Any).downcast_mut::<Bytes>()
+}
+
+fn into_bytes_frame<D: Buf + 'static>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut data| match as_bytes(&mut data) {
+        Some(bytes) => std::mem::take(bytes),
+        None => data.copy_to_bytes(data.remaining()),
+    })
 }
 
 impl Filter {
@@ -152,11 +162,18 @@ impl Filter {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
     where
         B: Body,
+        B::Data: 'static,
         B::Error: Into<BoxError>,
     {
         loop {
-            if let Some(data) = self.drain_chunk()? {
-                return Poll::Ready(Some(Ok(Frame::data(data))));
+            if !self.chunk.is_empty() {
+                // What is left of a chunk that yielded data on an earlier call.
+                let mut chunk = std::mem::take(&mut self.chunk);
+                let out = self.drain(&mut chunk);
+                self.chunk = chunk;
+                if let Some(data) = out? {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
             }
             if !matches!(self.end, End::Open) {
                 return Poll::Ready(match std::mem::replace(&mut self.end, End::Done) {
@@ -165,21 +182,45 @@ impl Filter {
                     End::Open | End::Done => None,
                 });
             }
-            match ready!(inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(mut data) => {
-                        // An empty chunk is not the end of the body; the loop polls again.
-                        self.chunk = data.copy_to_bytes(data.remaining());
+            // The result is matched where it lies (not moved out of the `Poll`), so that a data
+            // chunk is read in place.
+            let mut polled = inner.as_mut().poll_frame(cx);
+            match &mut polled {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_mut() {
+                        // Only what is left of the chunk after yielding is stored (most small
+                        // chunks are held or forwarded whole). An empty chunk is not the end of
+                        // the body; the loop polls again.
+                        let mut copied;
+                        let chunk = match as_bytes(data) {
+                            Some(bytes) => bytes,
+                            None => {
+                                copied = data.copy_to_bytes(data.remaining());
+                                &mut copied
+                            }
+                        };
+                        let out = self.drain(chunk);
+                        if !chunk.is_empty() {
+                            self.chunk = std::mem::take(chunk);
+                        }
+                        if let Some(data) = out? {
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
                         continue;
                     }
-                    Err(frame) => match frame.into_trailers() {
-                        Ok(trailers) => self.end = End::Trailers(trailers),
-                        // A frame kind this crate does not know: nothing to forward it as.
-                        Err(_) => continue,
-                    },
+                }
+                Poll::Ready(_) => {}
+            }
+            match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_trailers() {
+                    Ok(trailers) => self.end = End::Trailers(trailers),
+                    // A frame kind this crate does not know: nothing to forward it as.
+                    Err(_) => continue,
                 },
-                Some(Err(err)) => self.end = End::Error(err.into()),
-                None => self.end = End::Done,
+                Poll::Ready(Some(Err(err))) => self.end = End::Error(err.into()),
+                Poll::Ready(None) => self.end = End::Done,
+                Poll::Pending => unreachable!("returned above"),
             }
             // The data has ended: judge a frame left open before what comes after.
             if let Some(data) = self.finish() {
@@ -188,22 +229,23 @@ impl Filter {
         }
     }
 
-    /// Acts on the current chunk until there is something to yield or it is used up.
-    fn drain_chunk(&mut self) -> Result<Option<Bytes>, BoxError> {
-        while !self.chunk.is_empty() {
-            match self.scanner.step(&self.chunk) {
-                Step::Forward(n) => return Ok(Some(self.chunk.split_to(n))),
+    /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
+    /// on is taken off its front.
+    fn drain(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, BoxError> {
+        while !chunk.is_empty() {
+            match self.scanner.step(chunk) {
+                Step::Forward(n) => return Ok(Some(chunk.split_to(n))),
                 Step::Discard(n) => {
                     self.note_removed(n);
-                    self.chunk.advance(n);
+                    chunk.advance(n);
                 }
                 Step::Hold(n) => {
-                    self.held.extend_from_slice(&self.chunk[..n]);
-                    self.chunk.advance(n);
+                    self.held.extend_from_slice(&chunk[..n]);
+                    chunk.advance(n);
                 }
                 Step::Release(n) => {
-                    self.held.extend_from_slice(&self.chunk[..n]);
-                    self.chunk.advance(n);
+                    self.held.extend_from_slice(&chunk[..n]);
+                    chunk.advance(n);
                     if !self.held.is_empty() {
                         return Ok(Some(self.held.split().freeze()));
                     }
@@ -211,11 +253,11 @@ impl Filter {
                 Step::DiscardHeld(n) => {
                     self.note_removed(self.held.len() + n);
                     self.held.clear();
-                    self.chunk.advance(n);
+                    chunk.advance(n);
                 }
                 Step::Overflow => {
                     let limit = self.scanner.max_frame_bytes();
-                    self.chunk.clear();
+                    chunk.clear();
                     self.held = BytesMut::new();
                     self.end = End::Done;
                     return Err(Box::new(FrameTooLarge { limit }));

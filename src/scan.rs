@@ -242,15 +242,26 @@ impl Scanner {
             }
             if !self.config.sdk_safe {
                 if next_event <= i {
-                    next_event = if long_line_ahead(input, i) {
+                    // Only whole frames can be skipped, so `event:` is only looked for up to the
+                    // last frame boundary: a chunk that ends mid-frame with no boundary after `i`
+                    // (the common case for small chunks) costs no search at all.
+                    let boundary = if long_line_ahead(input, i) {
                         // Searching a long line for `event:` costs more than walking it line by
                         // line, which visits it once with `memchr2`.
-                        i
+                        None
                     } else {
-                        self.config
-                            .event_finder
-                            .find(&input[i..])
-                            .map_or(len, |p| i + p)
+                        last_blank_line_end(input, i, len)
+                    };
+                    next_event = match boundary {
+                        None => i,
+                        Some(end) => match self.config.event_finder.find(&input[i..end]) {
+                            Some(p) => i + p,
+                            None => {
+                                // Every frame up to the boundary can be skipped.
+                                i = end;
+                                continue;
+                            }
+                        },
                     };
                 }
                 if let Some(end) = last_blank_line_end(input, i, next_event) {
@@ -306,7 +317,7 @@ impl Scanner {
     /// frame's closing empty line, or `None` when the input ends first.
     fn scan_frame(&mut self, input: &[u8], mut i: usize) -> Option<usize> {
         loop {
-            let Some(off) = memchr::memchr2(b'\n', b'\r', &input[i..]) else {
+            let Some(off) = find_line_end(&input[i..]) else {
                 let part = &input[i..];
                 self.push_line_part(part);
                 self.line_len += part.len();
@@ -434,6 +445,39 @@ impl Scanner {
     }
 }
 
+/// Inputs shorter than this are searched for line ends with an inlined SSE2 routine; longer ones
+/// go through `memchr2`, which picks the widest vectors the CPU has (AVX2) at the cost of a call
+/// through a function pointer and a choice of routine by length.
+const SHORT_SEARCH: usize = 64;
+
+/// The first CR or LF in `hay`.
+///
+/// Most inputs the scanner searches are short: the rest of a line in a small chunk, or a chunk of
+/// a few bytes. For those, `memchr2`'s set-up costs more than the search.
+#[inline]
+fn find_line_end(hay: &[u8]) -> Option<usize> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    if hay.len() < SHORT_SEARCH {
+        // SSE2 is part of the x86-64 baseline, so this needs no runtime check and is inlined.
+        if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'\n', b'\r') {
+            return two.find(hay);
+        }
+    }
+    memchr::memchr2(b'\n', b'\r', hay)
+}
+
+/// The last CR or LF in `hay`; see [`find_line_end`].
+#[inline]
+fn rfind_line_end(hay: &[u8]) -> Option<usize> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    if hay.len() < SHORT_SEARCH {
+        if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'\n', b'\r') {
+            return two.rfind(hay);
+        }
+    }
+    memchr::memrchr2(b'\n', b'\r', hay)
+}
+
 /// How far a line must run, with no line end in its first [`LONG_LINE_PROBE`] bytes, to be walked
 /// rather than searched for `event:`.
 const LONG_LINE: usize = 16 * 1024;
@@ -456,7 +500,7 @@ fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize>
     }
     let mut hi = until;
     while hi > from + 1 {
-        let j = from + memchr::memrchr2(b'\n', b'\r', &input[from..hi])?;
+        let j = from + rfind_line_end(&input[from..hi])?;
         if j == from {
             return None;
         }

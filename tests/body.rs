@@ -408,3 +408,41 @@ async fn sdk_safe_mode_removes_frames_the_sdks_cannot_parse() {
         b": keep-alive\n\ndata: 1\n\n"
     );
 }
+
+/// An upstream body whose data is not `Bytes` but a [`bytes::buf::Chain`] of two slices, so the
+/// layer must gather each chunk with `copy_to_bytes`.
+struct ChainBody(std::collections::VecDeque<bytes::buf::Chain<&'static [u8], &'static [u8]>>);
+
+impl Body for ChainBody {
+    type Data = bytes::buf::Chain<&'static [u8], &'static [u8]>;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|d| Ok(http_body::Frame::data(d))))
+    }
+}
+
+#[tokio::test]
+async fn data_of_other_buf_types_is_filtered_like_bytes() {
+    use bytes::Buf;
+    let stream: &'static str = "event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\nevent: x-bypass-remote-prefill\n\ndata: 2\n\n";
+    let input = stream.as_bytes();
+    // Chunks of 7 bytes, each split in two halves that the body chains together.
+    let chunks = input
+        .chunks(7)
+        .map(|c| c.split_at(c.len() / 2))
+        .map(|(a, b)| a.chain(b))
+        .collect();
+    let res = through(
+        &BypassMarkerLayer::new(),
+        None,
+        response(SSE, ChainBody(chunks)),
+    )
+    .await;
+    assert!(res.body().is_filtering());
+    let out = collect(res.into_body()).await;
+    assert_eq!(out.data, b"data: 1\n\ndata: 2\n\n");
+}
