@@ -25,9 +25,16 @@ pin_project! {
 
 /// The state of a body that is being filtered.
 struct Filter {
-    scanner: Scanner,
-    /// The inner body's current data chunk, from the first byte not yet acted on.
+    /// What is left of the inner body's current data chunk, when acting on it yielded data
+    /// before its end.
     chunk: Bytes,
+    frames: Frames,
+}
+
+/// Everything about the frames of a filtered body but the current chunk, so that the chunk can be
+/// acted on where it lies.
+struct Frames {
+    scanner: Scanner,
     /// The bytes of a frame that spans chunks.
     held: BytesMut,
     end: End,
@@ -55,12 +62,14 @@ impl<B> BypassMarkerBody<B> {
         Self {
             inner,
             filter: Some(Filter {
-                scanner,
                 chunk: Bytes::new(),
-                held: BytesMut::new(),
-                end: End::Open,
-                #[cfg(feature = "tracing")]
-                removed: (0, 0),
+                frames: Frames {
+                    scanner,
+                    held: BytesMut::new(),
+                    end: End::Open,
+                    #[cfg(feature = "tracing")]
+                    removed: (0, 0),
+                },
             }),
         }
     }
@@ -116,9 +125,9 @@ where
             None => self.inner.is_end_stream(),
             Some(f) => {
                 f.chunk.is_empty()
-                    && f.held.is_empty()
-                    && match f.end {
-                        End::Open => f.scanner.is_idle() && self.inner.is_end_stream(),
+                    && f.frames.held.is_empty()
+                    && match f.frames.end {
+                        End::Open => f.frames.scanner.is_idle() && self.inner.is_end_stream(),
                         // Past the end of the data (or a `FrameTooLarge`): nothing more to judge.
                         End::Done => true,
                         End::Trailers(_) | End::Error(_) => false,
@@ -135,7 +144,7 @@ where
         // Frames may be removed, so only an upper bound holds.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + f.chunk.len() as u64 + f.held.len() as u64);
+            hint.set_upper(upper + f.chunk.len() as u64 + f.frames.held.len() as u64);
         }
         hint
     }
@@ -168,15 +177,12 @@ impl Filter {
         loop {
             if !self.chunk.is_empty() {
                 // What is left of a chunk that yielded data on an earlier call.
-                let mut chunk = std::mem::take(&mut self.chunk);
-                let out = self.drain(&mut chunk);
-                self.chunk = chunk;
-                if let Some(data) = out? {
+                if let Some(data) = self.frames.drain(&mut self.chunk)? {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
             }
-            if !matches!(self.end, End::Open) {
-                return Poll::Ready(match std::mem::replace(&mut self.end, End::Done) {
+            if !matches!(self.frames.end, End::Open) {
+                return Poll::Ready(match std::mem::replace(&mut self.frames.end, End::Done) {
                     End::Trailers(trailers) => Some(Ok(Frame::trailers(trailers))),
                     End::Error(err) => Some(Err(err)),
                     End::Open | End::Done => None,
@@ -200,7 +206,7 @@ impl Filter {
                                 &mut copied
                             }
                         };
-                        let out = self.drain(chunk);
+                        let out = self.frames.drain(chunk);
                         if !chunk.is_empty() {
                             self.chunk = std::mem::take(chunk);
                         }
@@ -214,24 +220,31 @@ impl Filter {
             }
             match polled {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_trailers() {
-                    Ok(trailers) => self.end = End::Trailers(trailers),
+                    Ok(trailers) => self.frames.end = End::Trailers(trailers),
                     // A frame kind this crate does not know: nothing to forward it as.
                     Err(_) => continue,
                 },
-                Poll::Ready(Some(Err(err))) => self.end = End::Error(err.into()),
-                Poll::Ready(None) => self.end = End::Done,
+                Poll::Ready(Some(Err(err))) => self.frames.end = End::Error(err.into()),
+                Poll::Ready(None) => self.frames.end = End::Done,
                 Poll::Pending => unreachable!("returned above"),
             }
             // The data has ended: judge a frame left open before what comes after.
-            if let Some(data) = self.finish() {
+            if let Some(data) = self.frames.finish() {
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             }
         }
     }
+}
 
+impl Frames {
     /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
     /// on is taken off its front.
     fn drain(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, BoxError> {
+        if self.scanner.holds_whole(chunk) {
+            self.held.extend_from_slice(chunk);
+            chunk.advance(chunk.len());
+            return Ok(None);
+        }
         while !chunk.is_empty() {
             match self.scanner.step(chunk) {
                 Step::Forward(n) => return Ok(Some(chunk.split_to(n))),

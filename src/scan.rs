@@ -122,6 +122,28 @@ impl Scanner {
         self.queued.is_none() && !self.frame.open && !matches!(self.bom, Some(k) if k > 0)
     }
 
+    /// The common case for small chunks, decided without going through [`Self::step`]: all of
+    /// `input` continues a line of a held frame (no line end in it, and the frame stays under the
+    /// cap), so all of it is to be held. Returns `false`, having changed nothing, otherwise.
+    #[inline]
+    pub(crate) fn holds_whole(&mut self, input: &[u8]) -> bool {
+        let held = self.frame.held + input.len();
+        if !self.frame.open
+            || self.frame.unfiltered
+            || self.queued.is_some()
+            || self.cr != Cr::None
+            || self.bom.is_some()
+            || held > self.config.max_frame_bytes
+            || find_line_end(input).is_some()
+        {
+            return false;
+        }
+        self.push_line_part(input);
+        self.line_len += input.len();
+        self.frame.held = held;
+        true
+    }
+
     /// Decides what to do with the front of `input`. Call again with the rest of the input until it
     /// returns [`Step::NeedInput`].
     pub(crate) fn step(&mut self, input: &[u8]) -> Step {
@@ -240,7 +262,9 @@ impl Scanner {
                 i = self.end_of_terminator_raw(input, i);
                 continue;
             }
-            if !self.config.sdk_safe {
+            // A rest shorter than one vector search holds at most a frame or two: walking its
+            // lines costs less than looking for its last frame boundary and for `event:`.
+            if !self.config.sdk_safe && len - i >= SHORT_SEARCH {
                 if next_event <= i {
                     // Only whole frames can be skipped, so `event:` is only looked for up to the
                     // last frame boundary: a chunk that ends mid-frame with no boundary after `i`
@@ -358,9 +382,12 @@ impl Scanner {
             return;
         }
         self.frame.fields = true;
-        let (name, value) = match memchr::memchr(b':', line) {
+        // Only the names `data` and `event` matter, so the colon is looked for in the first six
+        // bytes; a line without one there has some other name.
+        let (name, value) = match line.iter().take(6).position(|&b| b == b':') {
             Some(c) => (&line[..c], &line[c + 1..]),
-            None => (line, &[][..]),
+            None if len < 6 => (line, &[][..]),
+            None => return,
         };
         if name == b"data" {
             self.frame.data = true;
