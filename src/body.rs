@@ -240,13 +240,16 @@ impl Frames {
     /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
     /// on is taken off its front.
     fn drain(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, BoxError> {
-        if self.scanner.holds_whole(chunk) {
-            self.held.extend_from_slice(chunk);
-            chunk.advance(chunk.len());
+        if chunk.is_empty() {
             return Ok(None);
         }
-        while !chunk.is_empty() {
-            match self.scanner.step(chunk) {
+        // Small chunks mostly continue a held frame: `step_in_frame` decides those directly.
+        let mut step = match self.scanner.step_in_frame(chunk) {
+            Some(step) => step,
+            None => self.scanner.step(chunk),
+        };
+        loop {
+            match step {
                 Step::Forward(n) => return Ok(Some(chunk.split_to(n))),
                 Step::Discard(n) => {
                     self.note_removed(n);
@@ -275,10 +278,13 @@ impl Frames {
                     self.end = End::Done;
                     return Err(Box::new(FrameTooLarge { limit }));
                 }
-                Step::NeedInput => break,
+                Step::NeedInput => return Ok(None),
             }
+            if chunk.is_empty() {
+                return Ok(None);
+            }
+            step = self.scanner.step(chunk);
         }
-        Ok(None)
     }
 
     /// The end of the data: a held frame is judged as it stands.

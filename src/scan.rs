@@ -122,26 +122,33 @@ impl Scanner {
         self.queued.is_none() && !self.frame.open && !matches!(self.bom, Some(k) if k > 0)
     }
 
-    /// The common case for small chunks, decided without going through [`Self::step`]: all of
-    /// `input` continues a line of a held frame (no line end in it, and the frame stays under the
-    /// cap), so all of it is to be held. Returns `false`, having changed nothing, otherwise.
+    /// [`Self::step`] for the common case of small chunks: the input continues a frame that is
+    /// held, and nothing else (a CR, a BOM, a queued step) is pending. Returns `None`, having
+    /// changed nothing, when that is not the case; then call [`Self::step`].
     #[inline]
-    pub(crate) fn holds_whole(&mut self, input: &[u8]) -> bool {
-        let held = self.frame.held + input.len();
+    pub(crate) fn step_in_frame(&mut self, input: &[u8]) -> Option<Step> {
         if !self.frame.open
             || self.frame.unfiltered
             || self.queued.is_some()
             || self.cr != Cr::None
             || self.bom.is_some()
-            || held > self.config.max_frame_bytes
-            || find_line_end(input).is_some()
         {
-            return false;
+            return None;
         }
-        self.push_line_part(input);
-        self.line_len += input.len();
-        self.frame.held = held;
-        true
+        match find_line_end(input) {
+            // The frame and its line go on past the input: hold all of it.
+            None => {
+                let held = self.frame.held + input.len();
+                if held > self.config.max_frame_bytes {
+                    return None;
+                }
+                self.push_line_part(input);
+                self.line_len += input.len();
+                self.frame.held = held;
+                Some(Step::Hold(input.len()))
+            }
+            Some(t) => Some(self.continue_frame(input, 0, Some(t))),
+        }
     }
 
     /// Decides what to do with the front of `input`. Call again with the rest of the input until it
@@ -170,7 +177,7 @@ impl Scanner {
         }
 
         if self.frame.open {
-            return self.continue_frame(input, i);
+            return self.continue_frame(input, i, None);
         }
         self.run(input, i)
     }
@@ -215,8 +222,9 @@ impl Scanner {
     }
 
     /// Scans from `i` in a frame that started before this input.
-    fn continue_frame(&mut self, input: &[u8], i: usize) -> Step {
-        match self.scan_frame(input, i) {
+    /// `first_line_end`: the offset from `i` of the first line end, when already known.
+    fn continue_frame(&mut self, input: &[u8], i: usize, first_line_end: Option<usize>) -> Step {
+        match self.scan_frame(input, i, first_line_end) {
             Some(end) => {
                 let frame = std::mem::take(&mut self.frame);
                 if frame.unfiltered {
@@ -298,7 +306,7 @@ impl Scanner {
                 open: true,
                 ..Frame::default()
             };
-            match self.scan_frame(input, start) {
+            match self.scan_frame(input, start, None) {
                 Some(end) => {
                     let frame = std::mem::take(&mut self.frame);
                     if !self.removes(&frame) {
@@ -339,9 +347,20 @@ impl Scanner {
 
     /// Scans the lines of the open frame from `i` (which may be mid-line). Returns the end of the
     /// frame's closing empty line, or `None` when the input ends first.
-    fn scan_frame(&mut self, input: &[u8], mut i: usize) -> Option<usize> {
+    ///
+    /// `first_line_end`: the offset from `i` of the first line end, when already known.
+    fn scan_frame(
+        &mut self,
+        input: &[u8],
+        mut i: usize,
+        mut first_line_end: Option<usize>,
+    ) -> Option<usize> {
         loop {
-            let Some(off) = find_line_end(&input[i..]) else {
+            let found = match first_line_end.take() {
+                Some(off) => Some(off),
+                None => find_line_end(&input[i..]),
+            };
+            let Some(off) = found else {
                 let part = &input[i..];
                 self.push_line_part(part);
                 self.line_len += part.len();
@@ -878,7 +897,13 @@ mod tests {
         let mut out = Vec::new();
         let mut rest = &input[..];
         loop {
-            match s.step(rest) {
+            // The same entry as the body's: the quick path for a held frame first.
+            let step = if steps == 1 {
+                s.step_in_frame(rest).unwrap_or_else(|| s.step(rest))
+            } else {
+                s.step(rest)
+            };
+            match step {
                 Step::Forward(n) => {
                     out.extend_from_slice(&rest[..n]);
                     rest = &rest[n..];
@@ -1059,7 +1084,13 @@ fn drive_chunks(
                 steps <= 2 * chunk.len() + 2,
                 "the scanner makes no progress"
             );
-            match s.step(rest) {
+            // The same entry as the body's: the quick path for a held frame first.
+            let step = if steps == 1 {
+                s.step_in_frame(rest).unwrap_or_else(|| s.step(rest))
+            } else {
+                s.step(rest)
+            };
+            match step {
                 Step::Forward(n) => {
                     out.extend_from_slice(&rest[..n]);
                     rest = &rest[n..];
