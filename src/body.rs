@@ -16,6 +16,10 @@ pin_project! {
     /// Either passes the inner body through untouched, or removes the annotation frames the client
     /// did not opt in to, forwarding every other byte as a slice of the inner body's data. See the
     /// [module docs](crate) for the rules.
+    ///
+    /// It is a [`Body`] with `Data = Bytes` for any inner body whose data type is `'static` (every
+    /// body in hyper, axum, tonic and tower-http is). When that data type is [`Bytes`] itself, each
+    /// chunk is used as it is; any other [`Buf`] is first gathered with [`Buf::copy_to_bytes`].
     pub struct BypassMarkerBody<B> {
         #[pin]
         inner: B,
