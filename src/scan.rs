@@ -497,31 +497,33 @@ impl Scanner {
 const SHORT_SEARCH: usize = 64;
 
 /// The first CR or LF in `hay`.
-///
-/// Most inputs the scanner searches are short: the rest of a line in a small chunk, or a chunk of
-/// a few bytes. For those, `memchr2`'s set-up costs more than the search.
 #[inline]
 fn find_line_end(hay: &[u8]) -> Option<usize> {
+    search_line_ends(hay, false)
+}
+
+/// The last CR or LF in `hay`.
+#[inline]
+fn rfind_line_end(hay: &[u8]) -> Option<usize> {
+    search_line_ends(hay, true)
+}
+
+/// Most inputs the scanner searches are short: the rest of a line in a small chunk, or a chunk of
+/// a few bytes. For those, `memchr2`'s set-up costs more than the search.
+#[inline(always)]
+fn search_line_ends(hay: &[u8], last: bool) -> Option<usize> {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     if hay.len() < SHORT_SEARCH {
         // SSE2 is part of the x86-64 baseline, so this needs no runtime check and is inlined.
         if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'\n', b'\r') {
-            return two.find(hay);
+            return if last { two.rfind(hay) } else { two.find(hay) };
         }
     }
-    memchr::memchr2(b'\n', b'\r', hay)
-}
-
-/// The last CR or LF in `hay`; see [`find_line_end`].
-#[inline]
-fn rfind_line_end(hay: &[u8]) -> Option<usize> {
-    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
-    if hay.len() < SHORT_SEARCH {
-        if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'\n', b'\r') {
-            return two.rfind(hay);
-        }
+    if last {
+        memchr::memrchr2(b'\n', b'\r', hay)
+    } else {
+        memchr::memchr2(b'\n', b'\r', hay)
     }
-    memchr::memrchr2(b'\n', b'\r', hay)
 }
 
 /// How far a line must run, with no line end in its first [`LONG_LINE_PROBE`] bytes, to be walked
