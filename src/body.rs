@@ -42,8 +42,9 @@ struct Frames {
     /// The bytes of a frame that spans chunks.
     held: BytesMut,
     end: End,
+    /// Frames and bytes removed so far; `None` once the summary has been logged.
     #[cfg(feature = "tracing")]
-    removed: (u64, u64),
+    removed: Option<(u64, u64)>,
 }
 
 /// What comes after the data, once the inner body has ended.
@@ -72,7 +73,7 @@ impl<B> BypassMarkerBody<B> {
                     held: BytesMut::new(),
                     end: End::Open,
                     #[cfg(feature = "tracing")]
-                    removed: (0, 0),
+                    removed: Some((0, 0)),
                 },
             }),
         }
@@ -277,6 +278,15 @@ impl Frames {
                 }
                 Step::Overflow => {
                     let limit = self.scanner.max_frame_bytes();
+                    #[cfg(feature = "tracing")]
+                    if let Some((frames, bytes)) = self.removed.take() {
+                        tracing::debug!(
+                            removed_frames = frames,
+                            removed_bytes = bytes,
+                            limit,
+                            "event stream failed: a frame outgrew max_frame_bytes"
+                        );
+                    }
                     chunk.clear();
                     self.held = BytesMut::new();
                     self.end = End::Done;
@@ -303,11 +313,13 @@ impl Frames {
             _ => None,
         };
         #[cfg(feature = "tracing")]
-        tracing::debug!(
-            removed_frames = self.removed.0,
-            removed_bytes = self.removed.1,
-            "event stream ended"
-        );
+        if let Some((frames, bytes)) = self.removed.take() {
+            tracing::debug!(
+                removed_frames = frames,
+                removed_bytes = bytes,
+                "event stream ended"
+            );
+        }
         out
     }
 
@@ -315,8 +327,10 @@ impl Frames {
     fn note_removed(&mut self, bytes: usize) {
         #[cfg(feature = "tracing")]
         {
-            self.removed.0 += 1;
-            self.removed.1 += bytes as u64;
+            if let Some(removed) = &mut self.removed {
+                removed.0 += 1;
+                removed.1 += bytes as u64;
+            }
             tracing::debug!(
                 event = self
                     .scanner
@@ -324,6 +338,21 @@ impl Frames {
                     .unwrap_or("(no data field)"),
                 bytes,
                 "removed annotation frame"
+            );
+        }
+    }
+}
+
+#[cfg(feature = "tracing")]
+impl Drop for Frames {
+    /// A body dropped before its end (the client went away) still gets its summary.
+    fn drop(&mut self) {
+        if let Some((frames, bytes)) = self.removed.take() {
+            tracing::debug!(
+                removed_frames = frames,
+                removed_bytes = bytes,
+                held_bytes = self.held.len(),
+                "event stream dropped before its end"
             );
         }
     }

@@ -9,7 +9,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use bodies::{data, response, Items};
+use bodies::{data, response, Gated, Items};
 use http::Request;
 use http_body::Body;
 use tower::{service_fn, Layer, Service};
@@ -78,5 +78,96 @@ fn removed_frames_and_the_summary_are_logged_at_debug() {
             && lines[2].contains("removed_frames=2")
             && lines[2].contains("removed_bytes=68"),
         "{log}"
+    );
+}
+
+/// Runs `f` with a debug-level subscriber and returns what it logged.
+fn logged(f: impl FnOnce()) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let log = captured.0.lock().unwrap().clone();
+    String::from_utf8(log).unwrap()
+}
+
+/// A filtered body over `chunks`, polled until it waits for more (`close`: until its end), then
+/// dropped.
+fn poll_then_drop(layer: BypassMarkerLayer, chunks: &[&'static str], close: bool) {
+    let gated = Gated::default();
+    for &chunk in chunks {
+        gated.push(data(chunk));
+    }
+    if close {
+        gated.close();
+    }
+    let upstream = gated.clone();
+    let mut svc = layer.layer(service_fn(move |_req: Request<()>| {
+        let body = upstream.clone();
+        async { Ok::<_, std::convert::Infallible>(response("text/event-stream", body)) }
+    }));
+    let res = ready(svc.call(Request::new(()))).unwrap();
+    let mut body = pin!(res.into_body());
+    let mut cx = Context::from_waker(Waker::noop());
+    while let Poll::Ready(Some(Ok(_))) = body.as_mut().poll_frame(&mut cx) {}
+}
+
+#[test]
+fn a_body_dropped_before_its_end_still_logs_its_summary() {
+    let log = logged(|| {
+        poll_then_drop(
+            BypassMarkerLayer::new(),
+            &[
+                "event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\n",
+                "data: 2",
+            ],
+            false,
+        );
+    });
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("event stream dropped before its end")
+            && last.contains("removed_frames=1")
+            && last.contains("removed_bytes=39")
+            && last.contains("held_bytes=7"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("removed_frames").count(),
+        1,
+        "one summary: {log}"
+    );
+}
+
+#[test]
+fn a_body_read_to_its_end_logs_one_summary_only() {
+    let log = logged(|| {
+        poll_then_drop(BypassMarkerLayer::new(), &["data: 1\n\n"], true);
+    });
+    assert!(log.contains("event stream ended"), "{log}");
+    assert!(!log.contains("dropped before its end"), "{log}");
+}
+
+#[test]
+fn a_frame_too_large_error_logs_the_summary_with_the_limit() {
+    let log = logged(|| {
+        let layer = BypassMarkerLayer::new()
+            .max_frame_bytes(8)
+            .on_overflow(tower_bypass_marker::Overflow::Error);
+        poll_then_drop(layer, &["data: 12", "345678901"], false);
+    });
+    assert!(
+        log.contains("event stream failed: a frame outgrew max_frame_bytes")
+            && log.contains("limit=8"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("removed_frames").count(),
+        1,
+        "one summary: {log}"
     );
 }
