@@ -391,7 +391,10 @@ impl Scanner {
 
     fn push_line_part(&mut self, part: &[u8]) {
         let room = self.config.line_cap.saturating_sub(self.line.len());
-        self.line.extend_from_slice(&part[..part.len().min(room)]);
+        // Past the cap (the usual case in a long `data` line), nothing is copied.
+        if room > 0 {
+            self.line.extend_from_slice(&part[..part.len().min(room)]);
+        }
     }
 
     /// Updates the frame from one complete non-empty line. `line` holds at least the first
