@@ -9,7 +9,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use bodies::{data, response, Gated, Items};
+use bodies::{data, response, Gated};
 use http::Request;
 use http_body::Body;
 use tower::{service_fn, Layer, Service};
@@ -37,30 +37,16 @@ fn ready<F: Future>(f: F) -> F::Output {
 
 #[test]
 fn removed_frames_and_the_summary_are_logged_at_debug() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let layer = BypassMarkerLayer::new().never_forward("llm_metrics");
-        let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
-            let body = Items::new([
-                data("event: x-bypass-remote-prefill\n: true\n\n"),
-                data("data: 1\n\nevent: llm_metrics\ndata: {}\n\n"),
-            ]);
-            Ok::<_, std::convert::Infallible>(response("text/event-stream", body))
-        }));
-        let res = ready(svc.call(Request::new(()))).unwrap();
-        let mut body = pin!(res.into_body());
-        let mut cx = Context::from_waker(Waker::noop());
-        while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
-            frame.unwrap();
-        }
+    let log = logged(|| {
+        poll_then_drop(
+            BypassMarkerLayer::new().never_forward("llm_metrics"),
+            &[
+                "event: x-bypass-remote-prefill\n: true\n\n",
+                "data: 1\n\nevent: llm_metrics\ndata: {}\n\n",
+            ],
+            true,
+        );
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<&str> = log.lines().collect();
     assert_eq!(lines.len(), 3, "{log}");
     assert!(
