@@ -27,6 +27,10 @@ pin_project! {
     }
 }
 
+/// The capacity a filtered body's buffer for frames that span chunks starts with (at most
+/// `max_frame_bytes`).
+const HELD_CAPACITY: usize = 4096;
+
 /// The state of a body that is being filtered.
 struct Filter {
     /// What is left of the inner body's current data chunk, when acting on it yielded data
@@ -261,6 +265,13 @@ impl Frames {
                     chunk.advance(n);
                 }
                 Step::Hold(n) => {
+                    if self.held.capacity() == 0 {
+                        // Room for a few frames at once: each release splits its frame off the
+                        // front, and the buffer is reclaimed whole once the consumer has dropped
+                        // them, instead of being grown (and reclaimed) every frame or two.
+                        let room = HELD_CAPACITY.min(self.scanner.max_frame_bytes());
+                        self.held.reserve(n.max(room));
+                    }
                     self.held.extend_from_slice(&chunk[..n]);
                     chunk.advance(n);
                 }
