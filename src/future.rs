@@ -7,9 +7,10 @@ use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response};
 use pin_project_lite::pin_project;
 
-use crate::layer::Config;
+use crate::annotations::RequestedAnnotations;
+use crate::body::BypassMarkerBody;
+use crate::config::Config;
 use crate::scan::Scanner;
-use crate::{BypassMarkerBody, RequestedAnnotations};
 
 pin_project! {
     /// Response future for [`BypassMarker`](crate::BypassMarker): decides from the response head

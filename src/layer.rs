@@ -3,133 +3,11 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::{BypassMarker, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
-
-/// The most annotation names one layer can be configured with.
-pub const MAX_NAMES: usize = 64;
-
-/// The default cap on the bytes held for one frame that spans body chunks: 1 MiB.
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
-
-/// What happens when a frame that spans chunks grows past
-/// [`BypassMarkerLayer::max_frame_bytes`].
-///
-/// See the [module docs](crate) for the trade-off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Overflow {
-    /// Forward the frame as it arrives, unfiltered (the held bytes first). Annotation frames are a
-    /// few dozen bytes, so a frame this large is data, not an annotation. The default.
-    #[default]
-    Forward,
-    /// Fail the response body with a [`FrameTooLarge`](crate::FrameTooLarge) error.
-    Error,
-}
-
-/// What a response does with frames of a configured annotation name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Removed unless the client opted in.
-    OptIn,
-    /// Always removed.
-    NeverForward,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Name {
-    pub(crate) name: Box<str>,
-    pub(crate) kind: Kind,
-    /// Set by the router itself: the guard strips it from the client's annotations.
-    pub(crate) router_owned: bool,
-}
-
-/// The layer's configuration, shared by every service, future and body it makes.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) names: Vec<Name>,
-    pub(crate) max_frame_bytes: usize,
-    pub(crate) on_overflow: Overflow,
-    pub(crate) sdk_safe: bool,
-    /// Finds `event:`, built once per layer rather than once per chunk.
-    pub(crate) event_finder: memchr::memmem::Finder<'static>,
-    /// How many bytes of a line the scanner needs to tell whether it is an `event` field naming a
-    /// configured name.
-    pub(crate) line_cap: usize,
-}
-
-impl Config {
-    fn new() -> Self {
-        let mut config = Self {
-            names: Vec::new(),
-            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
-            on_overflow: Overflow::default(),
-            sdk_safe: false,
-            event_finder: memchr::memmem::Finder::new(crate::scan::EVENT_FIELD).into_owned(),
-            line_cap: 0,
-        };
-        config.set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true);
-        config
-    }
-
-    /// Adds `name`, or updates it: `kind` (when given) replaces the old one, `router_owned` is
-    /// never taken back.
-    fn set(&mut self, name: &str, kind: Option<Kind>, router_owned: bool) {
-        assert!(
-            !name.is_empty() && !name.contains(['\r', '\n']),
-            "annotation names must be non-empty and free of CR and LF, got {name:?}"
-        );
-        if let Some(existing) = self.names.iter_mut().find(|n| &*n.name == name) {
-            existing.kind = kind.unwrap_or(existing.kind);
-            existing.router_owned |= router_owned;
-            return;
-        }
-        assert!(
-            self.names.len() < MAX_NAMES,
-            "a BypassMarkerLayer takes at most {MAX_NAMES} annotation names"
-        );
-        self.names.push(Name {
-            name: name.into(),
-            kind: kind.unwrap_or(Kind::OptIn),
-            router_owned,
-        });
-        let longest = self.names.iter().map(|n| n.name.len()).max().unwrap_or(0);
-        // "event: " + the name; never less than "data:" plus a byte.
-        self.line_cap = (b"event: ".len() + longest).max(8);
-    }
-
-    /// The names to remove from a response to a client that asked for `requested` (bit `i` for
-    /// `names[i]`).
-    pub(crate) fn removal_mask(&self, requested: u64) -> u64 {
-        let mut mask = 0;
-        for (i, n) in self.names.iter().enumerate() {
-            let bit = 1 << i;
-            if n.kind == Kind::NeverForward || requested & bit == 0 {
-                mask |= bit;
-            }
-        }
-        mask
-    }
-
-    /// The bits of the configured names in `requested`.
-    pub(crate) fn requested_mask(&self, requested: &RequestedAnnotations) -> u64 {
-        let mut mask = 0;
-        for (i, n) in self.names.iter().enumerate() {
-            if requested.contains(&n.name) {
-                mask |= 1 << i;
-            }
-        }
-        mask
-    }
-
-    /// The index of the name in `mask` that `value` is, if any.
-    pub(crate) fn find(&self, value: &[u8], mask: u64) -> Option<u8> {
-        self.names
-            .iter()
-            .enumerate()
-            .find(|(i, n)| mask & (1 << i) != 0 && n.name.as_bytes() == value)
-            .map(|(i, _)| i as u8)
-    }
-}
+use crate::annotations::RequestedAnnotations;
+use crate::config::{Config, Kind, Overflow};
+#[cfg(doc)]
+use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES};
+use crate::service::BypassMarker;
 
 /// Removes router-internal annotation frames from `text/event-stream` responses unless the client
 /// opted in.
@@ -230,23 +108,13 @@ impl BypassMarkerLayer {
     pub fn guard_annotations(&self, annotations: &mut Vec<String>) -> RequestedAnnotations {
         let mut granted = RequestedAnnotations::new();
         annotations.retain(|entry| {
-            let exact = self.config.names.iter().find(|n| *n.name == **entry);
-            if let Some(n) = exact {
-                if n.kind != Kind::NeverForward {
-                    granted.insert(&n.name);
-                }
+            let rule = self.config.guard_entry(entry);
+            if let Some(name) = rule.grant {
+                granted.insert(name);
             }
-            !self.names_router_owned(entry)
+            !rule.strip
         });
         granted
-    }
-
-    fn names_router_owned(&self, entry: &str) -> bool {
-        let name = entry.split(':').next().unwrap_or(entry).trim();
-        self.config
-            .names
-            .iter()
-            .any(|n| n.router_owned && n.name.eq_ignore_ascii_case(name))
     }
 }
 
@@ -258,22 +126,9 @@ impl Default for BypassMarkerLayer {
 
 impl fmt::Debug for BypassMarkerLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = |keep: fn(&Name) -> bool| {
-            self.config
-                .names
-                .iter()
-                .filter(move |n| keep(n))
-                .map(|n| &*n.name)
-                .collect::<Vec<_>>()
-        };
-        f.debug_struct("BypassMarkerLayer")
-            .field("router_owned", &names(|n| n.router_owned))
-            .field("opt_in", &names(|n| n.kind == Kind::OptIn))
-            .field("never_forward", &names(|n| n.kind == Kind::NeverForward))
-            .field("max_frame_bytes", &self.config.max_frame_bytes)
-            .field("on_overflow", &self.config.on_overflow)
-            .field("sdk_safe", &self.config.sdk_safe)
-            .finish()
+        let mut d = f.debug_struct("BypassMarkerLayer");
+        self.config.debug_fields(&mut d);
+        d.finish()
     }
 }
 
@@ -282,5 +137,12 @@ impl<S> Layer<S> for BypassMarkerLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         BypassMarker::new(inner, self.config.clone())
+    }
+}
+
+impl<S> BypassMarker<S> {
+    /// Returns a [`Layer`] with the default configuration.
+    pub fn layer() -> BypassMarkerLayer {
+        BypassMarkerLayer::new()
     }
 }

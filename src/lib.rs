@@ -130,6 +130,7 @@
 
 mod annotations;
 mod body;
+mod config;
 mod future;
 mod layer;
 mod scan;
@@ -145,16 +146,14 @@ mod test_model;
 
 pub use annotations::RequestedAnnotations;
 pub use body::{BypassMarkerBody, FrameTooLarge};
+pub use config::{Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
 pub use future::ResponseFuture;
-pub use layer::{BypassMarkerLayer, Overflow, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
+pub use layer::BypassMarkerLayer;
 pub use service::BypassMarker;
 
 #[cfg(feature = "__fuzz")]
 #[doc(hidden)]
 pub use scan::fuzz as __fuzz;
-
-/// The event type Dynamo's router gives the frame it prepends when it bypasses remote prefill.
-pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
 
 /// The error type of [`BypassMarkerBody`]: the inner body's error, or [`FrameTooLarge`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,11 +13,9 @@
 
 use std::sync::Arc;
 
-use crate::layer::{Config, Overflow};
+use crate::config::{Config, Overflow};
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
-/// The bytes every `event` field line with a non-empty value starts with.
-pub(crate) const EVENT_FIELD: &[u8] = b"event:";
 
 /// What the caller does with the bytes at the front of the input it passed to [`Scanner::step`].
 ///

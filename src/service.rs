@@ -4,14 +4,15 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::annotations::RequestedAnnotations;
+use crate::body::BypassMarkerBody;
+use crate::config::Config;
 use crate::future::ResponseFuture;
-use crate::layer::Config;
-use crate::{BypassMarkerLayer, RequestedAnnotations};
 
 /// Middleware that removes router-internal annotation frames from `text/event-stream` responses
 /// unless the client opted in.
 ///
-/// Made by [`BypassMarkerLayer`]; see the [module docs](crate) for an example.
+/// Made by [`BypassMarkerLayer`](crate::BypassMarkerLayer); see the [module docs](crate) for an example.
 #[derive(Clone)]
 pub struct BypassMarker<S> {
     inner: S,
@@ -23,14 +24,9 @@ impl<S> BypassMarker<S> {
         Self { inner, config }
     }
 
-    /// Wraps `inner` with the default configuration ([`BypassMarkerLayer::new`]).
+    /// Wraps `inner` with the default configuration ([`BypassMarkerLayer::new`](crate::BypassMarkerLayer::new)).
     pub fn with_defaults(inner: S) -> Self {
-        Self::new(inner, BypassMarkerLayer::new().config)
-    }
-
-    /// Returns a [`Layer`](tower_layer::Layer) with the default configuration.
-    pub fn layer() -> BypassMarkerLayer {
-        BypassMarkerLayer::new()
+        Self::new(inner, Arc::new(Config::new()))
     }
 
     /// The inner service.
@@ -51,15 +47,10 @@ impl<S> BypassMarker<S> {
 
 impl<S: std::fmt::Debug> std::fmt::Debug for BypassMarker<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BypassMarker")
-            .field("inner", &self.inner)
-            .field(
-                "layer",
-                &BypassMarkerLayer {
-                    config: self.config.clone(),
-                },
-            )
-            .finish()
+        let mut d = f.debug_struct("BypassMarker");
+        d.field("inner", &self.inner);
+        self.config.debug_fields(&mut d);
+        d.finish()
     }
 }
 
@@ -67,7 +58,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BypassMarker<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    type Response = Response<crate::BypassMarkerBody<ResBody>>;
+    type Response = Response<BypassMarkerBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future>;
 

@@ -1,0 +1,199 @@
+//! The configuration itself: the annotation names and what each one is, the masks and lookups the
+//! scanner and the guards use, and the limits.
+//!
+//! Nothing here builds a configuration for users (that is [`BypassMarkerLayer`]'s job) and nothing
+//! here knows about bodies, futures or HTTP: the scanner and the guards depend on this file, and it
+//! depends on nothing above it.
+//!
+//! [`BypassMarkerLayer`]: crate::BypassMarkerLayer
+
+use std::fmt;
+
+use crate::annotations::RequestedAnnotations;
+
+/// The event type Dynamo's router gives the frame it prepends when it bypasses remote prefill.
+pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
+
+/// The most annotation names one layer can be configured with.
+pub const MAX_NAMES: usize = 64;
+
+/// The default cap on the bytes held for one frame that spans body chunks: 1 MiB.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
+
+/// The bytes every `event` field line with a non-empty value starts with.
+pub(crate) const EVENT_FIELD: &[u8] = b"event:";
+
+/// What happens when a frame that spans chunks grows past
+/// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes).
+///
+/// See the [module docs](crate) for the trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Forward the frame as it arrives, unfiltered (the held bytes first). Annotation frames are a
+    /// few dozen bytes, so a frame this large is data, not an annotation. The default.
+    #[default]
+    Forward,
+    /// Fail the response body with a [`FrameTooLarge`](crate::FrameTooLarge) error.
+    Error,
+}
+
+/// What a response does with frames of a configured annotation name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Removed unless the client opted in.
+    OptIn,
+    /// Always removed.
+    NeverForward,
+}
+
+/// One configured annotation name.
+#[derive(Debug, Clone)]
+pub(crate) struct Name {
+    pub(crate) name: Box<str>,
+    pub(crate) kind: Kind,
+    /// Set by the router itself: the guard strips it from the client's annotations.
+    pub(crate) router_owned: bool,
+}
+
+/// The layer's configuration, shared by every service, future and body it makes.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) names: Vec<Name>,
+    pub(crate) max_frame_bytes: usize,
+    pub(crate) on_overflow: Overflow,
+    pub(crate) sdk_safe: bool,
+    /// Finds `event:`, built once per layer rather than once per chunk.
+    pub(crate) event_finder: memchr::memmem::Finder<'static>,
+    /// How many bytes of a line the scanner needs to tell whether it is an `event` field naming a
+    /// configured name.
+    pub(crate) line_cap: usize,
+}
+
+/// What a guard does with one entry of a client's `nvext.annotations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GuardEntry<'a> {
+    /// The entry names a router-owned name: remove it from the request.
+    pub(crate) strip: bool,
+    /// The configured name the entry grants the client: the entry is exactly that name (bare, as
+    /// written) and it is not never-forwarded.
+    pub(crate) grant: Option<&'a str>,
+}
+
+/// The name an entry of a client's annotations refers to, for the guard's matching rule: the part
+/// before the first `:`, without surrounding whitespace. `"x-a"`, `" X-A:true "` and `"x-a:"` all
+/// refer to `x-a` (compared in any ASCII case by [`Config::guard_entry`]).
+pub(crate) fn entry_name(entry: &str) -> &str {
+    entry.split(':').next().unwrap_or(entry).trim()
+}
+
+impl Config {
+    /// The default configuration: [`BYPASS_REMOTE_PREFILL`], router-owned and opt-in.
+    pub(crate) fn new() -> Self {
+        let mut config = Self {
+            names: Vec::new(),
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            on_overflow: Overflow::default(),
+            sdk_safe: false,
+            event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
+            line_cap: 0,
+        };
+        config.set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true);
+        config
+    }
+
+    /// Adds `name`, or updates it: `kind` (when given) replaces the old one, `router_owned` is
+    /// never taken back.
+    pub(crate) fn set(&mut self, name: &str, kind: Option<Kind>, router_owned: bool) {
+        assert!(
+            !name.is_empty() && !name.contains(['\r', '\n']),
+            "annotation names must be non-empty and free of CR and LF, got {name:?}"
+        );
+        if let Some(existing) = self.names.iter_mut().find(|n| &*n.name == name) {
+            existing.kind = kind.unwrap_or(existing.kind);
+            existing.router_owned |= router_owned;
+            return;
+        }
+        assert!(
+            self.names.len() < MAX_NAMES,
+            "a BypassMarkerLayer takes at most {MAX_NAMES} annotation names"
+        );
+        self.names.push(Name {
+            name: name.into(),
+            kind: kind.unwrap_or(Kind::OptIn),
+            router_owned,
+        });
+        let longest = self.names.iter().map(|n| n.name.len()).max().unwrap_or(0);
+        // "event: " + the name; never less than "data:" plus a byte.
+        self.line_cap = (b"event: ".len() + longest).max(8);
+    }
+
+    /// The names to remove from a response to a client that asked for `requested` (bit `i` for
+    /// `names[i]`).
+    pub(crate) fn removal_mask(&self, requested: u64) -> u64 {
+        let mut mask = 0;
+        for (i, n) in self.names.iter().enumerate() {
+            let bit = 1 << i;
+            if n.kind == Kind::NeverForward || requested & bit == 0 {
+                mask |= bit;
+            }
+        }
+        mask
+    }
+
+    /// The bits of the configured names in `requested`.
+    pub(crate) fn requested_mask(&self, requested: &RequestedAnnotations) -> u64 {
+        let mut mask = 0;
+        for (i, n) in self.names.iter().enumerate() {
+            if requested.contains(&n.name) {
+                mask |= 1 << i;
+            }
+        }
+        mask
+    }
+
+    /// The index of the name in `mask` that `value` is, if any.
+    pub(crate) fn find(&self, value: &[u8], mask: u64) -> Option<u8> {
+        self.names
+            .iter()
+            .enumerate()
+            .find(|(i, n)| mask & (1 << i) != 0 && n.name.as_bytes() == value)
+            .map(|(i, _)| i as u8)
+    }
+
+    /// The guard's rule for one entry of a client's annotations, shared by every guard.
+    ///
+    /// The entry is stripped when it names a router-owned name in any form: `name` or
+    /// `name:value`, any ASCII case, surrounding whitespace (see [`entry_name`]). It grants the
+    /// configured name it is exactly, unless that name is never-forwarded.
+    pub(crate) fn guard_entry(&self, entry: &str) -> GuardEntry<'_> {
+        let grant = self
+            .names
+            .iter()
+            .find(|n| *n.name == *entry && n.kind != Kind::NeverForward)
+            .map(|n| &*n.name);
+        let name = entry_name(entry);
+        let strip = self
+            .names
+            .iter()
+            .any(|n| n.router_owned && n.name.eq_ignore_ascii_case(name));
+        GuardEntry { strip, grant }
+    }
+
+    /// Adds the configuration's fields to a `Debug` output: the names by role, then the limits.
+    pub(crate) fn debug_fields(&self, d: &mut fmt::DebugStruct<'_, '_>) {
+        let names = |keep: fn(&Name) -> bool| {
+            self.names
+                .iter()
+                .filter(move |n| keep(n))
+                .map(|n| &*n.name)
+                .collect::<Vec<_>>()
+        };
+        d.field("router_owned", &names(|n| n.router_owned))
+            .field("opt_in", &names(|n| n.kind == Kind::OptIn))
+            .field("never_forward", &names(|n| n.kind == Kind::NeverForward))
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("on_overflow", &self.on_overflow)
+            .field("sdk_safe", &self.sdk_safe);
+    }
+}
