@@ -82,6 +82,19 @@ pub(crate) struct Scanner {
     queued: Option<Step>,
     /// Index of the configured name that made the last removed frame go (`None`: SDK-safe rule).
     last_removed: Option<u8>,
+    /// The last frame boundary of the current input, once [`Self::run`] has looked for it.
+    boundary: Option<Boundary>,
+}
+
+/// Where the last empty line of an input ends, kept so that it is looked for once per input: a
+/// removal ends a run, and the next run starts on the rest of the same input.
+#[derive(Debug, Clone, Copy)]
+struct Boundary {
+    /// The address just past the input's last byte: the rest of an input ends where it did.
+    input_end: usize,
+    /// The end of the input's last empty line, as an offset back from the input's end (`None`:
+    /// the input has no empty line after the line start the search began at).
+    from_end: Option<usize>,
 }
 
 impl Scanner {
@@ -98,6 +111,7 @@ impl Scanner {
             line: Vec::new(),
             queued: None,
             last_removed: None,
+            boundary: None,
         }
     }
 
@@ -280,7 +294,7 @@ impl Scanner {
                         // line, which visits it once with `memchr2`.
                         None
                     } else {
-                        last_blank_line_end(input, i, len)
+                        self.last_boundary(input, i)
                     };
                     next_event = match boundary {
                         None => i,
@@ -294,6 +308,8 @@ impl Scanner {
                         },
                     };
                 }
+                // Searches back from the `event:` only as far as the start of its frame, which is
+                // then scanned: each byte is visited a bounded number of times.
                 if let Some(end) = last_blank_line_end(input, i, next_event) {
                     i = end;
                     continue;
@@ -312,6 +328,9 @@ impl Scanner {
                         continue;
                     }
                     self.mark_cr(input, end, Cr::Discarded);
+                    if end == len {
+                        self.boundary = None;
+                    }
                     if start == 0 {
                         return Step::Discard(end);
                     }
@@ -319,6 +338,7 @@ impl Scanner {
                     return Step::Forward(start);
                 }
                 None => {
+                    self.boundary = None;
                     let rest = len - start;
                     let open = if rest <= self.config.max_frame_bytes {
                         self.frame.held = rest;
@@ -340,7 +360,33 @@ impl Scanner {
                 }
             }
         }
+        self.boundary = None;
         Step::Forward(len)
+    }
+
+    /// The end of the last empty line of `input` after `i` (a line start outside any frame), if
+    /// there is one. Searched for once per input: the rest of an input that a removal cut (and
+    /// that the next run starts on) ends at the same address, and the answer is kept until a run
+    /// consumes the input to its end. Searching again on every run would make a chunk of many
+    /// removed frames before a long open frame cost frames x tail.
+    fn last_boundary(&mut self, input: &[u8], i: usize) -> Option<usize> {
+        let len = input.len();
+        let input_end = input.as_ptr() as usize + len;
+        let from_end = match self.boundary {
+            Some(b) if b.input_end == input_end => b.from_end,
+            _ => {
+                let from_end = last_blank_line_end(input, i, len).map(|end| len - end);
+                self.boundary = Some(Boundary {
+                    input_end,
+                    from_end,
+                });
+                from_end
+            }
+        };
+        // An empty line found from an earlier line start lies after `i` exactly when it ends
+        // after it (`i` is no line end, so it cannot be inside that line's terminator).
+        let end = len.checked_sub(from_end?)?;
+        (end > i).then_some(end)
     }
 
     /// Scans the lines of the open frame from `i` (which may be mid-line). Returns the end of the
