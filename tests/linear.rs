@@ -39,7 +39,12 @@ fn shapes() -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     let body = shape(frames, 2 * MIB, b"data: x\n", 2 * MIB);
     out.push(("frames then an open frame", body.clone(), body));
     // The same with CR-only line ends.
-    let body = shape(b"event: message\rdata: x\r\r", 2 * MIB, b"data: x\r", 2 * MIB);
+    let body = shape(
+        b"event: message\rdata: x\r\r",
+        2 * MIB,
+        b"data: x\r",
+        2 * MIB,
+    );
     out.push(("CR-only frames then an open frame", body.clone(), body));
     // Removed frames, then a long `data` line with no line end at all.
     let mut body = shape(MARKER, 2 * MIB, b"", 0);
@@ -96,10 +101,7 @@ async fn filter(chunks: Vec<Bytes>) -> Vec<u8> {
 async fn adversarial_bodies_pass_in_linear_time() {
     for (name, body, expected) in shapes() {
         for chunk_len in [body.len(), 64 * 1024] {
-            let chunks: Vec<Bytes> = body
-                .chunks(chunk_len)
-                .map(Bytes::copy_from_slice)
-                .collect();
+            let chunks: Vec<Bytes> = body.chunks(chunk_len).map(Bytes::copy_from_slice).collect();
             let start = Instant::now();
             let out = filter(chunks).await;
             let took = start.elapsed();
