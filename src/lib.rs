@@ -132,6 +132,9 @@ mod annotations;
 mod body;
 mod config;
 mod future;
+#[cfg(feature = "json")]
+#[cfg_attr(docsrs, doc(cfg(feature = "json")))]
+pub mod json;
 mod layer;
 mod scan;
 mod service;
@@ -150,6 +153,8 @@ pub use config::{Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_N
 pub use future::ResponseFuture;
 pub use layer::BypassMarkerLayer;
 pub use service::BypassMarker;
+#[cfg(feature = "json")]
+pub use json::{JsonGuard, JsonGuardLayer};
 
 #[cfg(feature = "__fuzz")]
 #[doc(hidden)]

@@ -1,0 +1,285 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::CONTENT_LENGTH;
+use http::{request, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::config::Config;
+use crate::json::response::Refusal;
+use crate::json::service::too_large;
+use crate::json::splice::{self, Reason};
+use crate::json::{JsonGuardBody, ResponseBody};
+use crate::RequestedAnnotations;
+
+pin_project! {
+    /// Response future for [`JsonGuard`](crate::json::JsonGuard): reads an inspected request's
+    /// body, then calls the inner service with the guarded request, or answers with the guard's
+    /// error.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<JsonGuardBody<B>>>,
+    {
+        #[pin]
+        state: State<S, S::Future, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, F, B> {
+        Collecting {
+            #[pin]
+            body: B,
+            collected: Collected<S>,
+        },
+        Calling {
+            #[pin]
+            future: F,
+            granted: Option<RequestedAnnotations>,
+        },
+        Refused {
+            refusal: Option<Refusal>,
+        },
+    }
+}
+
+/// What a request being read carries besides its body.
+struct Collected<S> {
+    service: Option<S>,
+    parts: Option<request::Parts>,
+    config: Arc<Config>,
+    max: usize,
+    chunks: Vec<Bytes>,
+    received: usize,
+    trailers: Option<HeaderMap>,
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<JsonGuardBody<B>>>,
+{
+    pub(crate) fn call(future: S::Future) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                granted: None,
+            },
+        }
+    }
+
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        Self {
+            state: State::Refused {
+                refusal: Some(refusal),
+            },
+        }
+    }
+
+    pub(crate) fn collect(
+        req: Request<B>,
+        service: S,
+        config: Arc<Config>,
+        max: usize,
+    ) -> Self {
+        let (parts, body) = req.into_parts();
+        Self {
+            state: State::Collecting {
+                body,
+                collected: Collected {
+                    service: Some(service),
+                    parts: Some(parts),
+                    config,
+                    max,
+                    chunks: Vec::new(),
+                    received: 0,
+                    trailers: None,
+                },
+            },
+        }
+    }
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<JsonGuardBody<B>>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Collecting { collected, .. } => {
+                return f
+                    .debug_struct("ResponseFuture")
+                    .field("received", &collected.received)
+                    .finish_non_exhaustive()
+            }
+            State::Calling { .. } => "calling",
+            State::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<JsonGuardBody<B>>, Response = Response<ResBody>>,
+    B: Body,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            let next = match state.as_mut().project() {
+                StateProj::Collecting { body, collected } => {
+                    match ready!(collected.read(body, cx)) {
+                        Ok(()) => collected.finish(),
+                        Err(refusal) => State::Refused {
+                            refusal: Some(refusal),
+                        },
+                    }
+                }
+                StateProj::Calling { future, granted } => {
+                    let mut res = ready!(future.poll(cx))?;
+                    if let Some(granted) = granted.take() {
+                        merge(res.extensions_mut(), granted);
+                    }
+                    return Poll::Ready(Ok(res.map(ResponseBody::service)));
+                }
+                StateProj::Refused { refusal } => {
+                    let refusal = refusal.take().expect("polled after completion");
+                    return Poll::Ready(Ok(refusal.into_response()));
+                }
+            };
+            state.set(next);
+        }
+    }
+}
+
+impl<S> Collected<S> {
+    /// Reads the body to its end, or to the first byte past the limit.
+    fn read<B: Body>(
+        &mut self,
+        mut body: Pin<&mut B>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Refusal>> {
+        loop {
+            let frame = match ready!(body.as_mut().poll_frame(cx)) {
+                None => return Poll::Ready(Ok(())),
+                Some(Err(_)) => {
+                    return Poll::Ready(Err(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        "body_read_error",
+                        "the request body could not be read".to_owned(),
+                    )))
+                }
+                Some(Ok(frame)) => frame,
+            };
+            match frame.into_data() {
+                Ok(mut data) => {
+                    let len = data.remaining();
+                    self.received = self.received.saturating_add(len);
+                    if self.received > self.max {
+                        return Poll::Ready(Err(too_large(self.max)));
+                    }
+                    if len > 0 {
+                        self.chunks.push(data.copy_to_bytes(len));
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        self.trailers.get_or_insert_with(HeaderMap::new).extend(trailers);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The body has been read: guard it, and call the service or refuse.
+    fn finish<F, B>(&mut self) -> State<S, F, B>
+    where
+        S: Service<Request<JsonGuardBody<B>>, Future = F>,
+    {
+        let body = match self.chunks.len() {
+            0 => Bytes::new(),
+            1 => self.chunks.pop().expect("one chunk"),
+            _ => {
+                let mut all = BytesMut::with_capacity(self.received);
+                for chunk in self.chunks.drain(..) {
+                    all.extend_from_slice(&chunk);
+                }
+                all.freeze()
+            }
+        };
+        let mut parts = self.parts.take().expect("finished once");
+        let mut service = self.service.take().expect("finished once");
+        let trailers = self.trailers.take();
+        if body.is_empty() {
+            let req = Request::from_parts(parts, JsonGuardBody::buffered(Vec::new(), trailers));
+            return State::Calling {
+                future: service.call(req),
+                granted: None,
+            };
+        }
+        let guarded = match splice::guard(&self.config, &body) {
+            Ok(guarded) => guarded,
+            Err(rejection) => {
+                let code = match rejection.reason {
+                    Reason::Invalid => "invalid_json",
+                    Reason::Duplicate => "duplicate_key",
+                    Reason::Shape => "invalid_nvext",
+                };
+                return State::Refused {
+                    refusal: Some(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        code,
+                        rejection.message,
+                    )),
+                };
+            }
+        };
+        let chunks = match guarded.splice {
+            None => vec![body],
+            Some(splice) => {
+                let len = body.len() - splice.span.len() + splice.array.len();
+                if parts.headers.contains_key(CONTENT_LENGTH) {
+                    parts
+                        .headers
+                        .insert(CONTENT_LENGTH, HeaderValue::from(len));
+                }
+                vec![
+                    body.slice(..splice.span.start),
+                    Bytes::from(splice.array),
+                    body.slice(splice.span.end..),
+                ]
+            }
+        };
+        let granted = if guarded.granted.is_empty() {
+            None
+        } else {
+            merge(&mut parts.extensions, guarded.granted.clone());
+            Some(guarded.granted)
+        };
+        let req = Request::from_parts(parts, JsonGuardBody::buffered(chunks, trailers));
+        State::Calling {
+            future: service.call(req),
+            granted,
+        }
+    }
+}
+
+/// Adds `granted` to the `RequestedAnnotations` in `extensions`, or inserts it.
+fn merge(extensions: &mut http::Extensions, granted: RequestedAnnotations) {
+    match extensions.get_mut::<RequestedAnnotations>() {
+        Some(existing) => existing.extend(granted.iter()),
+        None => {
+            extensions.insert(granted);
+        }
+    }
+}

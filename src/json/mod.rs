@@ -1,0 +1,135 @@
+//! The request side as middleware (feature `json`): a guard that reads JSON request bodies, strips
+//! router-owned names from `nvext.annotations` and grants the client's opt-in, with no handler
+//! code.
+//!
+//! A gateway in front of Dynamo, vLLM or SGLang has no handler that parses the request, so
+//! [`BypassMarkerLayer::guard_annotations`](crate::BypassMarkerLayer::guard_annotations) has no
+//! place to run. [`JsonGuardLayer`], made from the same [`BypassMarkerLayer`](crate::BypassMarkerLayer)
+//! with [`json_guard`](crate::BypassMarkerLayer::json_guard) so that there is one configuration,
+//! does its job on the request body itself:
+//!
+//! - from the top-level object's `nvext.annotations` array it removes every entry that names a
+//!   router-owned name, by the rule of `guard_annotations` (`name` or `name:value`, any ASCII
+//!   case, surrounding whitespace), compared after JSON unescaping (`"x\u002dbypass-remote-prefill"`
+//!   is the marker);
+//! - it puts the opt-in the client is allowed (each configured name it listed exactly, never a
+//!   never-forwarded one) into the request's extensions, and into the response's, as
+//!   [`RequestedAnnotations`](crate::RequestedAnnotations), where the response layer finds it.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{header, Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! let bypass = BypassMarkerLayer::new().opt_in("request_id");
+//! // The upstream: here it answers with the JSON it received and the opt-in it was given.
+//! let upstream = service_fn(|req: Request<_>| async move {
+//!     let granted = req.extensions().get::<RequestedAnnotations>().cloned().unwrap_or_default();
+//!     let body = req.into_body().collect().await?.to_bytes();
+//!     Ok::<_, BoxError>(Response::new(Full::new(Bytes::from(format!("{granted:?} {}",
+//!         String::from_utf8_lossy(&body))))))
+//! });
+//! let svc = ServiceBuilder::new()
+//!     .layer(bypass.json_guard()) // reads the request ...
+//!     .layer(bypass.clone())      // ... for the response layer
+//!     .service(upstream);
+//!
+//! let req = Request::post("/v1/chat/completions")
+//!     .header(header::CONTENT_TYPE, "application/json")
+//!     .body(Full::new(Bytes::from_static(
+//!         br#"{"model":"m","nvext":{"annotations":["request_id", "X-Bypass-Remote-Prefill:true"]}}"#,
+//!     )))?;
+//! let res = svc.oneshot(req).await?;
+//! let seen = res.into_body().collect().await?.to_bytes();
+//! // The router never sees the client's marker, and the client gets its request_id frame.
+//! assert_eq!(seen, r#"{"request_id"} {"model":"m","nvext":{"annotations":["request_id"]}}"#);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A customised guard, for chat requests with images larger than the default limit allows:
+//!
+//! ```
+//! use tower_bypass_marker::BypassMarkerLayer;
+//!
+//! let bypass = BypassMarkerLayer::new().never_forward("llm_metrics");
+//! let guard = bypass.json_guard().max_body_bytes(96 * 1024 * 1024);
+//! # let _ = guard;
+//! ```
+//!
+//! In axum, `Router::layer` wraps what is already there, so the guard is added last:
+//! `.layer(bypass.clone()).layer(bypass.json_guard())`. The order of the two layers does not
+//! matter for the opt-in, though: the guard puts it in the response's extensions too, which the
+//! response layer reads when the response head arrives. `tests/json_stacks.rs` runs both orders.
+//!
+//! # Which requests are read
+//!
+//! A request is read when it has a body (one not known to be empty) and a JSON content type:
+//! `application/json` or `application/<anything>+json`, any case, with parameters (any one of
+//! several `content-type` headers counts), or no `content-type` at all, which many frameworks
+//! (FastAPI among them) parse as JSON anyway. Every other request (GET, gRPC, multipart, text,
+//! forms) passes through without being buffered: same body, same `size_hint`, same
+//! `is_end_stream`.
+//!
+//! # Limits and errors
+//!
+//! A read body is buffered whole, up to [`JsonGuardLayer::max_body_bytes`]
+//! ([`DEFAULT_MAX_BODY_BYTES`], 32 MiB). The guard answers itself, with an error in OpenAI's shape
+//! (`{"error":{"message":"...","type":"invalid_request_error","param":null,"code":"..."}}`,
+//! `content-type: application/json`), when:
+//!
+//! | status | `code` | when |
+//! | --- | --- | --- |
+//! | 413 | `request_too_large` | `content-length` (or the body's size hint) is over the limit: refused before reading, so no `100 Continue` is sent; a body without a length: as soon as the bytes received pass the limit |
+//! | 415 | `unsupported_content_encoding` | a `content-encoding` other than `identity`: the guard cannot read an encoded body |
+//! | 400 | `invalid_json` | not RFC 8259 JSON: not UTF-8 (a BOM included), truncated, trailing data, `NaN`, `Infinity`, comments, nesting deeper than serde_json's recursion limit (128), an escape in a key or an annotation that does not decode (a lone surrogate) |
+//! | 400 | `duplicate_key` | `nvext` twice in the top-level object, or `annotations` twice in `nvext`, however spelled (`"nv\u0065xt"` is `nvext`): parsers disagree on which one counts, and a guard that read one while the upstream read the other would let a client force the bypass |
+//! | 400 | `invalid_nvext` | `nvext` that is not an object or `null`, or `nvext.annotations` that is not an array or `null`: an upstream that tests a string or an object for membership would find a name the guard never saw as an entry |
+//! | 400 | `body_read_error` | the request body failed while being read |
+//!
+//! An empty body is forwarded as it is. A valid JSON document whose top level is not an object (an
+//! array, a string, a number) is forwarded unchanged with nothing granted: the upstream reads
+//! `nvext` only as a member of the top-level object, so nothing in such a document is an
+//! annotation. Keys other than `nvext` and `annotations` may repeat (the guard does not read them).
+//!
+//! # Bytes and copies
+//!
+//! The body is read once: serde_json skips every value the guard does not need without decoding
+//! it, and the guard decodes only the keys of the top-level object and of `nvext`, and the string
+//! entries of `nvext.annotations`. When nothing is stripped the upstream gets the very `Bytes` the
+//! guard buffered (a body that arrived in one chunk is not copied at all; one that arrived in
+//! several is joined once). When something is stripped, only the array's bytes change: the
+//! upstream gets the bytes before the array and after it as slices of that buffer, with the new
+//! array between them. The kept entries keep their spelling and the separators before them; every
+//! other byte of the document (key order, whitespace, `1.0`, `1e400`, long integers, escapes) is
+//! the client's. A `content-length` header is updated; trailers are forwarded after the data.
+//!
+//! Entries that are not strings, and strings the configuration does not know, stay.
+
+mod body;
+mod future;
+mod layer;
+mod response;
+mod service;
+mod splice;
+
+pub use body::JsonGuardBody;
+pub use future::ResponseFuture;
+pub use layer::JsonGuardLayer;
+pub use response::ResponseBody;
+pub use service::JsonGuard;
+
+/// The default cap on a JSON request body the guard buffers: 32 MiB.
+///
+/// Chat requests carry images inline as base64 data URLs, which are a third larger than the image.
+/// OpenAI accepts images of up to 20 MB each; one of them is 26.7 MB of base64 (25.4 MiB), and 32
+/// MiB leaves room for the rest of a long conversation. Requests with several large images need a
+/// larger [`JsonGuardLayer::max_body_bytes`] (OpenAI's own cap, 50 MB of images per request, is
+/// 64 MiB of base64).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
