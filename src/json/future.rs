@@ -81,12 +81,7 @@ where
         }
     }
 
-    pub(crate) fn collect(
-        req: Request<B>,
-        service: S,
-        config: Arc<Config>,
-        max: usize,
-    ) -> Self {
+    pub(crate) fn collect(req: Request<B>, service: S, config: Arc<Config>, max: usize) -> Self {
         let (parts, body) = req.into_parts();
         Self {
             state: State::Collecting {
@@ -137,14 +132,13 @@ where
         let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
-                StateProj::Collecting { body, collected } => {
-                    match ready!(collected.read(body, cx)) {
-                        Ok(()) => collected.finish(),
-                        Err(refusal) => State::Refused {
-                            refusal: Some(refusal),
-                        },
-                    }
-                }
+                StateProj::Collecting { body, collected } => match ready!(collected.read(body, cx))
+                {
+                    Ok(()) => collected.finish(),
+                    Err(refusal) => State::Refused {
+                        refusal: Some(refusal),
+                    },
+                },
                 StateProj::Calling { future, granted } => {
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(granted) = granted.take() {
@@ -194,7 +188,9 @@ impl<S> Collected<S> {
                 }
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        self.trailers.get_or_insert_with(HeaderMap::new).extend(trailers);
+                        self.trailers
+                            .get_or_insert_with(HeaderMap::new)
+                            .extend(trailers);
                     }
                 }
             }
@@ -249,9 +245,7 @@ impl<S> Collected<S> {
             Some(splice) => {
                 let len = body.len() - splice.span.len() + splice.array.len();
                 if parts.headers.contains_key(CONTENT_LENGTH) {
-                    parts
-                        .headers
-                        .insert(CONTENT_LENGTH, HeaderValue::from(len));
+                    parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
                 }
                 vec![
                     body.slice(..splice.span.start),

@@ -111,7 +111,9 @@ impl Refusal {
         });
         let json = Bytes::from(json.to_string());
         let mut res = Response::new(ResponseBody {
-            inner: Inner::Refused { json: Some(json.clone()) },
+            inner: Inner::Refused {
+                json: Some(json.clone()),
+            },
         });
         *res.status_mut() = self.status;
         res.headers_mut().insert(

@@ -93,12 +93,7 @@ where
         // The service that was made ready goes with the request; `self` keeps a clone.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::collect(
-            req,
-            service,
-            self.config.clone(),
-            self.max_body_bytes,
-        )
+        ResponseFuture::collect(req, service, self.config.clone(), self.max_body_bytes)
     }
 }
 

@@ -150,7 +150,10 @@ impl<'a> Walk<'a> {
     fn invalid(&self, what: &str) -> Rejection {
         Rejection::new(
             Reason::Invalid,
-            format!("the request body is not valid JSON: {what} at byte {}", self.pos),
+            format!(
+                "the request body is not valid JSON: {what} at byte {}",
+                self.pos
+            ),
         )
     }
 
@@ -500,7 +503,11 @@ mod tests {
         ] {
             let body = format!(r#"{{"nvext":{{"annotations":{array}}}}}"#);
             let out = stripped(&body);
-            assert_eq!(out, format!(r#"{{"nvext":{{"annotations":{expected}}}}}"#), "{array}");
+            assert_eq!(
+                out,
+                format!(r#"{{"nvext":{{"annotations":{expected}}}}}"#),
+                "{array}"
+            );
             serde_json::from_str::<serde_json::Value>(&out).unwrap();
         }
     }
@@ -518,15 +525,19 @@ mod tests {
             r#"{"nvext":{"annotations":["request_id","llm_metrics","Request_Id","other"]}}"#
         );
         // Compared after unescaping.
-        let (_, granted) = run(&layer(), r#"{"nvext":{"annotations":["request\u005fid"]}}"#).unwrap();
+        let (_, granted) =
+            run(&layer(), r#"{"nvext":{"annotations":["request\u005fid"]}}"#).unwrap();
         assert_eq!(granted, ["request_id"]);
     }
 
     #[test]
     fn a_never_forwarded_router_owned_name_is_stripped_and_not_granted() {
         let layer = BypassMarkerLayer::new().never_forward("x-bypass-remote-prefill");
-        let (out, granted) =
-            run(&layer, r#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#).unwrap();
+        let (out, granted) = run(
+            &layer,
+            r#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#,
+        )
+        .unwrap();
         assert!(granted.is_empty());
         assert_eq!(out, r#"{"nvext":{"annotations":[]}}"#);
     }
@@ -639,7 +650,9 @@ mod tests {
             assert_eq!(reason(body), Reason::Invalid, "{body:.80}");
         }
         assert_eq!(
-            guard(&layer().config, b"{\"a\":\"\xff\"}").unwrap_err().reason,
+            guard(&layer().config, b"{\"a\":\"\xff\"}")
+                .unwrap_err()
+                .reason,
             Reason::Invalid
         );
     }
@@ -665,10 +678,18 @@ mod tests {
             for doc in [
                 format!("{}{}", open, "]".repeat(depth)),
                 format!(r#"{{"m":{}{}}}"#, open, "]".repeat(depth)),
-                format!(r#"{{"nvext":{{"annotations":[{}{}]}}}}"#, open, "]".repeat(depth)),
+                format!(
+                    r#"{{"nvext":{{"annotations":[{}{}]}}}}"#,
+                    open,
+                    "]".repeat(depth)
+                ),
             ] {
                 let serde = serde_json::from_str::<serde_json::Value>(&doc).is_ok();
-                assert_eq!(run(&layer(), &doc).is_ok(), serde, "depth {depth}: {doc:.40}");
+                assert_eq!(
+                    run(&layer(), &doc).is_ok(),
+                    serde,
+                    "depth {depth}: {doc:.40}"
+                );
             }
         }
     }
