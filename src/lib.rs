@@ -133,7 +133,6 @@ mod body;
 mod config;
 mod future;
 #[cfg(feature = "json")]
-#[cfg_attr(docsrs, doc(cfg(feature = "json")))]
 pub mod json;
 mod layer;
 mod scan;
@@ -151,10 +150,10 @@ pub use annotations::RequestedAnnotations;
 pub use body::{BypassMarkerBody, FrameTooLarge};
 pub use config::{Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
 pub use future::ResponseFuture;
-pub use layer::BypassMarkerLayer;
-pub use service::BypassMarker;
 #[cfg(feature = "json")]
 pub use json::{JsonGuard, JsonGuardLayer};
+pub use layer::BypassMarkerLayer;
+pub use service::BypassMarker;
 
 #[cfg(feature = "__fuzz")]
 #[doc(hidden)]

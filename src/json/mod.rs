@@ -23,13 +23,14 @@
 //! use http::{header, Request, Response};
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_bypass_marker::json::JsonGuardBody;
 //! use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
 //! let bypass = BypassMarkerLayer::new().opt_in("request_id");
 //! // The upstream: here it answers with the JSON it received and the opt-in it was given.
-//! let upstream = service_fn(|req: Request<_>| async move {
+//! let upstream = service_fn(|req: Request<JsonGuardBody<Full<Bytes>>>| async move {
 //!     let granted = req.extensions().get::<RequestedAnnotations>().cloned().unwrap_or_default();
 //!     let body = req.into_body().collect().await?.to_bytes();
 //!     Ok::<_, BoxError>(Response::new(Full::new(Bytes::from(format!("{granted:?} {}",
