@@ -1,4 +1,9 @@
+//! The client's opt-in: [`RequestedAnnotations`] and its iterators.
+
+use std::collections::btree_set;
+use std::collections::BTreeSet;
 use std::fmt;
+use std::iter::FusedIterator;
 
 /// The annotations a client asked for, and is allowed, in its request's `nvext.annotations`.
 ///
@@ -18,9 +23,14 @@ use std::fmt;
 /// assert!(requested.contains("request_id"));
 /// assert_eq!(requested.len(), 2);
 /// ```
-#[derive(Clone, Default, PartialEq, Eq)]
+///
+/// It is a set of strings compared byte for byte: two sets with the same names are equal (and
+/// hash alike) whatever order the names were added in. Adding, looking up and removing a name
+/// take O(log n) comparisons, so collecting a client's list of n names directly costs
+/// O(n log n). Iteration is in byte order of the names, not in insertion order.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct RequestedAnnotations {
-    names: Vec<Box<str>>,
+    names: BTreeSet<Box<str>>,
 }
 
 impl RequestedAnnotations {
@@ -34,25 +44,22 @@ impl RequestedAnnotations {
         if self.contains(name) {
             return false;
         }
-        self.names.push(name.into());
-        true
+        self.names.insert(name.into())
     }
 
     /// Whether the client asked for `name` (compared byte for byte).
     pub fn contains(&self, name: &str) -> bool {
-        self.names.iter().any(|n| **n == *name)
+        self.names.contains(name)
     }
 
     /// Removes `name`; returns whether it was there.
     pub fn remove(&mut self, name: &str) -> bool {
-        let before = self.names.len();
-        self.names.retain(|n| **n != *name);
-        self.names.len() != before
+        self.names.remove(name)
     }
 
-    /// The names, in the order they were first added.
-    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
-        self.names.iter().map(|n| &**n)
+    /// The names, in byte order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter(self.names.iter())
     }
 
     /// How many names there are.
@@ -82,9 +89,9 @@ impl<'a> Extend<&'a str> for RequestedAnnotations {
 
 impl Extend<String> for RequestedAnnotations {
     fn extend<I: IntoIterator<Item = String>>(&mut self, iter: I) {
-        for name in iter {
-            self.insert(&name);
-        }
+        // An owned name is moved into the set, not copied.
+        self.names
+            .extend(iter.into_iter().map(String::into_boxed_str));
     }
 }
 
@@ -106,9 +113,75 @@ impl FromIterator<String> for RequestedAnnotations {
 
 impl<'a> IntoIterator for &'a RequestedAnnotations {
     type Item = &'a str;
-    type IntoIter = Box<dyn Iterator<Item = &'a str> + 'a>;
+    type IntoIter = Iter<'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
+        self.iter()
     }
 }
+
+impl IntoIterator for RequestedAnnotations {
+    type Item = String;
+    type IntoIter = IntoIter;
+
+    /// The names, owned, in byte order.
+    fn into_iter(self) -> Self::IntoIter {
+        IntoIter(self.names.into_iter())
+    }
+}
+
+/// The names of a [`RequestedAnnotations`], borrowed, in byte order.
+///
+/// Made by [`RequestedAnnotations::iter`].
+#[derive(Debug, Clone)]
+pub struct Iter<'a>(btree_set::Iter<'a, Box<str>>);
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        self.0.next().map(|n| &**n)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.0.next_back().map(|n| &**n)
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl FusedIterator for Iter<'_> {}
+
+/// The names of a [`RequestedAnnotations`], owned, in byte order.
+///
+/// Made by its [`IntoIterator`] implementation.
+#[derive(Debug)]
+pub struct IntoIter(btree_set::IntoIter<Box<str>>);
+
+impl Iterator for IntoIter {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        self.0.next().map(String::from)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for IntoIter {
+    fn next_back(&mut self) -> Option<String> {
+        self.0.next_back().map(String::from)
+    }
+}
+
+impl ExactSizeIterator for IntoIter {}
+
+impl FusedIterator for IntoIter {}

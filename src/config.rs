@@ -17,11 +17,99 @@ pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
 /// The most annotation names one layer can be configured with.
 pub const MAX_NAMES: usize = 64;
 
+/// The longest annotation name a layer accepts, in bytes.
+///
+/// Annotation names are short identifiers (Dynamo's longest is 23 bytes). The bound also caps the
+/// prefix of a line the scanner keeps when a line spans body chunks: `event: ` plus the longest
+/// configured name, at most 263 bytes.
+pub const MAX_NAME_LEN: usize = 256;
+
 /// The default cap on the bytes held for one frame that spans body chunks: 1 MiB.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1024 * 1024;
 
 /// The bytes every `event` field line with a non-empty value starts with.
 pub(crate) const EVENT_FIELD: &[u8] = b"event:";
+
+/// An annotation name that a [`BypassMarkerLayer`](crate::BypassMarkerLayer) cannot accept, or
+/// one name too many.
+///
+/// Returned by the fallible setters ([`try_opt_in`](crate::BypassMarkerLayer::try_opt_in),
+/// [`try_router_owned`](crate::BypassMarkerLayer::try_router_owned),
+/// [`try_never_forward`](crate::BypassMarkerLayer::try_never_forward)); the other setters panic
+/// with its message. A name is accepted when it is non-empty, at most [`MAX_NAME_LEN`] bytes long,
+/// holds no `:` and no control character (CR and LF included), and neither starts nor ends with
+/// whitespace. Those are exactly the names the request guard can recognise in every form it strips
+/// (`name`, `name:value`, any ASCII case, surrounding whitespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidName {
+    name: String,
+    reason: Reason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Empty,
+    TooLong,
+    Colon,
+    Control,
+    Whitespace,
+    TooMany,
+}
+
+impl InvalidName {
+    /// The name that was refused.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = &self.name;
+        match self.reason {
+            Reason::Empty => write!(f, "annotation name is empty"),
+            Reason::TooLong => write!(
+                f,
+                "annotation name is {} bytes long, more than {MAX_NAME_LEN}",
+                name.len()
+            ),
+            Reason::Colon => write!(f, "annotation name {name:?} contains ':'"),
+            Reason::Control => {
+                write!(f, "annotation name {name:?} contains a control character")
+            }
+            Reason::Whitespace => {
+                write!(f, "annotation name {name:?} starts or ends with whitespace")
+            }
+            Reason::TooMany => write!(
+                f,
+                "cannot add annotation name {name:?}: a layer takes at most {MAX_NAMES} names"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidName {}
+
+/// Checks `name` against the rules of [`InvalidName`].
+pub(crate) fn validate_name(name: &str) -> Result<(), InvalidName> {
+    let reason = if name.is_empty() {
+        Reason::Empty
+    } else if name.len() > MAX_NAME_LEN {
+        Reason::TooLong
+    } else if name.contains(':') {
+        Reason::Colon
+    } else if name.chars().any(char::is_control) {
+        Reason::Control
+    } else if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
+        Reason::Whitespace
+    } else {
+        return Ok(());
+    };
+    Err(InvalidName {
+        name: name.to_owned(),
+        reason,
+    })
+}
 
 /// What happens when a frame that spans chunks grows past
 /// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes).
@@ -98,26 +186,32 @@ impl Config {
             event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
             line_cap: 0,
         };
-        config.set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true);
+        config
+            .set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true)
+            .expect("the default name is valid");
         config
     }
 
     /// Adds `name`, or updates it: `kind` (when given) replaces the old one, `router_owned` is
-    /// never taken back.
-    pub(crate) fn set(&mut self, name: &str, kind: Option<Kind>, router_owned: bool) {
-        assert!(
-            !name.is_empty() && !name.contains(['\r', '\n']),
-            "annotation names must be non-empty and free of CR and LF, got {name:?}"
-        );
+    /// never taken back. Changes nothing when it fails.
+    pub(crate) fn set(
+        &mut self,
+        name: &str,
+        kind: Option<Kind>,
+        router_owned: bool,
+    ) -> Result<(), InvalidName> {
+        validate_name(name)?;
         if let Some(existing) = self.names.iter_mut().find(|n| &*n.name == name) {
             existing.kind = kind.unwrap_or(existing.kind);
             existing.router_owned |= router_owned;
-            return;
+            return Ok(());
         }
-        assert!(
-            self.names.len() < MAX_NAMES,
-            "a BypassMarkerLayer takes at most {MAX_NAMES} annotation names"
-        );
+        if self.names.len() >= MAX_NAMES {
+            return Err(InvalidName {
+                name: name.to_owned(),
+                reason: Reason::TooMany,
+            });
+        }
         self.names.push(Name {
             name: name.into(),
             kind: kind.unwrap_or(Kind::OptIn),
@@ -126,6 +220,7 @@ impl Config {
         let longest = self.names.iter().map(|n| n.name.len()).max().unwrap_or(0);
         // "event: " + the name; never less than "data:" plus a byte.
         self.line_cap = (b"event: ".len() + longest).max(8);
+        Ok(())
     }
 
     /// The names to remove from a response to a client that asked for `requested` (bit `i` for

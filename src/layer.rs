@@ -4,9 +4,9 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, Kind, Overflow};
+use crate::config::{Config, InvalidName, Kind, Overflow};
 #[cfg(doc)]
-use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES};
+use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::service::BypassMarker;
 
 /// Removes router-internal annotation frames from `text/event-stream` responses unless the client
@@ -32,31 +32,57 @@ impl BypassMarkerLayer {
         self
     }
 
+    fn try_with(
+        mut self,
+        f: impl FnOnce(&mut Config) -> Result<(), InvalidName>,
+    ) -> Result<Self, InvalidName> {
+        // Checked on a copy, so a refused name leaves no trace even when the config is shared.
+        let mut config = Config::clone(&self.config);
+        f(&mut config)?;
+        self.config = Arc::new(config);
+        Ok(self)
+    }
+
     /// Also removes frames whose event type is `name` (for example `request_id`) unless the client
     /// opted in. The guard leaves `name` in the request's annotations, so the router still sees
     /// the request for it.
     ///
     /// # Panics
     ///
-    /// When `name` is empty or holds a CR or LF, or when the layer would know more than
-    /// [`MAX_NAMES`] names.
+    /// When `name` is not a valid annotation name (see [`InvalidName`] for the rules: non-empty,
+    /// at most [`MAX_NAME_LEN`] bytes, no `:`, no control character, no leading or trailing
+    /// whitespace), or when the layer would know more than [`MAX_NAMES`] names. Use
+    /// [`try_opt_in`](Self::try_opt_in) for names that come from runtime configuration.
     #[must_use]
     pub fn opt_in(self, name: &str) -> Self {
-        self.with(|c| c.set(name, Some(Kind::OptIn), false))
+        self.try_opt_in(name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`opt_in`](Self::opt_in), returning an error instead of panicking on an invalid name or one
+    /// name too many.
+    pub fn try_opt_in(self, name: &str) -> Result<Self, InvalidName> {
+        self.try_with(|c| c.set(name, Some(Kind::OptIn), false))
     }
 
     /// Adds a router-owned marker like [`BYPASS_REMOTE_PREFILL`]: removed unless the client opted
-    /// in (or always, if it is also [never-forwarded](Self::never_forward)), and stripped from the client's annotations by [`guard_annotations`] in every form
-    /// (`name`, `name:value`, any ASCII case, surrounding spaces), so clients cannot set it.
+    /// in (or always, if it is also [never-forwarded](Self::never_forward)), and stripped from the
+    /// client's annotations by [`guard_annotations`](Self::guard_annotations) in every form
+    /// (`name`, `name:value`, any ASCII case, surrounding whitespace), so clients cannot set it.
     ///
     /// # Panics
     ///
-    /// As for [`opt_in`](Self::opt_in).
-    ///
-    /// [`guard_annotations`]: Self::guard_annotations
+    /// As for [`opt_in`](Self::opt_in); [`try_router_owned`](Self::try_router_owned) returns the
+    /// error instead.
     #[must_use]
     pub fn router_owned(self, name: &str) -> Self {
-        self.with(|c| c.set(name, None, true))
+        self.try_router_owned(name)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`router_owned`](Self::router_owned), returning an error instead of panicking on an invalid
+    /// name or one name too many.
+    pub fn try_router_owned(self, name: &str) -> Result<Self, InvalidName> {
+        self.try_with(|c| c.set(name, None, true))
     }
 
     /// Always removes frames whose event type is `name` (for example `llm_metrics`), even for a
@@ -66,10 +92,18 @@ impl BypassMarkerLayer {
     ///
     /// # Panics
     ///
-    /// As for [`opt_in`](Self::opt_in).
+    /// As for [`opt_in`](Self::opt_in); [`try_never_forward`](Self::try_never_forward) returns the
+    /// error instead.
     #[must_use]
     pub fn never_forward(self, name: &str) -> Self {
-        self.with(|c| c.set(name, Some(Kind::NeverForward), false))
+        self.try_never_forward(name)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`never_forward`](Self::never_forward), returning an error instead of panicking on an
+    /// invalid name or one name too many.
+    pub fn try_never_forward(self, name: &str) -> Result<Self, InvalidName> {
+        self.try_with(|c| c.set(name, Some(Kind::NeverForward), false))
     }
 
     /// Caps the bytes held for one frame that spans body chunks (default 1 MiB). Past the cap,

@@ -87,11 +87,23 @@
 //!
 //! # What is removed, exactly
 //!
-//! The body is filtered when the response's media type is `text/event-stream` (any case,
-//! parameters allowed), it has no `content-encoding` other than `identity`, and at least one
-//! configured name is to be removed for this request (or SDK-safe mode is on). Every other
-//! response (JSON, gRPC, compressed streams) passes through untouched, with the inner body's
-//! `size_hint` and `is_end_stream`. A filtered response loses its `content-length` header.
+//! The body is filtered when the response can have content (not a `1xx`, `204` or `304`
+//! response, nor the response to a `HEAD` request), its media type is `text/event-stream`, it has
+//! no `content-encoding` other than `identity`, and at least one configured name is to be removed
+//! for this request (or SDK-safe mode is on). Every other response (JSON, gRPC, compressed
+//! streams, responses without content) passes through untouched, headers included, with the inner
+//! body's `size_hint` and `is_end_stream`. A filtered response loses its `content-length` header.
+//!
+//! Headers are read as bytes, as a browser reads them:
+//!
+//! - The media type is the one Fetch's "extract a MIME type" gives, which is what `EventSource`
+//!   checks: of all `content-type` values (several headers, or a comma-separated list), the last
+//!   one that parses as `type/subtype` (other than `*/*`) counts; type and subtype compare in any
+//!   case, and parameters are not looked at, so `text/event-stream; x="\xE9"` is an event stream.
+//!   So `text/event-stream` followed by a second `content-type: application/json` header is not.
+//! - `content-encoding` is a list (RFC 9110, section 5.6.1): empty elements are ignored, so
+//!   `identity, `, `,identity` and an empty value mean identity, while `gzip` or `identity, gzip`
+//!   mean the body is encoded.
 //!
 //! The event-stream grammar is WHATWG's:
 //!
@@ -128,7 +140,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod annotations;
+pub mod annotations;
 mod body;
 mod config;
 mod future;
@@ -148,7 +160,9 @@ mod test_model;
 
 pub use annotations::RequestedAnnotations;
 pub use body::{BypassMarkerBody, FrameTooLarge};
-pub use config::{Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES};
+pub use config::{
+    InvalidName, Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
+};
 pub use future::ResponseFuture;
 #[cfg(feature = "json")]
 pub use json::{JsonGuard, JsonGuardLayer};
