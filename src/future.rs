@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Response};
+use http::{HeaderMap, Response, StatusCode};
 use pin_project_lite::pin_project;
 
 use crate::annotations::RequestedAnnotations;
@@ -20,15 +20,18 @@ pin_project! {
         inner: F,
         config: Arc<Config>,
         requested: u64,
+        // The request was `HEAD`: the response has no content, whatever its headers say.
+        head: bool,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(inner: F, config: Arc<Config>, requested: u64) -> Self {
+    pub(crate) fn new(inner: F, config: Arc<Config>, requested: u64, head: bool) -> Self {
         Self {
             inner,
             config,
             requested,
+            head,
         }
     }
 }
@@ -53,7 +56,13 @@ where
         let (mut parts, body) = res.into_parts();
         let config = this.config;
 
-        if !is_plain_event_stream(&parts.headers) {
+        // A response without content keeps every header, `content-length` included (it states the
+        // length of the content a GET would have had, or of the cached one for a 304).
+        let no_content = *this.head
+            || parts.status.is_informational()
+            || parts.status == StatusCode::NO_CONTENT
+            || parts.status == StatusCode::NOT_MODIFIED;
+        if no_content || !is_plain_event_stream(&parts.headers) {
             return Poll::Ready(Ok(Response::from_parts(
                 parts,
                 BypassMarkerBody::passthrough(body),
@@ -76,90 +85,243 @@ where
 }
 
 /// `content-type: text/event-stream` (any case, parameters allowed) with no content coding
-/// other than `identity`.
+/// other than `identity`. Header values are read as bytes, so parameters holding obs-text bytes
+/// (`x="\xE9"`) do not matter.
 fn is_plain_event_stream(headers: &HeaderMap) -> bool {
-    let Some(content_type) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let essence = content_type.split(';').next().unwrap_or("").trim();
-    if !essence.eq_ignore_ascii_case("text/event-stream") {
-        return false;
+    let event_stream = media_type(headers).is_some_and(|essence| {
+        let (ty, subtype) = essence;
+        ty.eq_ignore_ascii_case(b"text") && subtype.eq_ignore_ascii_case(b"event-stream")
+    });
+    event_stream && is_identity(headers)
+}
+
+/// The media type of the response (type and subtype) as a browser reads it, the way Fetch's
+/// "extract a MIME type" does: every `content-type` value, in order, split at commas outside
+/// quoted strings; of the pieces that parse as a media type other than `*/*`, the last one counts.
+/// So of two `content-type` headers, the last valid one wins.
+fn media_type(headers: &HeaderMap) -> Option<(&[u8], &[u8])> {
+    let mut last = None;
+    for value in headers.get_all(CONTENT_TYPE) {
+        for piece in split_outside_quotes(value.as_bytes()) {
+            if let Some((ty, subtype)) = parse_essence(piece) {
+                if !(ty == b"*" && subtype == b"*") {
+                    last = Some((ty, subtype));
+                }
+            }
+        }
     }
-    headers.get_all(CONTENT_ENCODING).iter().all(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',')
-                .all(|coding| coding.trim().eq_ignore_ascii_case("identity"))
-        })
+    last
+}
+
+/// Splits a header value at the commas that are not inside a quoted string (with `\` escapes).
+fn split_outside_quotes(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut quoted = false;
+    let mut escaped = false;
+    value.split(move |&b| {
+        if escaped {
+            escaped = false;
+        } else if quoted {
+            match b {
+                b'\\' => escaped = true,
+                b'"' => quoted = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            quoted = true;
+        } else {
+            return b == b',';
+        }
+        false
     })
+}
+
+/// The type and subtype of one media type (`type "/" subtype`, whitespace allowed around the
+/// whole and before the parameters), or `None` if it does not parse. Parameters are not looked
+/// at: Fetch ignores the ones it cannot parse.
+fn parse_essence(piece: &[u8]) -> Option<(&[u8], &[u8])> {
+    let piece = trim_ows(piece);
+    let slash = piece.iter().position(|&b| b == b'/')?;
+    let ty = &piece[..slash];
+    let rest = &piece[slash + 1..];
+    let end = rest.iter().position(|&b| b == b';').unwrap_or(rest.len());
+    // Fetch's parser trims whitespace after the subtype but not before it.
+    let subtype = trim_end_ows(&rest[..end]);
+    let token = |s: &[u8]| !s.is_empty() && s.iter().all(|&b| is_tchar(b));
+    (token(ty) && token(subtype)).then_some((ty, subtype))
+}
+
+/// Every content coding listed is `identity` (any case). Empty list elements are ignored (RFC
+/// 9110, section 5.6.1), so `identity, `, `,identity` and an empty value all mean identity.
+fn is_identity(headers: &HeaderMap) -> bool {
+    headers.get_all(CONTENT_ENCODING).iter().all(|value| {
+        value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .map(trim_ows)
+            .all(|coding| coding.is_empty() || coding.eq_ignore_ascii_case(b"identity"))
+    })
+}
+
+fn is_ows(b: &u8) -> bool {
+    *b == b' ' || *b == b'\t'
+}
+
+/// `value` without trailing spaces and tabs (RFC 9110's OWS).
+fn trim_end_ows(value: &[u8]) -> &[u8] {
+    &value[..value.iter().rposition(|b| !is_ows(b)).map_or(0, |i| i + 1)]
+}
+
+/// `value` without leading and trailing spaces and tabs.
+fn trim_ows(value: &[u8]) -> &[u8] {
+    let value = trim_end_ows(value);
+    &value[value.iter().position(|b| !is_ows(b)).unwrap_or(value.len())..]
+}
+
+/// RFC 9110's `tchar`: the bytes of a token.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
             map.append(
                 http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                value.parse().unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
             );
         }
         map
     }
 
+    fn sse_with(pairs: &[(&str, &[u8])]) -> bool {
+        let mut all = vec![("content-type", &b"text/event-stream"[..])];
+        all.extend_from_slice(pairs);
+        is_plain_event_stream(&headers(&all))
+    }
+
     #[test]
     fn event_stream_media_type_is_matched_case_insensitively_with_parameters() {
+        for ct in [
+            &b"text/event-stream"[..],
+            b"Text/Event-Stream; charset=utf-8",
+            b" text/event-stream ;x=y",
+            b"text/event-stream\t",
+            b"TEXT/EVENT-STREAM;",
+        ] {
+            assert!(
+                is_plain_event_stream(&headers(&[("content-type", ct)])),
+                "{}",
+                String::from_utf8_lossy(ct)
+            );
+        }
+    }
+
+    #[test]
+    fn a_parameter_with_obs_text_bytes_is_still_an_event_stream() {
         assert!(is_plain_event_stream(&headers(&[(
             "content-type",
-            "text/event-stream"
+            b"text/event-stream; x=\"\xE9\""
         )])));
         assert!(is_plain_event_stream(&headers(&[(
             "content-type",
-            "Text/Event-Stream; charset=utf-8"
-        )])));
-        assert!(is_plain_event_stream(&headers(&[(
-            "content-type",
-            " text/event-stream ;x=y"
+            b"text/event-stream; charset=\xFF\xFE"
         )])));
     }
 
     #[test]
     fn other_media_types_are_not_event_streams() {
         assert!(!is_plain_event_stream(&headers(&[])));
-        assert!(!is_plain_event_stream(&headers(&[(
-            "content-type",
-            "application/json"
-        )])));
-        assert!(!is_plain_event_stream(&headers(&[(
-            "content-type",
-            "application/grpc"
-        )])));
-        assert!(!is_plain_event_stream(&headers(&[(
-            "content-type",
-            "text/event-streamx"
-        )])));
+        for ct in [
+            &b"application/json"[..],
+            b"application/grpc",
+            b"text/event-streamx",
+            b"text/event-stream-x",
+            b"text /event-stream",
+            b"text/ event-stream",
+            b"text/event stream",
+            b"text/\xE9vent-stream",
+            b"event-stream",
+            b"",
+        ] {
+            assert!(
+                !is_plain_event_stream(&headers(&[("content-type", ct)])),
+                "{}",
+                String::from_utf8_lossy(ct)
+            );
+        }
+    }
+
+    /// Two `content-type` headers (or a list in one) are read as Fetch reads them, which is what
+    /// a browser's `EventSource` checks: the last value that parses as a media type counts.
+    #[test]
+    fn of_several_content_types_the_last_valid_one_counts_as_in_fetch() {
+        let ct = |values: &[&[u8]]| {
+            let pairs: Vec<_> = values.iter().map(|v| ("content-type", *v)).collect();
+            is_plain_event_stream(&headers(&pairs))
+        };
+        assert!(!ct(&[b"text/event-stream", b"application/json"]));
+        assert!(ct(&[b"application/json", b"text/event-stream"]));
+        assert!(!ct(&[b"text/event-stream, application/json"]));
+        assert!(ct(&[b"application/json, text/event-stream"]));
+        // Values that do not parse, and `*/*`, are skipped.
+        assert!(ct(&[b"text/event-stream", b"nonsense"]));
+        assert!(ct(&[b"text/event-stream", b"*/*"]));
+        assert!(ct(&[b"text/event-stream, ,"]));
+        // A comma inside a quoted parameter does not split the value.
+        assert!(ct(&[b"text/event-stream; x=\", text/html;\""]));
+        assert!(!ct(&[b"text/html; x=\", text/event-stream\""]));
+        assert!(ct(&[b"text/event-stream; x=\"a\\\", text/html\""]));
     }
 
     #[test]
-    fn encoded_event_streams_are_not_filtered_but_identity_is() {
-        let ct = ("content-type", "text/event-stream");
-        assert!(!is_plain_event_stream(&headers(&[
-            ct,
-            ("content-encoding", "gzip")
-        ])));
-        assert!(!is_plain_event_stream(&headers(&[
-            ct,
-            ("content-encoding", "identity, br")
-        ])));
-        assert!(!is_plain_event_stream(&headers(&[
-            ct,
-            ("content-encoding", "identity"),
-            ("content-encoding", "gzip")
-        ])));
-        assert!(is_plain_event_stream(&headers(&[
-            ct,
-            ("content-encoding", "Identity")
-        ])));
+    fn encoded_event_streams_are_not_filtered() {
+        for coding in [
+            &b"gzip"[..],
+            b"identity, br",
+            b"identity, gzip",
+            b"GZIP",
+            b"identity,,br",
+            b"identity;q=1",
+            b"\xE9",
+        ] {
+            assert!(
+                !sse_with(&[("content-encoding", coding)]),
+                "{}",
+                String::from_utf8_lossy(coding)
+            );
+        }
+        assert!(!sse_with(&[
+            ("content-encoding", b"identity"),
+            ("content-encoding", b"gzip")
+        ]));
+    }
+
+    /// RFC 9110, section 5.6.1: empty list elements are ignored.
+    #[test]
+    fn identity_and_empty_codings_are_not_encodings() {
+        for coding in [
+            &b"identity"[..],
+            b"Identity",
+            b"identity, ",
+            b",identity",
+            b" , IDENTITY ,, ",
+            b"",
+            b" ",
+            b",",
+        ] {
+            assert!(
+                sse_with(&[("content-encoding", coding)]),
+                "{:?}",
+                String::from_utf8_lossy(coding)
+            );
+        }
+        assert!(sse_with(&[
+            ("content-encoding", b""),
+            ("content-encoding", b"identity")
+        ]));
     }
 }

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use tower_service::Service;
 
 use crate::annotations::RequestedAnnotations;
@@ -71,6 +71,7 @@ where
             .extensions()
             .get::<RequestedAnnotations>()
             .map_or(0, |r| self.config.requested_mask(r));
-        ResponseFuture::new(self.inner.call(req), self.config.clone(), requested)
+        let head = req.method() == Method::HEAD;
+        ResponseFuture::new(self.inner.call(req), self.config.clone(), requested, head)
     }
 }
