@@ -69,7 +69,7 @@ use tokio::time::Sleep;
 use tower::ServiceExt as _;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
-const USAGE: &str = "\
+pub const USAGE: &str = "\
 usage: proxy --upstream URL [options]
 
 A streaming reverse proxy for OpenAI-compatible servers: removes router-internal annotation frames

@@ -1,0 +1,1059 @@
+//! The sidecar of `examples/proxy.rs`, served on 127.0.0.1 in front of real upstream servers and
+//! called with real clients (hyper's, and raw TCP where the test needs control of every byte).
+//!
+//! The proxy's own code is included as a module, so these tests run exactly what the example runs
+//! (its flag parsing, listener, accept loop, timeouts and service), minus `main`'s signal handling.
+//!
+//! `BYPASS_MARKER_PROXY_STREAMS` sets the number of concurrent streams of the load test (200 by
+//! default, 1,000 in CI):
+//!
+//! ```text
+//! BYPASS_MARKER_PROXY_STREAMS=1000 cargo test --test proxy -- --nocapture
+//! ```
+
+#[allow(dead_code)]
+#[path = "../examples/proxy.rs"]
+mod proxy;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{header, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Barrier};
+use tokio_stream::wrappers::ReceiverStream;
+
+const MARKER: &str = "event: x-bypass-remote-prefill\n: true\n\n";
+
+/// Bound on every wait: a hang fails the test instead of stalling the run.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A proxy served in the background; stopped (gracefully) when `stop` is sent or dropped.
+struct Proxy {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Starts the proxy with `args` (`--listen 127.0.0.1:0` is added) in front of `upstream`.
+async fn start_proxy(upstream: &str, args: &[&str]) -> Proxy {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+    all.extend_from_slice(args);
+    let config = proxy::Config::from_args(all)
+        .expect("valid flags")
+        .expect("not --help");
+    let listener = proxy::bind(config.listen, config.backlog).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(proxy::serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+    Proxy {
+        addr,
+        stop: Some(stop),
+        task,
+    }
+}
+
+impl Proxy {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+    }
+}
+
+/// Serves `app` on 127.0.0.1; it stops with the test's runtime.
+async fn spawn_upstream(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A response as the client received it.
+struct Reply {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+async fn send(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
+    let exchange = async {
+        let res = client().request(req).await?;
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok::<_, BoxError>(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    };
+    tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .map_err(|_| "no complete response in time")?
+}
+
+async fn post_json(url: String, json: &serde_json::Value) -> Reply {
+    let req = http::Request::post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(json.to_string())))
+        .unwrap();
+    send(req).await.unwrap()
+}
+
+/// Writes `request` on a new connection and reads until the proxy closes it.
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    out
+}
+
+fn split_head(response: &[u8]) -> (String, &[u8]) {
+    let end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete response head");
+    (
+        String::from_utf8(response[..end].to_vec()).unwrap(),
+        &response[end + 4..],
+    )
+}
+
+/// The header names of a raw response head, lowercase.
+fn header_names(head: &str) -> Vec<String> {
+    head.lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(name, _)| name.trim().to_ascii_lowercase())
+        .collect()
+}
+
+fn error_json(body: &[u8]) -> serde_json::Value {
+    let json: serde_json::Value = serde_json::from_slice(body).expect("a JSON error body");
+    let error = &json["error"];
+    assert!(error["message"].is_string(), "{json}");
+    assert!(error["type"].is_string(), "{json}");
+    assert!(error["code"].is_string(), "{json}");
+    json
+}
+
+/// An upstream handler that answers with what it received: method, path and query, headers
+/// (as sent, lowercase names) and body.
+async fn echo(req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let json = serde_json::json!({
+        "method": parts.method.as_str(),
+        "uri": parts.uri.to_string(),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CONNECTION, "x-upstream-hop"),
+        ],
+        [
+            ("x-upstream-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("x-end-to-end", "kept"),
+        ],
+        json.to_string(),
+    )
+        .into_response()
+}
+
+fn echo_header<'a>(echo: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
+    echo["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0] == name)
+        .map(|h| h[1].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn forwards_every_method_and_path_with_query_and_body() {
+    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    for (method, path, body) in [
+        ("GET", "/v1/models", ""),
+        ("GET", "/health", ""),
+        ("GET", "/metrics?name=a&x=%20y", ""),
+        ("POST", "/v1/responses", "{\"input\":\"hi\"}"),
+        ("PUT", "/some/other/path", "plain text"),
+        ("DELETE", "/v1/files/file-1", ""),
+        ("PATCH", "/v1/x", "{}"),
+        ("OPTIONS", "/v1/chat/completions", ""),
+    ] {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(proxy.url(path))
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = send(req).await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{method} {path}");
+        let seen: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(seen["method"], method);
+        assert_eq!(seen["uri"], path);
+        assert_eq!(seen["body"], body);
+    }
+    // HEAD: the upstream's head, no body.
+    let req = http::Request::head(proxy.url("/v1/models"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(req).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body.is_empty());
+}
+
+#[tokio::test]
+async fn an_upstream_path_prefix_comes_before_the_request_path() {
+    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let proxy = start_proxy(&format!("http://{upstream}/base/"), &[]).await;
+    let req = http::Request::get(proxy.url("/v1/models?a=1"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&send(req).await.unwrap().body).unwrap();
+    assert_eq!(seen["uri"], "/base/v1/models?a=1");
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_removed_both_ways_and_host_is_the_upstreams() {
+    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let request = "GET /v1/models HTTP/1.1\r\n\
+        Host: proxy.example\r\n\
+        Connection: close, X-Client-Hop\r\n\
+        X-Client-Hop: secret\r\n\
+        Keep-Alive: timeout=300\r\n\
+        Proxy-Connection: keep-alive\r\n\
+        TE: trailers\r\n\
+        Trailer: x-checksum\r\n\
+        X-End-To-End: kept\r\n\
+        \r\n";
+    let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+    let (head, body) = split_head(&response);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let seen: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(echo_header(&seen, "host"), [upstream.to_string().as_str()]);
+    assert_eq!(echo_header(&seen, "x-end-to-end"), ["kept"]);
+    for hop in [
+        "x-client-hop",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    ] {
+        assert!(
+            echo_header(&seen, hop).is_empty(),
+            "{hop} reached the upstream: {seen}"
+        );
+    }
+    // The upstream's own `Connection` header named `x-upstream-hop`; neither reaches the client
+    // (the proxy's `Connection: close` answers the client's).
+    let names = header_names(&head);
+    assert!(names.contains(&"x-end-to-end".to_owned()), "{head}");
+    assert!(!names.contains(&"x-upstream-hop".to_owned()), "{head}");
+    assert!(!names.contains(&"keep-alive".to_owned()), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("x-upstream-hop"),
+        "{head}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_in_openai_shape() {
+    // A port that was just free: nothing listens there.
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = free.local_addr().unwrap();
+    drop(free);
+    let proxy = start_proxy(&format!("http://{addr}"), &[]).await;
+    let reply = post_json(
+        proxy.url("/v1/chat/completions"),
+        &serde_json::json!({"model": "m", "messages": []}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(reply.headers[header::CONTENT_TYPE], "application/json");
+    let json = error_json(&reply.body);
+    assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
+}
+
+#[tokio::test]
+async fn an_upstream_that_fails_before_its_head_is_a_502() {
+    // Reads the request, then closes the connection without answering.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0; 1024];
+            let _ = conn.read(&mut buf).await;
+            drop(conn);
+        }
+    });
+    let proxy = start_proxy(&format!("http://{addr}"), &[]).await;
+    let req = http::Request::get(proxy.url("/v1/models"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(req).await.unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    let json = error_json(&reply.body);
+    assert_eq!(json["error"]["code"], "upstream_failed", "{json}");
+}
+
+#[tokio::test]
+async fn a_late_response_head_is_a_504_after_the_response_timeout() {
+    // Accepts and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let held2 = held.clone();
+    tokio::spawn(async move {
+        loop {
+            let (conn, _) = listener.accept().await.unwrap();
+            held2.lock().unwrap().push(conn);
+        }
+    });
+    let proxy = start_proxy(&format!("http://{addr}"), &["--response-timeout", "0.5"]).await;
+    let started = Instant::now();
+    let req = http::Request::get(proxy.url("/v1/models"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(req).await.unwrap();
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let json = error_json(&reply.body);
+    assert_eq!(json["error"]["code"], "upstream_timeout", "{json}");
+}
+
+/// Sends a signal when dropped: tells the test that the upstream stopped serving a request.
+struct DropSignal(Option<oneshot::Sender<()>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+struct Observed {
+    dropped: Arc<Mutex<Vec<oneshot::Sender<()>>>>,
+}
+
+impl Observed {
+    /// A signal for the next request the upstream serves, and the future that completes when that
+    /// request's work is dropped.
+    fn expect(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.dropped.lock().unwrap().push(tx);
+        rx
+    }
+
+    fn take(&self) -> DropSignal {
+        DropSignal(self.dropped.lock().unwrap().pop())
+    }
+}
+
+/// An event every 20 ms, forever; the stream holds a [`DropSignal`].
+async fn forever(State(observed): State<Observed>) -> Response {
+    let signal = observed.take();
+    let stream = futures_util::stream::unfold((0u64, signal), |(i, signal)| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let frame = Bytes::from(format!("data: {i}\n\n"));
+        Some((Ok::<_, Infallible>(frame), (i + 1, signal)))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Never answers; the handler's future holds a [`DropSignal`].
+async fn never(State(observed): State<Observed>) -> Response {
+    let _signal = observed.take();
+    std::future::pending::<()>().await;
+    unreachable!()
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_stream_cancels_the_upstream_request() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/forever", axum::routing::post(forever))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let dropped = observed.expect();
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(
+        b"POST /forever HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    // Read until two events have arrived: the stream is flowing through the proxy.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("data: 1\n\n") {
+        let mut buf = [0; 1024];
+        let n = tokio::time::timeout(PATIENCE, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the proxy closed the stream");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(conn);
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream's stream is dropped once the client has gone")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_before_the_head_cancels_the_upstream_request() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/never", axum::routing::get(never))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let dropped = observed.expect();
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Wait until the upstream has the request, then go.
+    while observed.dropped.lock().unwrap().len() == 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(conn);
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream's handler is dropped once the client has gone")
+        .unwrap();
+}
+
+/// `events` frames `data: <i>\n\n`, one every `gap_ms`, as chunks.
+async fn paced(axum::extract::Query(q): axum::extract::Query<Paced>) -> Response {
+    let stream = futures_util::stream::unfold(0u64, move |i| async move {
+        if i == q.events {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(q.gap_ms)).await;
+        Some((
+            Ok::<_, Infallible>(Bytes::from(format!("data: {i}\n\n"))),
+            i + 1,
+        ))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+#[derive(serde::Deserialize, Clone, Copy)]
+struct Paced {
+    events: u64,
+    gap_ms: u64,
+}
+
+fn paced_body(events: u64) -> String {
+    (0..events).map(|i| format!("data: {i}\n\n")).collect()
+}
+
+fn timeout_app() -> axum::Router {
+    axum::Router::new()
+        .route("/paced", axum::routing::get(paced))
+        .fallback(echo)
+}
+
+const SHORT: [&str; 6] = [
+    "--header-read-timeout",
+    "0.5",
+    "--idle-timeout",
+    "1",
+    "--body-timeout",
+    "0.5",
+];
+
+/// Reads until the peer closes; returns what arrived and when the close came.
+async fn read_until_closed(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, conn.read_to_end(&mut out))
+        .await
+        .expect("the proxy closes the connection")
+        .ok();
+    (out, Instant::now())
+}
+
+#[tokio::test]
+async fn a_partial_request_head_is_closed_after_the_header_read_timeout() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    let started = Instant::now();
+    conn.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let (out, closed) = read_until_closed(&mut conn).await;
+    assert!(out.is_empty() || out.starts_with(b"HTTP/1.1 4"), "{out:?}");
+    let held = closed - started;
+    assert!(held >= Duration::from_millis(500), "closed after {held:?}");
+    // Closed by the header timeout (0.5 s), not the idle one (1 s) nor the test's patience.
+    assert!(held < Duration::from_secs(5), "closed after {held:?}");
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
+    // Never sends a byte.
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    let started = Instant::now();
+    let (out, closed) = read_until_closed(&mut conn).await;
+    assert!(out.is_empty());
+    assert!(
+        closed - started >= Duration::from_secs(1),
+        "{:?}",
+        closed - started
+    );
+    // Idle after a complete keep-alive exchange.
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0; 12];
+    conn.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let answered = Instant::now();
+    let (_, closed) = read_until_closed(&mut conn).await;
+    assert!(
+        closed - answered >= Duration::from_millis(900),
+        "{:?}",
+        closed - answered
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_json_body_gets_a_408_after_the_body_timeout() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    let started = Instant::now();
+    conn.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let (out, closed) = read_until_closed(&mut conn).await;
+    let (head, body) = split_head(&out);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    error_json(body);
+    assert!(closed - started >= Duration::from_millis(500));
+    assert!(
+        closed - started < Duration::from_secs(5),
+        "{:?}",
+        closed - started
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_streamed_body_gets_a_408_after_the_body_timeout() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    let started = Instant::now();
+    // Not JSON: streamed to the upstream as it arrives, which waits for the rest.
+    conn.write_all(
+        b"PUT /upload HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+          Content-Length: 100\r\n\r\nsome of it",
+    )
+    .await
+    .unwrap();
+    let (out, closed) = read_until_closed(&mut conn).await;
+    let (head, body) = split_head(&out);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    error_json(body);
+    assert!(closed - started >= Duration::from_millis(500));
+    assert!(
+        closed - started < Duration::from_secs(5),
+        "{:?}",
+        closed - started
+    );
+}
+
+#[tokio::test]
+async fn a_stream_longer_than_every_timeout_is_not_cut() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
+    // 12 events 250 ms apart: 3 s, longer than the header, idle and body timeouts.
+    let req = http::Request::get(proxy.url("/paced?events=12&gap_ms=250"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(req).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, paced_body(12));
+}
+
+#[tokio::test]
+async fn slow_readers_do_not_delay_other_streams() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    // Slow readers take 1 byte every 100 ms of a stream far larger than the socket buffers, so the
+    // proxy holds their upstream responses back.
+    let slow_events = 400_000;
+    let reading = Arc::new(AtomicBool::new(true));
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+        conn.write_all(
+            format!("GET /paced?events={slow_events}&gap_ms=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let reading = reading.clone();
+        slow.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            while reading.load(Ordering::SeqCst) {
+                let mut byte = [0; 1];
+                if conn.read(&mut byte).await.unwrap() == 0 {
+                    break;
+                }
+                got.push(byte[0]);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            got
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Meanwhile, 20 other streams run to their end.
+    let fast = (0..20).map(|_| {
+        let url = proxy.url("/paced?events=2000&gap_ms=0");
+        tokio::spawn(async move {
+            let req = http::Request::get(url)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            send(req).await.unwrap()
+        })
+    });
+    for reply in futures_util::future::join_all(fast).await {
+        let reply = reply.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, paced_body(2000));
+    }
+    // The slow readers are still reading: the fast streams did not wait for them.
+    reading.store(false, Ordering::SeqCst);
+    for got in futures_util::future::join_all(slow).await {
+        let got = got.unwrap();
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(got.len() < 1000, "a slow reader read {} bytes", got.len());
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_stream_in_flight_finish_and_stops_accepting() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let mut proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let url = proxy.url("/paced?events=10&gap_ms=100");
+    let in_flight = tokio::spawn(async move {
+        let req = http::Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send(req).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(proxy.stop.take());
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, paced_body(10));
+    tokio::time::timeout(PATIENCE, &mut proxy.task)
+        .await
+        .expect("the proxy stops once the stream is done")
+        .unwrap()
+        .unwrap();
+    assert!(TcpStream::connect(proxy.addr).await.is_err());
+}
+
+// ---- the layer and the guard, through the proxy ----------------------------------------------
+
+/// What the upstream of the stream tests saw: a router-owned name in a request's annotations.
+#[derive(Default)]
+struct StreamUpstream {
+    halfway: Option<Barrier>,
+    forced: AtomicUsize,
+    open: AtomicUsize,
+    most_open: AtomicUsize,
+}
+
+/// A small deterministic generator, so each stream's shape depends on its id alone.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// How the client of stream `id` asks for annotations.
+fn annotations_of(id: u64) -> Vec<&'static str> {
+    match id % 4 {
+        0 => vec![],
+        1 => vec!["x-bypass-remote-prefill", "request_id"],
+        2 => vec!["X-Bypass-Remote-Prefill:true", "token_ids"], // forcing: stripped, no opt-in
+        _ => vec!["llm_metrics", "request_id"],                 // never forwarded
+    }
+}
+
+/// Every byte the upstream sends for stream `id` (Dynamo as it is: every annotation, asked for
+/// or not), and what its client must receive through the proxy with the Dynamo preset.
+fn script(id: u64) -> (String, String) {
+    let asked = annotations_of(id);
+    let mut rng = XorShift::new(id + 1);
+    let (mut full, mut expected) = (String::new(), String::new());
+    let mut frame = |name: Option<&str>, text: String| {
+        full.push_str(&text);
+        // `llm_metrics` is never forwarded, even when asked for.
+        if name.is_none_or(|n| n != "llm_metrics" && asked.contains(&n)) {
+            expected.push_str(&text);
+        }
+    };
+    if id % 2 == 1 {
+        frame(Some("x-bypass-remote-prefill"), MARKER.to_owned());
+    }
+    frame(
+        Some("request_id"),
+        format!("event: request_id\n: \"req-{id}\"\n\n"),
+    );
+    for i in 0..60 {
+        match rng.below(12) {
+            0 => frame(
+                Some("llm_metrics"),
+                format!("event: llm_metrics\n: {{\"i\":{i}}}\n\n"),
+            ),
+            1 => frame(None, ": keep-alive\n\n".to_owned()),
+            2 => frame(
+                Some("token_ids"),
+                format!("event: token_ids\n: \"[{i}, {id}]\"\n\n"),
+            ),
+            _ => frame(
+                None,
+                format!(
+                    "data: {{\"id\":\"chatcmpl-{id}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}{}\"}}}}]}}\n\n",
+                    "x".repeat(rng.below(200) as usize)
+                ),
+            ),
+        }
+    }
+    frame(None, "data: [DONE]\n\n".to_owned());
+    (full, expected)
+}
+
+/// The upstream's chunks for stream `id`: 1 to 300 bytes, cutting frames anywhere.
+fn chunks(id: u64, full: &str) -> Vec<Bytes> {
+    let mut rng = XorShift::new(!id);
+    let mut rest = Bytes::copy_from_slice(full.as_bytes());
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let n = (1 + rng.below(300) as usize).min(rest.len());
+        out.push(rest.split_to(n));
+    }
+    out
+}
+
+async fn stream_handler(State(upstream): State<Arc<StreamUpstream>>, body: Bytes) -> Response {
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let id = request["stream_id"].as_u64().unwrap();
+    let names: Vec<String> = request["nvext"]["annotations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if names
+        .iter()
+        .any(|n| n.starts_with("x-bypass-remote-prefill") || n.starts_with("x-prefill-continue"))
+    {
+        upstream.forced.fetch_add(1, Ordering::SeqCst);
+    }
+    let (full, _) = script(id);
+    let chunks = chunks(id, &full);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(4);
+    let upstream = upstream.clone();
+    tokio::spawn(async move {
+        let open = upstream.open.fetch_add(1, Ordering::SeqCst) + 1;
+        upstream.most_open.fetch_max(open, Ordering::SeqCst);
+        let half = chunks.len() / 2;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            if i == half {
+                if let Some(barrier) = &upstream.halfway {
+                    barrier.wait().await;
+                }
+            }
+            if tx.send(Ok(chunk)).await.is_err() {
+                break;
+            }
+        }
+        upstream.open.fetch_sub(1, Ordering::SeqCst);
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(ReceiverStream::new(rx)),
+    )
+        .into_response()
+}
+
+/// Fails with the first difference between what stream `id` got and what it should have.
+fn assert_same(id: u64, got: &[u8], want: &str) {
+    if got == want.as_bytes() {
+        return;
+    }
+    let at = got
+        .iter()
+        .zip(want.as_bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    let around = |s: &[u8]| {
+        String::from_utf8_lossy(&s[at.saturating_sub(60)..(at + 60).min(s.len())]).into_owned()
+    };
+    panic!(
+        "stream {id}: {} bytes, want {}; first difference at {at}:\n got ..{:?}..\nwant ..{:?}..",
+        got.len(),
+        want.len(),
+        around(got),
+        around(want.as_bytes())
+    );
+}
+
+fn stream_request(id: u64) -> serde_json::Value {
+    serde_json::json!({
+        "model": "m",
+        "stream": true,
+        "stream_id": id,
+        "messages": [{"role": "user", "content": "hi"}],
+        "nvext": {"annotations": annotations_of(id)},
+    })
+}
+
+async fn stream_upstream(halfway: Option<usize>) -> (SocketAddr, Arc<StreamUpstream>) {
+    let state = Arc::new(StreamUpstream {
+        halfway: halfway.map(Barrier::new),
+        ..StreamUpstream::default()
+    });
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(stream_handler))
+        .with_state(state.clone());
+    (spawn_upstream(app).await, state)
+}
+
+#[tokio::test]
+async fn the_layer_and_the_guard_apply_and_no_layer_forwards_untouched() {
+    let (upstream, seen) = stream_upstream(None).await;
+    let with = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let without = start_proxy(&format!("http://{upstream}"), &["--no-layer"]).await;
+    for id in 0..8 {
+        let (_, expected) = script(id);
+        let reply = post_json(with.url("/v1/chat/completions"), &stream_request(id)).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_same(id, &reply.body, &expected);
+    }
+    // The guard stripped every router-owned name, the opt-ins of streams 1 and 5 included.
+    assert_eq!(seen.forced.load(Ordering::SeqCst), 0);
+    for id in 0..8 {
+        let (full, _) = script(id);
+        let reply = post_json(without.url("/v1/chat/completions"), &stream_request(id)).await;
+        assert_same(id, &reply.body, &full);
+    }
+    // Untouched: streams 1, 2, 5 and 6 named the marker, and the upstream saw it.
+    assert_eq!(seen.forced.load(Ordering::SeqCst), 4);
+}
+
+fn stream_count() -> usize {
+    std::env::var("BYPASS_MARKER_PROXY_STREAMS")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("BYPASS_MARKER_PROXY_STREAMS must be a number")
+        })
+        .unwrap_or(200)
+}
+
+/// Raises this process's soft limit on open files to the hard limit: each stream holds four
+/// descriptors here (client, proxy's accepted, proxy's upstream, upstream's accepted).
+fn raise_open_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass, nothing else.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+    }
+    limit.rlim_cur
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_through_the_proxy_arrive_byte_for_byte() {
+    let streams = stream_count();
+    let fds = raise_open_files_limit();
+    assert!(
+        fds as usize > streams * 4 + 100,
+        "{streams} streams need {} file descriptors, the limit is {fds}",
+        streams * 4 + 100
+    );
+    // Every stream waits halfway until all are open, so all are in flight through the proxy at once.
+    let (upstream, seen) = stream_upstream(Some(streams)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let started = Instant::now();
+    let client = client();
+    let runs = (0..streams as u64).map(|id| {
+        let client = client.clone();
+        let url = proxy.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let req = http::Request::post(url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(stream_request(id).to_string())))
+                .unwrap();
+            let res = client.request(req).await?;
+            assert_eq!(res.status(), StatusCode::OK);
+            let body = res.into_body().collect().await?.to_bytes();
+            Ok::<_, BoxError>((id, body))
+        })
+    });
+    let results = tokio::time::timeout(
+        Duration::from_secs(300),
+        futures_util::future::join_all(runs),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "not done in time; {} streams open at most",
+            seen.most_open.load(Ordering::SeqCst)
+        )
+    });
+    for result in results {
+        let (id, body) = result.unwrap().unwrap();
+        let (_, expected) = script(id);
+        assert_same(id, &body, &expected);
+    }
+    assert_eq!(seen.most_open.load(Ordering::SeqCst), streams);
+    assert_eq!(seen.forced.load(Ordering::SeqCst), 0);
+    eprintln!(
+        "{streams} concurrent streams through the proxy, byte for byte, in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_help_lists_every_flag_and_bad_flags_are_refused() {
+    for flag in [
+        "--listen",
+        "--upstream",
+        "--preset",
+        "--opt-in",
+        "--router-owned",
+        "--never-forward",
+        "--sdk-safe",
+        "--no-layer",
+        "--max-body",
+        "--backlog",
+        "--header-read-timeout",
+        "--idle-timeout",
+        "--body-timeout",
+        "--connect-timeout",
+        "--response-timeout",
+        "--shutdown-grace",
+        "--help",
+    ] {
+        assert!(
+            proxy::USAGE.contains(flag),
+            "--help does not mention {flag}"
+        );
+    }
+    assert!(proxy::Config::from_args(["--help"]).unwrap().is_none());
+    let refused = |args: &[&str]| proxy::Config::from_args(args.iter().copied()).unwrap_err();
+    assert!(refused(&[]).contains("--upstream is required"));
+    assert!(refused(&["--upstream", "https://x"]).contains("https"));
+    assert!(refused(&["--upstream", "http://x", "--preset", "vllm"]).contains("--preset"));
+    assert!(refused(&["--upstream", "http://x", "--idle-timeout", "0"]).contains("positive"));
+    assert!(refused(&["--upstream", "http://x", "--frobnicate"]).contains("unknown"));
+    let config = proxy::Config::from_args([
+        "--upstream=http://127.0.0.1:8000",
+        "--opt-in",
+        "a",
+        "--opt-in",
+        "b",
+        "--body-timeout",
+        "0.25",
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(config.opt_in, ["a", "b"]);
+    assert_eq!(config.body_timeout, Duration::from_millis(250));
+    assert_eq!(config.backlog, 1024);
+    assert_eq!(
+        config.listen,
+        "127.0.0.1:3000".parse::<SocketAddr>().unwrap()
+    );
+}
