@@ -884,6 +884,9 @@ fn is_connection_error(err: &io::Error) -> bool {
     )
 }
 
+/// How many times `accept` has failed for want of file descriptors or memory, in this process.
+pub static ACCEPT_FAILURES: AtomicU64 = AtomicU64::new(0);
+
 /// Serves `config` on `listener` until `shutdown` completes, then lets the requests in flight
 /// finish for up to `config.shutdown_grace`.
 pub async fn serve<F>(listener: TcpListener, config: Config, shutdown: F) -> io::Result<()>
@@ -920,6 +923,7 @@ where
                 if backoff.is_zero() {
                     eprintln!("proxy: accept failed, backing off: {err}");
                 }
+                ACCEPT_FAILURES.fetch_add(1, Ordering::Relaxed);
                 backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => continue,

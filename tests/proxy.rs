@@ -80,9 +80,10 @@ impl Drop for Proxy {
     }
 }
 
-/// Serves `app` on 127.0.0.1; it stops with the test's runtime.
+/// Serves `app` on 127.0.0.1; it stops with the test's runtime. Its listen backlog is large, so
+/// that a burst of new connections from the proxy is not held up by the upstream's accept queue.
 async fn spawn_upstream(app: axum::Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = proxy::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
@@ -976,8 +977,9 @@ async fn concurrent_streams_through_the_proxy_arrive_byte_for_byte() {
                 .body(Full::new(Bytes::from(stream_request(id).to_string())))
                 .unwrap();
             let res = client.request(req).await?;
-            assert_eq!(res.status(), StatusCode::OK);
+            let status = res.status();
             let body = res.into_body().collect().await?.to_bytes();
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
             Ok::<_, BoxError>((id, body))
         })
     });
