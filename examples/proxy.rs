@@ -2,7 +2,7 @@
 //! proxy that applies `BypassMarkerLayer` to the responses and the request guard to the requests.
 //!
 //! ```text
-//! cargo run --release --example proxy -- --upstream http://127.0.0.1:8000 --listen 127.0.0.1:3000
+//! cargo run --release --features json --example proxy -- --upstream http://127.0.0.1:8000 --listen 127.0.0.1:3000
 //! ```
 //!
 //! Point the clients at `http://127.0.0.1:3000/v1`. Every method and path is forwarded to the
@@ -20,9 +20,10 @@
 //!   `--idle-timeout`; one that has started a request head must finish it within
 //!   `--header-read-timeout`; a request body that stops arriving for `--body-timeout` ends the
 //!   request with a 408.
-//! - **The request guard.** A JSON request body is read (at most `--max-body` bytes, else 413), the
-//!   router-owned names are stripped from its `nvext.annotations`, and the names the client may see
-//!   become its opt-in for the response layer. Other bodies stream through unread.
+//! - **The request guard** (`JsonGuardLayer`, the `json` feature). A JSON request body is read
+//!   (at most `--max-body` bytes, else 413), the router-owned names are stripped from its
+//!   `nvext.annotations`, and the names the client may see become its opt-in for the response
+//!   layer. Other bodies stream through unread.
 //! - **Forwarding.** Hop-by-hop headers (RFC 9110 section 7.6.1: `Connection` and every header it
 //!   names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`, `Upgrade`) are removed in
 //!   both directions, `Host` is set to the upstream's, and the request streams to the upstream.
@@ -45,12 +46,12 @@ use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{StatusCode, Uri, Version};
@@ -67,7 +68,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 use tower::ServiceExt as _;
-use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+use tower_bypass_marker::BypassMarkerLayer;
 
 pub const USAGE: &str = "\
 usage: proxy --upstream URL [options]
@@ -230,7 +231,7 @@ impl Config {
             never_forward: Vec::new(),
             sdk_safe: false,
             with_layer: true,
-            max_body: 32 << 20,
+            max_body: tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES,
             backlog: 1024,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
@@ -367,7 +368,7 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
 /// A JSON error in OpenAI's shape.
 fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
     let body = serde_json::json!({
-        "error": { "message": message, "type": kind, "code": code }
+        "error": { "message": message, "type": kind, "param": null, "code": code }
     });
     (
         status,
@@ -382,7 +383,6 @@ struct Forward {
     upstream: Upstream,
     client: Client<HttpConnector, Body>,
     response_timeout: Duration,
-    guard: Option<(BypassMarkerLayer, usize)>,
 }
 
 /// Removes the hop-by-hop headers of RFC 9110 section 7.6.1: those `Connection` names, and the
@@ -411,50 +411,8 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return true; // many servers parse a body without a content type as JSON anyway
-    };
-    let Ok(value) = value.to_str() else {
-        return false;
-    };
-    let essence = value.split(';').next().unwrap_or("").trim();
-    let Some((kind, sub)) = essence.split_once('/') else {
-        return false;
-    };
-    kind.eq_ignore_ascii_case("application")
-        && (sub.eq_ignore_ascii_case("json")
-            || sub.len() >= 5 && sub[sub.len() - 5..].eq_ignore_ascii_case("+json"))
-}
-
 async fn forward(State(forward): State<Arc<Forward>>, req: Request) -> Response {
-    let (mut parts, mut body) = req.into_parts();
-    let mut granted = None;
-    if let Some((layer, max_body)) = &forward.guard {
-        if is_json(&parts.headers) && !is_empty_request(&parts.headers, &body) {
-            let bytes = match axum::body::to_bytes(body, *max_body).await {
-                Ok(bytes) => bytes,
-                Err(err) => return body_error(err.into_inner(), *max_body),
-            };
-            let (bytes, opt_in) = match guard_json(layer, bytes) {
-                Ok(guarded) => guarded,
-                Err(message) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request_error",
-                        "invalid_json",
-                        message,
-                    )
-                }
-            };
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, bytes.len().into());
-            granted = Some(opt_in);
-            body = Body::from(bytes);
-        }
-    }
-
+    let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = match forward.upstream.uri(path) {
         Ok(uri) => uri,
@@ -491,39 +449,7 @@ async fn forward(State(forward): State<Arc<Forward>>, req: Request) -> Response 
         }
     };
     remove_hop_by_hop(res.headers_mut());
-    if let Some(granted) = granted {
-        res.extensions_mut().insert(granted);
-    }
     res
-}
-
-fn is_empty_request(headers: &HeaderMap, body: &Body) -> bool {
-    use http_body::Body as _;
-    body.is_end_stream()
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() == b"0")
-}
-
-/// The answer to a request body that could not be read.
-fn body_error(err: axum::BoxError, max_body: usize) -> Response {
-    if source_is::<BodyStalled>(&*err) {
-        return stalled();
-    }
-    if source_is::<http_body_util::LengthLimitError>(&*err) {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "request_too_large",
-            format!("the request body is larger than {max_body} bytes"),
-        );
-    }
-    error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        "request_body_error",
-        format!("cannot read the request body: {err}"),
-    )
 }
 
 fn stalled() -> Response {
@@ -567,40 +493,9 @@ fn upstream_error(upstream: &Upstream, err: hyper_util::client::legacy::Error) -
     error(StatusCode::BAD_GATEWAY, "upstream_error", code, message)
 }
 
-/// Interim request guard: strips router-owned names from `nvext.annotations` with
-/// `guard_annotations` and returns the client's opt-in.
-fn guard_json(
-    layer: &BypassMarkerLayer,
-    bytes: Bytes,
-) -> Result<(Bytes, RequestedAnnotations), String> {
-    let mut doc: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|err| format!("invalid JSON body: {err}"))?;
-    let Some(entries) = doc
-        .get_mut("nvext")
-        .and_then(|nvext| nvext.get_mut("annotations"))
-        .and_then(|a| a.as_array_mut())
-    else {
-        return Ok((bytes, RequestedAnnotations::new()));
-    };
-    let mut granted = RequestedAnnotations::new();
-    let before = entries.len();
-    entries.retain(|entry| match entry.as_str() {
-        Some(name) => {
-            let mut one = vec![name.to_owned()];
-            granted.extend(layer.guard_annotations(&mut one).iter());
-            !one.is_empty()
-        }
-        None => true,
-    });
-    if entries.len() == before {
-        return Ok((bytes, granted));
-    }
-    let bytes = serde_json::to_vec(&doc).expect("a JSON value serializes");
-    Ok((Bytes::from(bytes), granted))
-}
-
 pin_project! {
-    /// A request body that fails with [`BodyStalled`] when no frame arrives for `timeout`.
+    /// A request body that fails with [`BodyStalled`] when no frame arrives for `timeout`, and
+    /// tells its connection's [`Watch`].
     struct StallTimeout<B> {
         #[pin]
         body: B,
@@ -608,16 +503,18 @@ pin_project! {
         sleep: Sleep,
         armed: bool,
         timeout: Duration,
+        watch: Arc<Watch>,
     }
 }
 
 impl<B> StallTimeout<B> {
-    fn new(body: B, timeout: Duration) -> Self {
+    fn new(body: B, timeout: Duration, watch: Arc<Watch>) -> Self {
         Self {
             body,
             sleep: tokio::time::sleep(timeout),
             armed: false,
             timeout,
+            watch,
         }
     }
 }
@@ -657,7 +554,10 @@ where
             this.sleep.as_mut().reset(deadline);
         }
         match this.sleep.poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyStalled(*this.timeout))))),
+            Poll::Ready(()) => {
+                this.watch.stalled.store(true, Ordering::Release);
+                Poll::Ready(Some(Err(Box::new(BodyStalled(*this.timeout)))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -671,7 +571,8 @@ where
     }
 }
 
-/// The proxy as an axum app: every method and path goes to `forward`, inside the response layer.
+/// The proxy as an axum app: every method and path goes to `forward`, inside the request guard
+/// and the response layer (unless `--no-layer`).
 pub fn app(config: &Config) -> axum::Router {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(config.connect_timeout));
@@ -684,13 +585,16 @@ pub fn app(config: &Config) -> axum::Router {
         upstream: config.upstream.clone(),
         client,
         response_timeout: config.response_timeout,
-        guard: layer.clone().map(|layer| (layer, config.max_body)),
     });
     let app = axum::Router::new()
         .fallback(self::forward)
         .with_state(forward);
     match layer {
-        Some(layer) => app.layer(layer),
+        // The guard reads the request first; the response layer finds the opt-in it granted.
+        Some(layer) => {
+            let guard = layer.json_guard().max_body_bytes(config.max_body);
+            app.layer(layer).layer(guard)
+        }
         None => app,
     }
 }
@@ -709,6 +613,8 @@ struct Watch {
     idle_since: AtomicU64,
     /// When the first byte of the next request head arrived ([`stamp`]), 0 if none has.
     head_since: AtomicU64,
+    /// The body of the request in flight stalled (see [`StallTimeout`]).
+    stalled: AtomicBool,
     changed: Notify,
 }
 
@@ -720,6 +626,7 @@ impl Watch {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(stamp(epoch)),
             head_since: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
             changed: Notify::new(),
         })
     }
@@ -738,6 +645,7 @@ impl Watch {
     fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(0, Ordering::Release);
+        self.stalled.store(false, Ordering::Release);
         self.changed.notify_one();
         Busy(self.clone())
     }
@@ -937,10 +845,16 @@ where
         let service_watch = watch.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let busy = service_watch.begin();
-            let req = req.map(|b| Body::new(StallTimeout::new(b, body)));
+            let req = req.map(|b| Body::new(StallTimeout::new(b, body, service_watch.clone())));
             let response = app.clone().oneshot(req);
+            let watch = service_watch.clone();
             async move {
-                let res = response.await?;
+                let mut res = response.await?;
+                // The guard answers a body that failed with a 400; this one only stopped arriving.
+                if res.status() == StatusCode::BAD_REQUEST && watch.stalled.load(Ordering::Acquire)
+                {
+                    res = stalled();
+                }
                 Ok::<_, Infallible>(res.map(|body| Tracked { body, busy }))
             }
         });
