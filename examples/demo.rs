@@ -16,9 +16,9 @@ mod support;
 
 use std::process::ExitCode;
 
-use support::{Endpoint, Running, BYPASS_FRAME};
+use support::router::{Endpoint, Running, BYPASS_FRAME};
 
-type BoxError = support::BoxError;
+type BoxError = support::client::BoxError;
 
 const PROMPT: &str = "Why is the sky blue?";
 const MAX_TOKENS: u64 = 3;
@@ -27,12 +27,12 @@ const REQUEST_ID_OPT_IN: &str = "request_id";
 
 /// Sends the demo's streamed chat request, with `annotations` if any, and returns the body.
 async fn stream(server: &Running, annotations: &[&str]) -> Result<Vec<u8>, BoxError> {
-    let mut request = support::request(Endpoint::Chat, PROMPT, true, MAX_TOKENS);
+    let mut request = support::client::request(Endpoint::Chat, PROMPT, true, MAX_TOKENS);
     if !annotations.is_empty() {
-        request = support::with_annotations(request, annotations);
+        request = support::client::with_annotations(request, annotations);
     }
     let reply = server
-        .post_json(support::path(Endpoint::Chat), &request)
+        .post_json(support::client::path(Endpoint::Chat), &request)
         .await?;
     if !reply.status.is_success() || reply.content_type() != "text/event-stream" {
         return Err(format!(
@@ -51,8 +51,8 @@ fn heading(title: &str) {
 
 /// Prints a body one frame per line, every byte visible.
 fn show(body: &[u8]) {
-    for frame in support::frames(body) {
-        println!("  {}", support::escape(frame));
+    for frame in support::client::frames(body) {
+        println!("  {}", support::client::escape(frame));
     }
 }
 
@@ -74,7 +74,7 @@ impl Claims {
 
 /// Whether `body` has a `request_id` frame.
 fn has_request_id(body: &[u8]) -> bool {
-    support::frames(body)
+    support::client::frames(body)
         .iter()
         .any(|frame| frame.starts_with(b"event: request_id\n"))
 }
@@ -83,13 +83,13 @@ fn has_request_id(body: &[u8]) -> bool {
 fn request_id_frame(body: &[u8]) -> Result<String, BoxError> {
     Ok(format!(
         "event: request_id\n: \"{}\"\n\n",
-        support::stream_id(body)?
+        support::client::stream_id(body)?
     ))
 }
 
 /// Frames with an `event` field but no `data` line: the ones the OpenAI SDKs cannot parse.
 fn frames_without_data(body: &[u8]) -> usize {
-    support::frames(body)
+    support::client::frames(body)
         .iter()
         .filter(|frame| {
             let lines = frame.split(|&b| b == b'\n');
@@ -105,8 +105,8 @@ fn frames_without_data(body: &[u8]) -> usize {
 }
 
 async fn run() -> Result<usize, BoxError> {
-    let without = support::spawn(false).await?;
-    let with = support::spawn(true).await?;
+    let without = support::router::spawn(false).await?;
+    let with = support::router::spawn(true).await?;
     println!(
         "Simulated Dynamo router without the layer: http://{}",
         without.addr
@@ -138,7 +138,7 @@ async fn run() -> Result<usize, BoxError> {
         "the stream starts with the x-bypass-remote-prefill frame",
     );
     claims.check(
-        support::frames(&bare).get(1) == Some(&bare_request_id.as_bytes()),
+        support::client::frames(&bare).get(1) == Some(&bare_request_id.as_bytes()),
         "the request_id frame follows it, though this client did not ask for it",
     );
     claims.check(
@@ -146,7 +146,8 @@ async fn run() -> Result<usize, BoxError> {
         "those are the stream's two frames without a `data` line",
     );
     claims.check(
-        support::frames(&bare_cold).first() == Some(&request_id_frame(&bare_cold)?.as_bytes())
+        support::client::frames(&bare_cold).first()
+            == Some(&request_id_frame(&bare_cold)?.as_bytes())
             && frames_without_data(&bare_cold) == 1,
         "the cold stream before it (not shown) started with its request_id frame, no marker",
     );
@@ -197,7 +198,7 @@ async fn run() -> Result<usize, BoxError> {
         "request_id was removed: this client asked for the marker only",
     );
     claims.check(
-        support::streamed_text(&opted_in)? == support::streamed_text(&filtered)?,
+        support::client::streamed_text(&opted_in)? == support::client::streamed_text(&filtered)?,
         "the completion text is the same as the default client's",
     );
     let log = with.router.worker_log();
@@ -211,7 +212,7 @@ async fn run() -> Result<usize, BoxError> {
     );
     let both = stream(&with, &[MARKER_OPT_IN, REQUEST_ID_OPT_IN]).await?;
     show(&both);
-    let frames = support::frames(&both);
+    let frames = support::client::frames(&both);
     claims.check(
         frames.first() == Some(&BYPASS_FRAME.as_bytes())
             && frames.get(1) == Some(&request_id_frame(&both)?.as_bytes()),

@@ -127,7 +127,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let router = support::SimRouter::new(args.with_layer);
+    let router = support::router::SimRouter::new(args.with_layer);
     if args.with_layer {
         println!("simulated router with BypassMarkerLayer (opt in: nvext.annotations)");
     } else {
@@ -135,7 +135,7 @@ async fn main() -> ExitCode {
     }
     // The listener is bound, so connections are accepted from here on.
     println!("listening on http://{addr}");
-    match support::serve(listener, router, shutdown_signal(args.shutdown_after)).await {
+    match support::router::serve(listener, router, shutdown_signal(args.shutdown_after)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("router: {err}");

@@ -7,13 +7,14 @@
 mod support;
 
 use serde_json::Value;
-use support::{Endpoint, Reply, Running, WorkerRequest, BYPASS_FRAME, DONE_FRAME};
+use support::client::Reply;
+use support::router::{Endpoint, Running, WorkerRequest, BYPASS_FRAME, DONE_FRAME};
 
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Chat, Endpoint::Completions];
 
 async fn send(server: &Running, endpoint: Endpoint, request: &Value) -> Reply {
     server
-        .post_json(support::path(endpoint), request)
+        .post_json(support::client::path(endpoint), request)
         .await
         .expect("the router answers")
 }
@@ -38,49 +39,54 @@ fn last_worker_request(server: &Running) -> WorkerRequest {
 /// The `request_id` frame the router must have sent with `body`, written out here rather than
 /// taken from the router: `event: request_id` and the stream's completion id as a JSON string.
 fn request_id_frame_of(body: &[u8]) -> String {
-    let id = support::stream_id(body).expect("a stream with an id");
+    let id = support::client::stream_id(body).expect("a stream with an id");
     assert!(!id.is_empty() && !id.contains(['"', '\\', '\n']), "{id:?}");
     format!("event: request_id\n: \"{id}\"\n\n")
 }
 
 fn event_frames(body: &[u8]) -> Vec<String> {
-    support::frames(body)
+    support::client::frames(body)
         .into_iter()
         .filter(|f| f.starts_with(b"event:") || f.starts_with(b":"))
-        .map(support::escape)
+        .map(support::client::escape)
         .collect()
 }
 
 #[tokio::test]
 async fn no_layer_router_prepends_request_id_to_every_stream_and_the_marker_to_cache_hits() {
-    let server = support::spawn(false).await.unwrap();
+    let server = support::router::spawn(false).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::request(endpoint, "no layer here", true, 4);
+        let request = support::client::request(endpoint, "no layer here", true, 4);
         let cold = stream(&server, endpoint, &request).await;
         assert!(!last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
-            support::escape(support::frames(&cold)[0]),
-            support::escape(request_id_frame_of(&cold).as_bytes())
+            support::client::escape(support::client::frames(&cold)[0]),
+            support::client::escape(request_id_frame_of(&cold).as_bytes())
         );
-        assert_eq!(event_frames(&cold).len(), 1, "{:?}", support::escape(&cold));
+        assert_eq!(
+            event_frames(&cold).len(),
+            1,
+            "{:?}",
+            support::client::escape(&cold)
+        );
 
         // The marker comes first, then request_id, whatever the client asked for.
         for annotations in [&[][..], &["request_id"], &["x-bypass-remote-prefill"]] {
-            let request = support::with_annotations(request.clone(), annotations);
+            let request = support::client::with_annotations(request.clone(), annotations);
             let hit = stream(&server, endpoint, &request).await;
             assert!(last_worker_request(&server).bypass_remote_prefill);
             assert_eq!(
                 event_frames(&hit),
                 [
-                    support::escape(BYPASS_FRAME.as_bytes()),
-                    support::escape(request_id_frame_of(&hit).as_bytes()),
+                    support::client::escape(BYPASS_FRAME.as_bytes()),
+                    support::client::escape(request_id_frame_of(&hit).as_bytes()),
                 ],
                 "{annotations:?}"
             );
             assert!(
                 hit.starts_with(BYPASS_FRAME.as_bytes()),
                 "{:?}",
-                support::escape(&hit)
+                support::client::escape(&hit)
             );
         }
     }
@@ -88,16 +94,16 @@ async fn no_layer_router_prepends_request_id_to_every_stream_and_the_marker_to_c
 
 #[tokio::test]
 async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
-    let without = support::spawn(false).await.unwrap();
-    let with = support::spawn(true).await.unwrap();
+    let without = support::router::spawn(false).await.unwrap();
+    let with = support::router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::request(endpoint, "the same prompt twice", true, 5);
+        let request = support::client::request(endpoint, "the same prompt twice", true, 5);
         // The cold request: only request_id to remove.
         let filtered = stream(&with, endpoint, &request).await;
         assert!(
             event_frames(&filtered).is_empty(),
             "{:?}",
-            support::escape(&filtered)
+            support::client::escape(&filtered)
         );
         let bare = stream(&without, endpoint, &request).await;
         assert_eq!(
@@ -111,7 +117,7 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
         assert!(
             event_frames(&filtered).is_empty(),
             "{:?}",
-            support::escape(&filtered)
+            support::client::escape(&filtered)
         );
         assert!(filtered.starts_with(b"data: {"));
 
@@ -121,7 +127,7 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
         let prefix = format!("{BYPASS_FRAME}{}", request_id_frame_of(&bare));
         assert_eq!(bare.strip_prefix(prefix.as_bytes()), Some(&filtered[..]));
         assert_eq!(
-            support::streamed_text(&filtered).unwrap(),
+            support::client::streamed_text(&filtered).unwrap(),
             "the same prompt twice the"
         );
     }
@@ -129,10 +135,11 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
 
 #[tokio::test]
 async fn opted_in_client_gets_the_marker_as_first_frame() {
-    let server = support::spawn(true).await.unwrap();
+    let server = support::router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::request(endpoint, "opt in to the marker", true, 3);
-        let opted_in = support::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
+        let request = support::client::request(endpoint, "opt in to the marker", true, 3);
+        let opted_in =
+            support::client::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
 
         // A cold request: nothing was bypassed, so there is no marker to forward, and request_id
         // was not asked for.
@@ -140,20 +147,25 @@ async fn opted_in_client_gets_the_marker_as_first_frame() {
         assert!(
             event_frames(&cold).is_empty(),
             "{:?}",
-            support::escape(&cold)
+            support::client::escape(&cold)
         );
 
         let hit = stream(&server, endpoint, &opted_in).await;
         assert!(last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
-            support::frames(&hit)[0],
+            support::client::frames(&hit)[0],
             BYPASS_FRAME.as_bytes(),
             "{:?}",
-            support::escape(&hit)
+            support::client::escape(&hit)
         );
         // The marker only: request_id was removed, this client did not ask for it.
-        assert_eq!(event_frames(&hit).len(), 1, "{:?}", support::escape(&hit));
-        assert_eq!(support::streamed_text(&hit).unwrap(), "opt in to");
+        assert_eq!(
+            event_frames(&hit).len(),
+            1,
+            "{:?}",
+            support::client::escape(&hit)
+        );
+        assert_eq!(support::client::streamed_text(&hit).unwrap(), "opt in to");
 
         // The opt-in is per request: the next default request gets no marker.
         let default = stream(&server, endpoint, &request).await;
@@ -173,12 +185,12 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
     ];
     for endpoint in ENDPOINTS {
         for stream in [true, false] {
-            let request = support::with_annotations(
-                support::request(endpoint, "forcing the bypass", stream, 2),
+            let request = support::client::with_annotations(
+                support::client::request(endpoint, "forcing the bypass", stream, 2),
                 &sent,
             );
 
-            let with = support::spawn(true).await.unwrap();
+            let with = support::router::spawn(true).await.unwrap();
             send(&with, endpoint, &request).await;
             let worker = last_worker_request(&with);
             assert_eq!(
@@ -189,7 +201,7 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
             assert!(!worker.bypass_remote_prefill, "a cold request is not a hit");
 
             // Without the guard the worker is handed everything the client sent.
-            let without = support::spawn(false).await.unwrap();
+            let without = support::router::spawn(false).await.unwrap();
             send(&without, endpoint, &request).await;
             assert_eq!(last_worker_request(&without).annotations, sent);
         }
@@ -198,10 +210,10 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
 
 #[tokio::test]
 async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
-    let server = support::spawn(true).await.unwrap();
+    let server = support::router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::request(endpoint, "which request is this", true, 2);
-        let asked = support::with_annotations(request.clone(), &["request_id"]);
+        let request = support::client::request(endpoint, "which request is this", true, 2);
+        let asked = support::client::with_annotations(request.clone(), &["request_id"]);
 
         // Cold, then a cache hit: request_id first, as a frame of its own, and no marker.
         for round in 0..2 {
@@ -211,24 +223,31 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
                 round == 1
             );
             assert_eq!(
-                support::escape(support::frames(&body)[0]),
-                support::escape(request_id_frame_of(&body).as_bytes()),
+                support::client::escape(support::client::frames(&body)[0]),
+                support::client::escape(request_id_frame_of(&body).as_bytes()),
                 "round {round}"
             );
-            assert_eq!(event_frames(&body).len(), 1, "{:?}", support::escape(&body));
-            assert!(support::frames(&body)[1].starts_with(b"data: {"));
+            assert_eq!(
+                event_frames(&body).len(),
+                1,
+                "{:?}",
+                support::client::escape(&body)
+            );
+            assert!(support::client::frames(&body)[1].starts_with(b"data: {"));
         }
 
         // Both opt-ins: the marker first, then request_id, each once.
-        let both =
-            support::with_annotations(request.clone(), &["x-bypass-remote-prefill", "request_id"]);
+        let both = support::client::with_annotations(
+            request.clone(),
+            &["x-bypass-remote-prefill", "request_id"],
+        );
         let body = stream(&server, endpoint, &both).await;
         assert!(last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
             event_frames(&body),
             [
-                support::escape(BYPASS_FRAME.as_bytes()),
-                support::escape(request_id_frame_of(&body).as_bytes()),
+                support::client::escape(BYPASS_FRAME.as_bytes()),
+                support::client::escape(request_id_frame_of(&body).as_bytes()),
             ]
         );
         assert!(body.starts_with(BYPASS_FRAME.as_bytes()));
@@ -239,7 +258,7 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
         assert!(
             event_frames(&body).is_empty(),
             "{:?}",
-            support::escape(&body)
+            support::client::escape(&body)
         );
         assert!(body.starts_with(b"data: {"));
     }
@@ -247,10 +266,10 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
 
 #[tokio::test]
 async fn non_streamed_json_is_byte_identical_with_and_without_the_layer() {
-    let without = support::spawn(false).await.unwrap();
-    let with = support::spawn(true).await.unwrap();
+    let without = support::router::spawn(false).await.unwrap();
+    let with = support::router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::request(endpoint, "plain json please", false, 6);
+        let request = support::client::request(endpoint, "plain json please", false, 6);
         // The cold request and the cache hit.
         for round in 0..2 {
             let a = send(&without, endpoint, &request).await;
@@ -276,14 +295,14 @@ async fn non_streamed_json_is_byte_identical_with_and_without_the_layer() {
 
 #[tokio::test]
 async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
-    let server = support::spawn(true).await.unwrap();
+    let server = support::router::spawn(true).await.unwrap();
     for (endpoint, object) in [
         (Endpoint::Chat, "chat.completion.chunk"),
         (Endpoint::Completions, "text_completion"),
     ] {
-        let request = support::request(endpoint, "one two three", true, 7);
+        let request = support::client::request(endpoint, "one two three", true, 7);
         let body = stream(&server, endpoint, &request).await;
-        let frames = support::frames(&body);
+        let frames = support::client::frames(&body);
         let mut content_chunks = 0;
         for frame in &frames[..frames.len() - 1] {
             let data = frame.strip_prefix(b"data: ").expect("only data frames");
@@ -301,14 +320,14 @@ async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
         }
         assert_eq!(content_chunks, 7);
         assert_eq!(
-            support::streamed_text(&body).unwrap(),
+            support::client::streamed_text(&body).unwrap(),
             "one two three one two three one"
         );
 
         let mut with_usage = request.clone();
         with_usage["stream_options"] = serde_json::json!({"include_usage": true});
         let body = stream(&server, endpoint, &with_usage).await;
-        let frames = support::frames(&body);
+        let frames = support::client::frames(&body);
         let last = frames[frames.len() - 2].strip_prefix(b"data: ").unwrap();
         let last: Value = serde_json::from_slice(last).unwrap();
         assert_eq!(last["choices"], serde_json::json!([]));
@@ -319,7 +338,7 @@ async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
 
 #[tokio::test]
 async fn bad_requests_get_a_400_with_a_json_error() {
-    let server = support::spawn(true).await.unwrap();
+    let server = support::router::spawn(true).await.unwrap();
     let cases: [(Endpoint, &str, &str); 5] = [
         (Endpoint::Chat, "{\"model\":", "invalid JSON body"),
         (Endpoint::Completions, "not json", "invalid JSON body"),
@@ -341,7 +360,7 @@ async fn bad_requests_get_a_400_with_a_json_error() {
     ];
     for (endpoint, body, message) in cases {
         let reply = server
-            .post(support::path(endpoint), body.to_owned())
+            .post(support::client::path(endpoint), body.to_owned())
             .await
             .unwrap();
         assert_eq!(reply.status, 400, "{body}");
@@ -355,4 +374,57 @@ async fn bad_requests_get_a_400_with_a_json_error() {
         server.router.worker_log().is_empty(),
         "bad requests never reach the worker"
     );
+}
+
+#[tokio::test]
+async fn the_worker_log_is_bounded_in_bytes_whatever_the_requests_carry() {
+    let server = support::router::spawn(true).await.unwrap();
+    let post = |prompt: String, annotations: Vec<String>| {
+        let annotations: Vec<&str> = annotations.iter().map(String::as_str).collect();
+        support::client::with_annotations(
+            support::client::request(Endpoint::Chat, &prompt, false, 1),
+            &annotations,
+        )
+    };
+    // Many tiny annotations in one request: each entry keeps at most 64 KiB of them.
+    let many: Vec<String> = (0..200_000).map(|i| format!("a{}", i % 10)).collect();
+    for i in 0..2 {
+        let reply = send(
+            &server,
+            Endpoint::Chat,
+            &post(format!("tiny {i}"), many.clone()),
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    let last = server.router.worker_log().pop().unwrap();
+    assert!(last.annotations_dropped > 0);
+    assert_eq!(
+        last.annotations.len() + last.annotations_dropped,
+        many.len()
+    );
+    assert_eq!(last.annotations[..3], ["a0", "a1", "a2"]);
+    assert!(last.bytes() <= support::router::WORKER_LOG_ANNOTATION_BYTES + 1024);
+    // Fewer than 1024 requests of 60 KB each: the oldest make room by bytes, not by count.
+    let big: Vec<String> = (0..15)
+        .map(|i| format!("{i}{}", "b".repeat(4000)))
+        .collect();
+    for i in 0..80 {
+        let reply = send(
+            &server,
+            Endpoint::Chat,
+            &post(format!("big {i}"), big.clone()),
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    let log = server.router.worker_log();
+    let bytes = server.router.worker_log_bytes();
+    assert!(
+        bytes <= support::router::WORKER_LOG_BYTES,
+        "the log holds {bytes} bytes"
+    );
+    assert_eq!(bytes, log.iter().map(WorkerRequest::bytes).sum::<usize>());
+    assert!(log.len() < 80, "{} entries", log.len());
+    assert_eq!(log.last().unwrap().annotations, big);
 }
