@@ -6,4 +6,5 @@ pub mod model;
 
 pub mod body;
 pub mod case;
+pub mod json;
 pub mod oracle;

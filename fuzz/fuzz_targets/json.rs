@@ -1,0 +1,8 @@
+//! The JSON request guard on arbitrary bytes, in arbitrary chunks, against serde_json's `Value`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    tower_bypass_marker_fuzz::json::check(data);
+});
