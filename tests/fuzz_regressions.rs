@@ -155,3 +155,38 @@ async fn frame_too_large_with_a_zero_cap_fails_after_the_data_before_the_frame()
     assert_eq!(out, b"data: 1\n\n");
     assert!(err.is_none());
 }
+
+/// The `json` target's inputs (`fuzz/seeds-json/`, and `fuzz/regressions/json/` once it has any),
+/// replayed with its own driver and oracle.
+#[cfg(feature = "json")]
+#[allow(dead_code)]
+#[path = "../fuzz/src/json.rs"]
+mod json_target;
+
+#[cfg(feature = "json")]
+mod json {
+    use super::json_target as target;
+    use std::path::Path;
+
+    #[test]
+    fn json_fuzz_inputs_replay_through_the_guard() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+        let mut ran = 0;
+        for dir in ["seeds-json", "regressions/json"] {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+                continue;
+            };
+            let mut files: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
+            files.sort();
+            for file in files {
+                let data = std::fs::read(&file).unwrap();
+                if let Err(e) = std::panic::catch_unwind(|| target::check(&data)) {
+                    eprintln!("{}", file.display());
+                    std::panic::resume_unwind(e);
+                }
+                ran += 1;
+            }
+        }
+        assert!(ran > 0, "no json fuzz inputs found");
+    }
+}
