@@ -65,7 +65,11 @@ fn strings(doc: &Value) -> Vec<String> {
     doc.get("nvext")
         .and_then(|n| n.get("annotations"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|e| e.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -165,7 +169,10 @@ pub fn check(data: &[u8]) {
         if code == "invalid_json" {
             // serde_json agrees (it also refuses lone surrogates in strings the guard does not
             // decode, and numbers out of f64's range, which the guard accepts: never the reverse).
-            assert!(serde_json::from_slice::<Value>(body).is_err(), "valid JSON refused");
+            assert!(
+                serde_json::from_slice::<Value>(body).is_err(),
+                "valid JSON refused"
+            );
         }
         return;
     }
@@ -185,7 +192,10 @@ pub fn check(data: &[u8]) {
     };
     let output: Value = serde_json::from_slice(&out).expect("forwards what it read");
     for entry in strings(&output) {
-        assert!(!is_stripped(&layer, &entry), "{entry:?} reached the upstream");
+        assert!(
+            !is_stripped(&layer, &entry),
+            "{entry:?} reached the upstream"
+        );
     }
     let mut expected = input.clone();
     let mut stripped_any = false;
@@ -216,7 +226,13 @@ pub fn check(data: &[u8]) {
         assert!(granted.is_none());
     }
     // Guarding what was forwarded changes nothing.
-    let (status, _, again) = run(&layer, usize::MAX, vec![Bytes::from(out.clone())], true, None);
+    let (status, _, again) = run(
+        &layer,
+        usize::MAX,
+        vec![Bytes::from(out.clone())],
+        true,
+        None,
+    );
     assert_eq!(status, StatusCode::OK);
     assert_eq!(again.unwrap().0.concat(), out);
 }
