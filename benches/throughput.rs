@@ -10,10 +10,13 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, SamplingM
 
 mod support;
 
-use support::{workloads, Variant};
+use support::{adversarial_workloads, workloads, Variant};
 
 fn throughput(c: &mut Criterion) {
-    for workload in workloads() {
+    let adversarial = adversarial_workloads()
+        .into_iter()
+        .flat_map(|(small, large)| [small, large]);
+    for workload in workloads().into_iter().chain(adversarial) {
         workload.check();
         let target = workload
             .floor_target
@@ -36,7 +39,7 @@ fn throughput(c: &mut Criterion) {
         group.sample_size(if slow { 10 } else { 20 });
         group.warm_up_time(Duration::from_millis(500));
         group.measurement_time(Duration::from_secs(if slow { 4 } else { 2 }));
-        for variant in Variant::ALL {
+        for &variant in workload.variants() {
             group.bench_function(variant.name(), |b| {
                 b.iter(|| black_box(workload.run(black_box(variant))))
             });

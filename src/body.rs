@@ -7,7 +7,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::scan::{Scanner, Step};
+use crate::scan::{Lead, Scanner, Step};
 use crate::BoxError;
 
 pin_project! {
@@ -43,6 +43,9 @@ struct Filter {
 /// acted on where it lies.
 struct Frames {
     scanner: Scanner,
+    /// Data to yield before anything else: the bytes that follow the LF (or the first bytes of a
+    /// BOM) that [`Scanner::lead`] put before them.
+    ready: Bytes,
     /// The bytes of a frame that spans chunks.
     held: BytesMut,
     end: End,
@@ -74,6 +77,7 @@ impl<B> BypassMarkerBody<B> {
                 chunk: Bytes::new(),
                 frames: Frames {
                     scanner,
+                    ready: Bytes::new(),
                     held: BytesMut::new(),
                     end: End::Open,
                     #[cfg(feature = "tracing")]
@@ -134,6 +138,7 @@ where
             None => self.inner.is_end_stream(),
             Some(f) => {
                 f.chunk.is_empty()
+                    && f.frames.ready.is_empty()
                     && f.frames.held.is_empty()
                     && match f.frames.end {
                         End::Open => f.frames.scanner.is_idle() && self.inner.is_end_stream(),
@@ -153,7 +158,10 @@ where
         // Frames may be removed, so only an upper bound holds.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + f.chunk.len() as u64 + f.frames.held.len() as u64);
+            let frames = &f.frames;
+            let pending =
+                f.chunk.len() + frames.ready.len() + frames.held.len() + frames.scanner.lead_owed();
+            hint.set_upper(upper + pending as u64);
         }
         hint
     }
@@ -184,6 +192,10 @@ impl Filter {
         B::Error: Into<BoxError>,
     {
         loop {
+            if !self.frames.ready.is_empty() {
+                let data = std::mem::take(&mut self.frames.ready);
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
             if !self.chunk.is_empty() {
                 // What is left of a chunk that yielded data on an earlier call.
                 if let Some(data) = self.frames.drain(&mut self.chunk)? {
@@ -259,9 +271,22 @@ impl Frames {
         };
         loop {
             match step {
-                Step::Forward(n) => return Ok(Some(chunk.split_to(n))),
+                Step::Forward(n) => {
+                    let data = chunk.split_to(n);
+                    if !self.scanner.lead_open() {
+                        return Ok(Some(data));
+                    }
+                    if let Some(data) = self.lead(data) {
+                        return Ok(Some(data));
+                    }
+                }
                 Step::Discard(n) => {
                     self.note_removed(n);
+                    chunk.advance(n);
+                }
+                Step::DiscardLf(n) => {
+                    // The end of the frame removed at the end of the previous chunk.
+                    self.note_removed_tail(n);
                     chunk.advance(n);
                 }
                 Step::Hold(n) => {
@@ -279,7 +304,10 @@ impl Frames {
                     self.held.extend_from_slice(&chunk[..n]);
                     chunk.advance(n);
                     if !self.held.is_empty() {
-                        return Ok(Some(self.held.split().freeze()));
+                        let data = self.held.split().freeze();
+                        if let Some(data) = self.lead(data) {
+                            return Ok(Some(data));
+                        }
                     }
                 }
                 Step::DiscardHeld(n) => {
@@ -315,7 +343,10 @@ impl Frames {
     /// The end of the data: a held frame is judged as it stands.
     fn finish(&mut self) -> Option<Bytes> {
         let out = match self.scanner.finish() {
-            Step::Release(_) if !self.held.is_empty() => Some(self.held.split().freeze()),
+            Step::Release(_) if !self.held.is_empty() => {
+                let data = self.held.split().freeze();
+                self.lead(data)
+            }
             Step::DiscardHeld(_) => {
                 self.note_removed(self.held.len());
                 self.held.clear();
@@ -323,6 +354,11 @@ impl Frames {
             }
             _ => None,
         };
+        // The first bytes of a BOM withheld by `lead` come out now: nothing can follow them.
+        let out = out.or_else(|| {
+            let withheld = self.scanner.lead_end();
+            (!withheld.is_empty()).then(|| Bytes::from_static(withheld))
+        });
         #[cfg(feature = "tracing")]
         if let Some((frames, bytes)) = self.removed.take() {
             tracing::debug!(
@@ -332,6 +368,29 @@ impl Frames {
             );
         }
         out
+    }
+
+    /// `data`, about to be yielded, through [`Scanner::lead`]: what to yield now, and maybe
+    /// `data` into `ready`, to be yielded next.
+    #[cold]
+    fn lead(&mut self, data: Bytes) -> Option<Bytes> {
+        match self.scanner.lead(&data) {
+            Lead::Pass => Some(data),
+            Lead::Prefix(prefix) => {
+                self.ready = data;
+                Some(Bytes::from_static(prefix))
+            }
+            Lead::Wait => None,
+        }
+    }
+
+    /// Bytes of a removed frame that arrived after the frame was counted.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    fn note_removed_tail(&mut self, bytes: usize) {
+        #[cfg(feature = "tracing")]
+        if let Some(removed) = &mut self.removed {
+            removed.1 += bytes as u64;
+        }
     }
 
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]

@@ -121,8 +121,12 @@ impl BypassMarkerLayer {
     }
 
     /// SDK-safe mode (off by default): also removes every frame that has field lines but no `data`
-    /// field. Browsers never dispatch such frames and the OpenAI SDKs crash on them. Comment-only
-    /// frames, such as `:\n\n` keep-alives, are kept.
+    /// field, unless its event type is a name the client opted in to (such a frame is forwarded
+    /// either way). The OpenAI SDKs crash on data-less frames. Browsers never dispatch them as
+    /// events, but they still have effects there: a frame with only `id:` sets the stream's last
+    /// event ID (sent back as `Last-Event-ID` on reconnection), and one with `retry:` sets the
+    /// reconnection time. SDK-safe mode removes those effects with the frame. Comment-only frames,
+    /// such as `:\n\n` keep-alives, are kept.
     #[must_use]
     pub fn sdk_safe(self, enabled: bool) -> Self {
         self.with(|c| c.sdk_safe = enabled)

@@ -83,6 +83,7 @@
 //! let granted = layer.guard_annotations(&mut annotations);
 //! assert_eq!(annotations, ["request_id"]); // the router never sees the client's marker
 //! assert!(granted.contains("request_id")); // and the client gets its request_id frame
+//!                                          // (an opt-in wins over SDK-safe mode)
 //! ```
 //!
 //! # What is removed, exactly
@@ -108,7 +109,8 @@
 //! The event-stream grammar is WHATWG's:
 //!
 //! - Lines end in CRLF, LF or CR; a CR ending one chunk and a LF starting the next are one line
-//!   end. One UTF-8 BOM at the very start of the body is kept and is not part of the first line.
+//!   end. One UTF-8 BOM at the very start of the body is kept and is not part of the first line;
+//!   any later BOM is content.
 //! - A frame is a run of non-empty lines closed by an empty line. Its event type is the value of
 //!   its *last* `event` field: the field name is compared byte for byte, a line without a colon is
 //!   a field with an empty value, and exactly one space after the colon is removed. Comment lines
@@ -118,6 +120,14 @@
 //!   keep-alives, stray empty lines, invalid UTF-8, NUL bytes.
 //! - A frame still open when the body ends (or when trailers or an error arrive) is judged as it
 //!   stands, its unterminated last line included.
+//! - In SDK-safe mode, a frame with field lines but no `data` field is removed too, unless its
+//!   event type is a name the client opted in to.
+//! - The one byte the layer ever adds: when the first bytes it forwards would begin with a BOM
+//!   (EF BB BF) and the body did not begin with one (the first kept frame after removed ones
+//!   starts with a BOM), it forwards a LF first, then those bytes unchanged. Clients strip a BOM
+//!   at the start of a stream, which would turn a line such as `\u{FEFF}event: x` (a field
+//!   named `\u{FEFF}event`, ignored) into an `event` field; the LF is an empty line, a no-op at
+//!   that point of the grammar.
 //!
 //! # Latency, copies and memory
 //!

@@ -27,6 +27,9 @@ pub(crate) enum Step {
     Forward(usize),
     /// Drop the next `n` bytes: they belong to a removed frame.
     Discard(usize),
+    /// Drop the next `n` bytes: the LF of a CRLF that closed a removed frame, whose CR ended the
+    /// previous input. Part of that frame, not a frame of its own.
+    DiscardLf(usize),
     /// Append the next `n` bytes to the held bytes: a frame is open at the end of the input.
     Hold(usize),
     /// Append the next `n` bytes to the held bytes, then forward all held bytes.
@@ -57,6 +60,9 @@ struct Frame {
     held: usize,
     /// Index of the configured name the last `event` field named, if it named one to remove.
     event: Option<u8>,
+    /// The last `event` field named a configured name the client opted in to: the frame is
+    /// forwarded whatever the SDK-safe rule says.
+    opted_in: bool,
     /// The frame has a line that is not a comment.
     fields: bool,
     /// The frame has a `data` field.
@@ -84,7 +90,25 @@ pub(crate) struct Scanner {
     last_removed: Option<u8>,
     /// The last frame boundary of the current input, once [`Self::run`] has looked for it.
     boundary: Option<Boundary>,
+    /// `Some(k)`: nothing has been forwarded yet, and the body did not begin with a BOM; the
+    /// forwarded bytes so far withheld are `BOM[..k]` (see [`Self::lead`]).
+    lead: Option<u8>,
 }
+
+/// What a driver forwards for the next bytes it would forward (see [`Scanner::lead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lead {
+    /// The bytes, as they are.
+    Pass,
+    /// These bytes first, then the bytes: a LF that keeps a BOM from becoming the start of the
+    /// output, and/or the first bytes of a BOM withheld so far.
+    Prefix(&'static [u8]),
+    /// Nothing yet: the bytes are the first bytes of a BOM; the scanner remembers them.
+    Wait,
+}
+
+/// A LF, then the first two bytes of a BOM: every prefix [`Lead::Prefix`] gives with a LF.
+const LF_BOM: &[u8] = b"\n\xEF\xBB";
 
 /// Where the last empty line of an input ends, kept so that it is looked for once per input: a
 /// removal ends a run, and the next run starts on the rest of the same input.
@@ -112,7 +136,60 @@ impl Scanner {
             queued: None,
             last_removed: None,
             boundary: None,
+            lead: Some(0),
         }
+    }
+
+    /// Whether the bytes the driver forwards must still go through [`Self::lead`]: true until the
+    /// first bytes that are not the start of a BOM have been forwarded.
+    #[inline]
+    pub(crate) fn lead_open(&self) -> bool {
+        self.lead.is_some()
+    }
+
+    /// The only bytes the layer adds. A BOM is stripped by every client's UTF-8 decoder when it is
+    /// the first thing in the stream, so a BOM that was not at the start of the body (the first
+    /// bytes of a kept frame after removed ones) must not become the start of the output: then
+    /// a LF goes first, an empty line, which is a no-op at that point of the grammar. A body that
+    /// began with a BOM forwards it first, and every later BOM is content.
+    ///
+    /// The driver calls this with the non-empty bytes it is about to forward while
+    /// [`Self::lead_open`], and forwards what the answer says. Withholds at most two bytes (the
+    /// first bytes of a BOM, when the bytes forwarded so far are only those).
+    pub(crate) fn lead(&mut self, out: &[u8]) -> Lead {
+        let Some(k) = self.lead else {
+            return Lead::Pass;
+        };
+        let k = usize::from(k);
+        let matched = BOM[k..].iter().zip(out).take_while(|(a, b)| a == b).count();
+        if k + matched == BOM.len() {
+            self.lead = None;
+            return Lead::Prefix(&LF_BOM[..1 + k]);
+        }
+        if matched == out.len() {
+            self.lead = Some((k + matched) as u8);
+            return Lead::Wait;
+        }
+        self.lead = None;
+        if k == 0 {
+            Lead::Pass
+        } else {
+            Lead::Prefix(&BOM[..k])
+        }
+    }
+
+    /// The end of the output: the first bytes of a BOM still withheld by [`Self::lead`], which
+    /// can no longer become a BOM.
+    pub(crate) fn lead_end(&mut self) -> &'static [u8] {
+        match self.lead.take() {
+            Some(k) => &BOM[..usize::from(k)],
+            None => &[],
+        }
+    }
+
+    /// An upper bound on the bytes [`Self::lead`] may still add or has withheld.
+    pub(crate) fn lead_owed(&self) -> usize {
+        self.lead.map_or(0, |k| 1 + usize::from(k))
     }
 
     /// The configured name that caused the most recent removal, or `None` when the SDK-safe rule
@@ -131,7 +208,10 @@ impl Scanner {
     /// True when no partial line, frame, CR or BOM is pending: the end of the body here yields
     /// nothing more.
     pub(crate) fn is_idle(&self) -> bool {
-        self.queued.is_none() && !self.frame.open && !matches!(self.bom, Some(k) if k > 0)
+        self.queued.is_none()
+            && !self.frame.open
+            && !matches!(self.bom, Some(k) if k > 0)
+            && !matches!(self.lead, Some(k) if k > 0)
     }
 
     /// [`Self::step`] for the common case of small chunks: the input continues a frame that is
@@ -176,7 +256,7 @@ impl Scanner {
 
         // A LF completing a CRLF whose CR ended the previous input.
         match std::mem::replace(&mut self.cr, Cr::None) {
-            Cr::Discarded if input[0] == b'\n' => return Step::Discard(1),
+            Cr::Discarded if input[0] == b'\n' => return Step::DiscardLf(1),
             Cr::Frame if input[0] == b'\n' => i = 1,
             _ => {}
         }
@@ -205,6 +285,8 @@ impl Scanner {
         }
         if k == BOM.len() {
             self.bom = None;
+            // The body began with a BOM: forwarded first, as it is.
+            self.lead = None;
             if before > 0 {
                 // The BOM's first bytes are held: release them with the rest of the BOM.
                 return Ok(Step::Release(i));
@@ -458,12 +540,18 @@ impl Scanner {
         if name == b"data" {
             self.frame.data = true;
         } else if name == b"event" {
-            self.frame.event = if len > line.len() {
-                // Longer than any configured name could make it.
+            // Longer than any configured name could make it: no configured name.
+            let found = if len > line.len() {
                 None
             } else {
                 let value = value.strip_prefix(b" ").unwrap_or(value);
-                self.config.find(value, self.remove)
+                self.config.find(value, u64::MAX)
+            };
+            (self.frame.event, self.frame.opted_in) = match found {
+                Some(i) if self.remove & (1 << i) != 0 => (Some(i), false),
+                // A configured name that is not removed: the client opted in to it.
+                Some(_) => (None, true),
+                None => (None, false),
             };
         }
     }
@@ -473,7 +561,7 @@ impl Scanner {
             self.last_removed = frame.event;
             return true;
         }
-        if self.config.sdk_safe && frame.fields && !frame.data {
+        if self.config.sdk_safe && frame.fields && !frame.data && !frame.opted_in {
             self.last_removed = None;
             return true;
         }
@@ -639,6 +727,7 @@ mod tests {
                 .map(|n| n.name.as_bytes().to_vec())
                 .collect(),
             sdk_safe: layer.config.sdk_safe,
+            opted_in: Vec::new(),
         }
     }
 
@@ -790,6 +879,105 @@ mod tests {
         assert_filters(&layer, &input, &cat(&[b"\xEF\xBB", MARKER]));
         assert_filters(&layer, b"\xEF", b"\xEF");
         assert_filters(&layer, b"\xEF\xBB\n\n", b"\xEF\xBB\n\n");
+    }
+
+    #[test]
+    fn a_bom_that_did_not_begin_the_body_never_begins_the_output() {
+        let layer = BypassMarkerLayer::new();
+        // `\u{FEFF}data` is a field of another name: kept as it is, a LF before it.
+        let kept = cat(&[BOM, b"data: 2\n\n"]);
+        assert_filters(&layer, &cat(&[MARKER, &kept]), &cat(&[b"\n", &kept]));
+        assert_filters(
+            &layer,
+            &cat(&[MARKER, MARKER, &kept, &kept]),
+            &cat(&[b"\n", &kept, &kept]),
+        );
+        let crlf = b"event: x-bypass-remote-prefill\r\n: true\r\n\r\n\xEF\xBB\xBFdata: 2\r\n\r\n";
+        assert_filters(&layer, crlf, b"\n\xEF\xBB\xBFdata: 2\r\n\r\n");
+        let cr = b"event: x-bypass-remote-prefill\r\r\xEF\xBB\xBF\r\r";
+        assert_filters(&layer, cr, b"\n\xEF\xBB\xBF\r\r");
+        // An unterminated frame at the end, released when the body ends.
+        assert_filters(
+            &layer,
+            &cat(&[MARKER, BOM, b"x"]),
+            &cat(&[b"\n", BOM, b"x"]),
+        );
+        assert_filters(&layer, &cat(&[MARKER, BOM]), &cat(&[b"\n", BOM]));
+        // The first bytes of a BOM are not a BOM.
+        assert_filters(&layer, &cat(&[MARKER, b"\xEF\xBB\n\n"]), b"\xEF\xBB\n\n");
+        assert_filters(&layer, &cat(&[MARKER, b"\xEF\n\n"]), b"\xEF\n\n");
+        // Not the first bytes forwarded: content.
+        assert_filters(&layer, &cat(&[b"\n", MARKER, &kept]), &cat(&[b"\n", &kept]));
+        assert_filters(&layer, &cat(&[CHUNK, MARKER, &kept]), &cat(&[CHUNK, &kept]));
+        // A body that began with a BOM keeps it, and a BOM after it stays content.
+        assert_filters(&layer, &cat(&[BOM, MARKER, &kept]), &cat(&[BOM, &kept]));
+    }
+
+    #[test]
+    fn a_frame_forwarded_as_it_arrives_withholds_at_most_two_bom_bytes() {
+        // With a cap of 1 byte, the frame after the marker is forwarded as it arrives: its first
+        // bytes come out one chunk at a time, and the output still must not begin with a BOM.
+        let layer = BypassMarkerLayer::new().max_frame_bytes(1);
+        let input = cat(&[MARKER, BOM, b"data: 2\n\n"]);
+        let expected = cat(&[b"\n", BOM, b"data: 2\n\n"]);
+        for parts in [
+            vec![MARKER, b"\xEF", b"\xBB", b"\xBF", b"data: 2\n\n"],
+            vec![MARKER, b"\xEF\xBB", b"\xBFdata: 2\n\n"],
+            vec![&input[..]],
+        ] {
+            let mut s = scanner(&layer);
+            let mut yielded = Vec::new();
+            let out = drive_chunks(&mut s, &parts, |out| yielded.push(out.len())).unwrap();
+            assert_eq!(Esc(&out), Esc(&expected), "{parts:?}");
+            if parts.len() == 5 {
+                // Nothing of the BOM is out before its third byte; then the LF comes first.
+                assert_eq!(yielded, [0, 0, 0, 4, expected.len()]);
+            }
+        }
+        // The first bytes of a BOM, then something else: forwarded unchanged, once known.
+        let mut s = scanner(&layer);
+        let mut yielded = Vec::new();
+        let parts: [&[u8]; 3] = [MARKER, b"\xEF\xBB", b"x\n\n"];
+        let out = drive_chunks(&mut s, &parts, |out| yielded.push(out.len())).unwrap();
+        assert_eq!(Esc(&out), Esc(b"\xEF\xBBx\n\n"));
+        assert_eq!(yielded, [0, 0, 5]);
+        // And at the end of the body.
+        let mut s = scanner(&layer);
+        let parts: [&[u8]; 2] = [MARKER, b"\xEF\xBB"];
+        let out = drive_chunks(&mut s, &parts, |_| {}).unwrap();
+        assert_eq!(Esc(&out), Esc(b"\xEF\xBB"));
+    }
+
+    #[test]
+    fn sdk_safe_mode_keeps_the_frames_the_client_opted_in_to() {
+        let layer = BypassMarkerLayer::new().opt_in("request_id").sdk_safe(true);
+        let config = layer.config.clone();
+        let requested: crate::RequestedAnnotations = ["request_id", BYPASS].into_iter().collect();
+        let mask = config.removal_mask(config.requested_mask(&requested));
+        let input = cat(&[
+            MARKER,
+            b"event: request_id\n: \"req-1\"\n\n",
+            b"event: other\n\nid: 3\n\n",
+            // The last event field decides.
+            b"event: request_id\nevent: other\n\nevent: other\nevent: request_id\n\n",
+            CHUNK,
+        ]);
+        let expected = cat(&[
+            MARKER,
+            b"event: request_id\n: \"req-1\"\n\n",
+            b"event: other\nevent: request_id\n\n",
+            CHUNK,
+        ]);
+        for at in 0..=input.len() {
+            let mut s = Scanner::new(config.clone(), mask);
+            let (a, b) = input.split_at(at);
+            let out = drive_chunks(&mut s, &[a, b], |_| {}).unwrap();
+            assert_eq!(Esc(&out), Esc(&expected), "split at {at}");
+        }
+        // Not opted in: removed by the SDK-safe rule.
+        let mut s = Scanner::new(config.clone(), config.removal_mask(0));
+        let out = drive_chunks(&mut s, &[&input], |_| {}).unwrap();
+        assert_eq!(Esc(&out), Esc(CHUNK));
     }
 
     #[test]
@@ -1135,17 +1323,18 @@ fn drive_chunks(
             };
             match step {
                 Step::Forward(n) => {
-                    out.extend_from_slice(&rest[..n]);
+                    forward(s, &mut out, &rest[..n]);
                     rest = &rest[n..];
                 }
-                Step::Discard(n) => rest = &rest[n..],
+                Step::Discard(n) | Step::DiscardLf(n) => rest = &rest[n..],
                 Step::Hold(n) => {
                     held.extend_from_slice(&rest[..n]);
                     rest = &rest[n..];
                 }
                 Step::Release(n) => {
                     held.extend_from_slice(&rest[..n]);
-                    out.append(&mut held);
+                    forward(s, &mut out, &held);
+                    held.clear();
                     rest = &rest[n..];
                 }
                 Step::DiscardHeld(n) => {
@@ -1161,12 +1350,27 @@ fn drive_chunks(
         after_chunk(&out);
     }
     match s.finish() {
-        Step::Release(0) => out.append(&mut held),
+        Step::Release(0) => forward(s, &mut out, &held),
         Step::DiscardHeld(0) => held.clear(),
         Step::NeedInput => assert!(held.is_empty(), "held bytes left behind"),
         other => panic!("finish gave {other:?}"),
     }
+    out.extend_from_slice(s.lead_end());
     Some(out)
+}
+
+/// Forwards `bytes` to `out` the way the body does, through [`Scanner::lead`].
+#[cfg(any(test, feature = "__fuzz"))]
+fn forward(s: &mut Scanner, out: &mut Vec<u8>, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    match s.lead(bytes) {
+        Lead::Pass => {}
+        Lead::Prefix(prefix) => out.extend_from_slice(prefix),
+        Lead::Wait => return,
+    }
+    out.extend_from_slice(bytes);
 }
 
 /// Drives a [`Scanner`] over chunks the way the body does, for fuzzing. Not part of the public

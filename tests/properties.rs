@@ -134,12 +134,19 @@ fn check(input: &[u8], chunks: &[Bytes], setup: &Setup) -> Result<(), TestCaseEr
         .filter(|(_, r)| **r)
         .map(|(n, _)| *n)
         .collect();
+    let configured = remove.clone();
     remove.retain(|name| {
         name == b"llm_metrics" || !requested.contains(std::str::from_utf8(name).unwrap())
     });
+    // The configured names that are not removed: the client opted in to them.
+    let opted_in = configured
+        .into_iter()
+        .filter(|name| !remove.contains(name))
+        .collect();
     let rules = model::Rules {
         remove,
         sdk_safe: setup.sdk_safe,
+        opted_in,
     };
 
     let gated = Gated::default();

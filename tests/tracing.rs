@@ -157,3 +157,28 @@ fn a_frame_too_large_error_logs_the_summary_with_the_limit() {
         "one summary: {log}"
     );
 }
+
+/// The LF of a CRLF that closes a removed frame, arriving in the next chunk, is the end of that
+/// frame: one frame removed, its bytes counted in full, not a second frame.
+#[test]
+fn a_split_crlf_after_a_removed_frame_counts_as_one_frame() {
+    let log = logged(|| {
+        poll_then_drop(
+            BypassMarkerLayer::new(),
+            &[
+                "event: x-bypass-remote-prefill\r\n: true\r\n\r",
+                "\ndata: 1\r\n\r\n",
+            ],
+            true,
+        );
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(lines[0].contains("removed annotation frame"), "{log}");
+    assert!(
+        lines[1].contains("event stream ended")
+            && lines[1].contains("removed_frames=1")
+            && lines[1].contains("removed_bytes=42"),
+        "{log}"
+    );
+}

@@ -77,6 +77,9 @@ pub struct Workload {
     chunks: Arc<[&'static [u8]]>,
     /// The client opted in to the marker: the layer passes the body through.
     opted_in: bool,
+    /// An adversarial shape: it ends in an open frame, which `eventsource-stream` never yields,
+    /// so only the layer, the unfiltered body and the floor are run on it.
+    pub adversarial: bool,
     /// The input minus its marker frames.
     without_marker: Vec<u8>,
 }
@@ -134,6 +137,7 @@ impl Workload {
             floor_target,
             chunks: chunks.into(),
             opted_in: false,
+            adversarial: false,
             without_marker,
         }
     }
@@ -146,6 +150,15 @@ impl Workload {
     /// The bytes the upstream body yields per run.
     pub fn input_len(&self) -> u64 {
         self.chunks.iter().map(|c| c.len() as u64).sum()
+    }
+
+    /// The variants that run on this workload.
+    pub fn variants(&self) -> &'static [Variant] {
+        if self.adversarial {
+            &Variant::ALL[..3]
+        } else {
+            &Variant::ALL
+        }
     }
 
     /// How many chunks the upstream body yields per run.
@@ -205,7 +218,7 @@ impl Workload {
         // eventsource-stream never yields a frame without data, so the decode path loses the marker
         // even for a client that opted in.
         assert!(
-            collect(Variant::Decode) == self.without_marker,
+            self.adversarial || collect(Variant::Decode) == self.without_marker,
             "{}: decode + re-encode output differs from the input minus its markers",
             self.name
         );
@@ -544,4 +557,92 @@ pub fn workloads() -> Vec<Workload> {
         )
         .opted_in(),
     ]
+}
+
+/// The shapes of the scanner's worst cases (issue 9, defect 1): each one is linear now, and was
+/// quadratic in the bytes of one chunk before.
+const ADVERSARIAL: [(&str, &str); 4] = [
+    (
+        "open_after_frames",
+        "frames with `event:`, then a long open frame",
+    ),
+    (
+        "tail_after_removed",
+        "removed frames, then a long unterminated line",
+    ),
+    (
+        "open_after_event_in_data",
+        "`event:` inside data lines, then a long open frame",
+    ),
+    (
+        "open_after_frames_cr",
+        "frames with `event:`, then a long open frame, CR-only",
+    ),
+];
+
+/// `size` bytes: half the shape's frames, half its open tail (each as close to half as whole
+/// frames and tail units make it).
+fn adversarial_stream(shape: &str, size: usize) -> Vec<u8> {
+    let (frame, tail): (&[u8], &[u8]) = match shape {
+        "open_after_frames" => (b"event: message\ndata: x\n\n", b"data: x\n"),
+        "tail_after_removed" => (MARKER, b"x"),
+        "open_after_event_in_data" => (b"data: event: x\n\n", b"data: x\n"),
+        "open_after_frames_cr" => (b"event: message\rdata: x\r\r", b"data: x\r"),
+        _ => unreachable!("unknown shape {shape}"),
+    };
+    let mut out = Vec::with_capacity(size + frame.len());
+    while out.len() + frame.len() <= size / 2 {
+        out.extend_from_slice(frame);
+    }
+    let tail_start = out.len();
+    if shape == "tail_after_removed" {
+        out.extend_from_slice(b"data: ");
+    }
+    while out.len() - tail_start + tail.len() <= size / 2 {
+        out.extend_from_slice(tail);
+    }
+    out
+}
+
+/// The adversarial workloads: for each shape, in one chunk and in 64 KiB chunks, a pair of runs of
+/// 1 MiB and 2 MiB, so that the time of the larger one can be compared with the smaller one's.
+/// The open frame at the end (half the run, within the default `max_frame_bytes` of 1 MiB) is held
+/// and released when the body ends.
+pub fn adversarial_workloads() -> Vec<(Workload, Workload)> {
+    let mut out = Vec::new();
+    for (name, shape) in ADVERSARIAL {
+        for one_chunk in [true, false] {
+            let workload = |size: usize, label: &'static str| {
+                let stream = adversarial_stream(name, size);
+                let pieces = if one_chunk {
+                    vec![stream]
+                } else {
+                    split_every(&stream, 64 * 1024)
+                };
+                let name: &'static str = Box::leak(
+                    format!(
+                        "{name}_{}_{label}",
+                        if one_chunk { "1chunk" } else { "64k" }
+                    )
+                    .into_boxed_str(),
+                );
+                let shape: &'static str = Box::leak(
+                    format!(
+                        "{shape}, {}, {label}",
+                        if one_chunk {
+                            "one chunk"
+                        } else {
+                            "64 KiB chunks"
+                        }
+                    )
+                    .into_boxed_str(),
+                );
+                let mut w = Workload::new(name, shape, Some(0.1), share(pieces));
+                w.adversarial = true;
+                w
+            };
+            out.push((workload(MIB, "1MiB"), workload(2 * MIB, "2MiB")));
+        }
+    }
+    out
 }

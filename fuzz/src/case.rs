@@ -312,6 +312,17 @@ impl Case {
             .collect()
     }
 
+    /// The configured event types this client opted in to (never removed, not even by the
+    /// SDK-safe rule).
+    pub fn opted_in_names(&self) -> Vec<Vec<u8>> {
+        let removed = self.removed_names();
+        self.names
+            .iter()
+            .map(|(name, _)| name.as_bytes().to_vec())
+            .filter(|name| !removed.contains(name))
+            .collect()
+    }
+
     /// The chunks of the body.
     pub fn chunks(&self) -> Vec<&[u8]> {
         let mut start = 0;

@@ -10,8 +10,11 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 pub struct Rules {
     /// Event types whose frames are removed.
     pub remove: Vec<Vec<u8>>,
-    /// Also remove frames with a non-comment line and no `data` field.
+    /// Also remove frames with a non-comment line and no `data` field, unless their event type is
+    /// in `opted_in`.
     pub sdk_safe: bool,
+    /// Event types the client opted in to: never removed by the SDK-safe rule.
+    pub opted_in: Vec<Vec<u8>>,
 }
 
 /// The model's output for `input`.
@@ -87,8 +90,8 @@ fn removed(frame: &[Line<'_>], rules: &Rules) -> bool {
             data = true;
         }
     }
-    let named = event.is_some_and(|e| rules.remove.iter().any(|r| r.as_slice() == e));
-    named || (rules.sdk_safe && fields && !data)
+    let is = |names: &[Vec<u8>]| event.is_some_and(|e| names.iter().any(|r| r.as_slice() == e));
+    is(&rules.remove) || (rules.sdk_safe && fields && !data && !is(&rules.opted_in))
 }
 
 fn push_frame(out: &mut Vec<u8>, frame: &[Line<'_>]) {
@@ -133,5 +136,17 @@ pub fn filter(input: &[u8], rules: &Rules) -> Output {
     if !frame.is_empty() && !removed(&frame, rules) {
         push_frame(&mut out, &frame);
     }
-    Output { all: out, complete }
+    Output {
+        all: lead(input, out),
+        complete: lead(input, complete),
+    }
+}
+
+/// The one byte the layer adds: when the output would begin with a BOM that did not begin the
+/// body, a LF (an empty line) goes first, so that no client strips that BOM as a byte order mark.
+fn lead(input: &[u8], mut out: Vec<u8>) -> Vec<u8> {
+    if out.starts_with(BOM) && !input.starts_with(BOM) {
+        out.insert(0, b'\n');
+    }
+    out
 }
