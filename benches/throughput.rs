@@ -10,7 +10,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, SamplingM
 
 mod support;
 
-use support::{adversarial_workloads, workloads, Variant};
+use support::{adversarial_workloads, workloads};
 
 fn throughput(c: &mut Criterion) {
     let adversarial = adversarial_workloads()

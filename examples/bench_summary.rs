@@ -246,7 +246,7 @@ fn main_table(workloads: &[Workload], options: &Options, missed: &mut Vec<String
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for workload in workloads {
         workload.check();
-        let mut row = measure_workload(workload, &options);
+        let mut row = measure_workload(workload, options);
         let lo = row.floor.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = row.floor.iter().copied().fold(0.0, f64::max);
         let floor = median(&mut row.floor);

@@ -171,10 +171,13 @@ impl Case {
         let extra_len = usize::from(extra & 0x1F);
         let extra_name = if flags & 0x40 != 0 && extra_len > 0 {
             let raw = r.take(extra_len);
+            // A name the builder accepts: no `:`, no control character, no surrounding
+            // whitespace.
             let name: String = String::from_utf8_lossy(raw)
                 .chars()
-                .map(|c| if c == '\r' || c == '\n' { '_' } else { c })
+                .map(|c| if c == ':' || c.is_control() { '_' } else { c })
                 .collect();
+            let name = name.trim().to_owned();
             (!name.is_empty()).then_some(name)
         } else {
             None
