@@ -72,10 +72,12 @@ die() {
 
 mkdir -p "$cache" "$sdk_cache"
 work="$(mktemp -d)"
-# The process groups started here, each led by its own `timeout`.
+# The process groups started here, each led by its own `timeout`: servers, and clients.
 groups=()
+clients=()
 stop_all() {
   local g i
+  for g in "${clients[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
   for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
   for ((i = 0; i < 50; i++)); do
     alive=0
@@ -316,7 +318,10 @@ count() {
 run_client() {
   local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
   shift
-  timeout 120 "$@" >"$out" 2>"$err" || status=$?
+  # In the background and in a group of its own, so that a signal to this script ends it at once.
+  setsid timeout 120 "$@" >"$out" 2>"$err" &
+  clients+=($!)
+  wait $! || status=$?
   cat "$out"
   p="$(grep -c '^PASS ' "$out" || true)"
   f="$(grep -c '^FAIL ' "$out" || true)"
@@ -396,12 +401,13 @@ count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners
 # Nothing is left behind: no process in the groups, none with the scratch directory in its
 # command line.
 stop_all
-left="$(ps -eo pid=,pgid=,args= | awk -v groups=" ${groups[*]} " -v work="$work" \
+left="$(ps -eo pid=,pgid=,args= | awk -v groups=" ${groups[*]} ${clients[*]} " -v work="$work" \
   'index(groups, " " $2 " ") || index($0, work)' | grep -v -e awk -e grep || true)"
 ok=0
 [[ -z "$left" ]] && ok=1
-count $ok "no process left behind after stopping ${#groups[@]} process groups${left:+: $left}"
+count $ok "no process left behind after stopping ${#groups[@]} servers and ${#clients[@]} clients${left:+: $left}"
 groups=()
+clients=()
 
 log "$(grep -h '^holder: ' "$work/holder.log" || echo "holder: stopped in flight")"
 log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the build)"
