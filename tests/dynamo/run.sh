@@ -19,7 +19,7 @@
 #     decode worker, and Dynamo's frontend routes with the KV router and conditional
 #     disaggregation (policy prefill_load, prefill_busy_threshold 0.0);
 #   - the holder, one streamed request with a prompt of some 3,900 tokens and max_tokens 1, keeps
-#     the prefill worker busy for longer than the checks take (about 165 s), so the router
+#     the prefill worker busy for longer than the checks take (about 330 s), so the router
 #     bypasses remote prefill for every other request, and Dynamo starts each of their streams
 #     with `event: x-bypass-remote-prefill\n: true\n\n` (checked before and after the checks).
 # The checks:
@@ -56,10 +56,11 @@ PY_PINNED=2.28.0
 NODE_PINNED=6.9.0
 NODE_WHEEL=24.19.0
 # The holder's prompt, and how much slower than real time the prefill worker runs: 1,000 words are
-# some 3,900 tokens of the tiny tokenizer, which the mocker prefills in about 165 s at 0.0005 (the
-# simulated time scales with 1/ratio: about 8 s at 0.01).
+# some 3,900 tokens of the tiny tokenizer, which the mocker prefills in 8 s at 0.01 and 82 s at
+# 0.001 (measured; the simulated time scales with 1/ratio), so about 330 s at 0.00025: far more
+# than the checks take (under a minute), and the suite stops the holder when they are done.
 HOLD_WORDS=1000
-PREFILL_SPEEDUP=0.0005
+PREFILL_SPEEDUP=0.00025
 # Every process started here stops by itself after this long, even if this script is killed
 # without its trap.
 LIFETIME=600
@@ -71,7 +72,7 @@ die() {
 }
 
 mkdir -p "$cache" "$sdk_cache"
-work="$(mktemp -d)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-dynamo.XXXXXX")"
 # The process groups started here, each led by its own `timeout`: servers, and clients.
 groups=()
 clients=()
