@@ -234,7 +234,7 @@ log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python opena
 log "building the proxy example"
 t=$SECONDS
 [[ -f "$root/examples/proxy.rs" ]] || die "examples/proxy.rs is missing"
-(cd "$root" && cargo build --quiet --release --example proxy)
+(cd "$root" && cargo build --quiet --release --features json --example proxy)
 proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/proxy"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
