@@ -179,7 +179,7 @@ pub use json::{JsonGuard, JsonGuardLayer};
 pub use layer::BypassMarkerLayer;
 pub use service::BypassMarker;
 
-#[cfg(feature = "__fuzz")]
+#[cfg(fuzzing)]
 #[doc(hidden)]
 pub use scan::fuzz as __fuzz;
 

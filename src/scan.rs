@@ -1297,7 +1297,7 @@ mod tests {
 /// Feeds `chunks` to `s` the way the body does, with a plain buffer for the held bytes, and ends
 /// the body. Calls `after_chunk` with the output so far after each chunk. `None` on
 /// [`Step::Overflow`].
-#[cfg(any(test, feature = "__fuzz"))]
+#[cfg(any(test, fuzzing))]
 fn drive_chunks(
     s: &mut Scanner,
     chunks: &[&[u8]],
@@ -1360,7 +1360,7 @@ fn drive_chunks(
 }
 
 /// Forwards `bytes` to `out` the way the body does, through [`Scanner::lead`].
-#[cfg(any(test, feature = "__fuzz"))]
+#[cfg(any(test, fuzzing))]
 fn forward(s: &mut Scanner, out: &mut Vec<u8>, bytes: &[u8]) {
     if bytes.is_empty() {
         return;
@@ -1375,7 +1375,7 @@ fn forward(s: &mut Scanner, out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// Drives a [`Scanner`] over chunks the way the body does, for fuzzing. Not part of the public
 /// API.
-#[cfg(feature = "__fuzz")]
+#[cfg(fuzzing)]
 pub mod fuzz {
     use super::{drive_chunks, Scanner};
     use crate::{BypassMarkerLayer, RequestedAnnotations};
