@@ -27,6 +27,53 @@ impl BypassMarkerLayer {
         }
     }
 
+    /// A layer for NVIDIA Dynamo's OpenAI-compatible frontend: every annotation name Dynamo 1.6.1
+    /// puts in a response stream or reserves for its router, from its source and its running
+    /// frontend (KV router with conditional disaggregation):
+    ///
+    /// | name | role here | where it comes from |
+    /// | --- | --- | --- |
+    /// | `x-bypass-remote-prefill` | router-owned, opt-in | the prefill router (`lib/llm/src/kv_router/prefill_router.rs`) removes a client's copy and prepends its own frame, `event: x-bypass-remote-prefill` and `: true`, whenever the KV router bypasses remote prefill, whether or not the client asked |
+    /// | `x-prefill-continue` | router-owned, opt-in | newer Dynamo source (after 1.6.1): the prefill router's second routing marker, which it also strips from clients in the `marker` and `marker:value` forms; a client must not set it, and a frame of it must not reach a client that did not ask |
+    /// | `request_id` | opt-in | the HTTP service (`ANNOTATION_REQUEST_ID`, `lib/llm/src/http/service/openai.rs`) |
+    /// | `formatted_prompt` | opt-in | the preprocessor (`ANNOTATION_FORMATTED_PROMPT`, `lib/llm/src/preprocessor.rs`) |
+    /// | `token_ids` | opt-in | the preprocessor (`ANNOTATION_TOKEN_IDS`); its value is a JSON string that itself holds an array |
+    /// | `llm_metrics` | never forwarded | the preprocessor's per-response metrics (`ANNOTATION_LLM_METRICS`); Dynamo's own HTTP layer drops them |
+    /// | `payload_usage` | never forwarded | internal usage accounting (`ANNOTATION_PAYLOAD_USAGE`); dropped by Dynamo's HTTP layer too |
+    ///
+    /// Dynamo emits `request_id`, `formatted_prompt` and `token_ids` only when the client lists
+    /// them in `nvext.annotations`, each as `event: NAME` and one comment line holding a JSON
+    /// string (`: "..."`), with no `data` line, `request_id` first when several are asked for. A
+    /// client that lists one is granted it by [`guard_annotations`](Self::guard_annotations) and
+    /// receives that frame byte for byte; a client that does not is spared it. The never-forwarded
+    /// names are removed for frontends that do not drop them themselves.
+    ///
+    /// `error` events are not annotations: Dynamo turns them into a stream error the client must
+    /// see, so the preset leaves them alone.
+    ///
+    /// ```
+    /// use tower_bypass_marker::BypassMarkerLayer;
+    ///
+    /// let layer = BypassMarkerLayer::dynamo();
+    /// let mut annotations = vec![
+    ///     "x-bypass-remote-prefill".to_owned(),
+    ///     "x-prefill-continue:1".to_owned(),
+    ///     "request_id".to_owned(),
+    /// ];
+    /// let granted = layer.guard_annotations(&mut annotations);
+    /// assert_eq!(annotations, ["request_id"]); // both routing markers stripped
+    /// assert!(granted.contains("request_id"));
+    /// ```
+    pub fn dynamo() -> Self {
+        Self::new()
+            .router_owned("x-prefill-continue")
+            .opt_in("request_id")
+            .opt_in("formatted_prompt")
+            .opt_in("token_ids")
+            .never_forward("llm_metrics")
+            .never_forward("payload_usage")
+    }
+
     fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
