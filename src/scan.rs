@@ -703,6 +703,8 @@ fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize>
 }
 
 #[cfg(test)]
+// The fuzz driver below is shared with these tests and compiled for both (cfg(test), cfg(fuzzing)).
+#[allow(clippy::items_after_test_module)]
 mod tests {
     use super::*;
     use crate::BypassMarkerLayer;
