@@ -292,3 +292,32 @@ impl Config {
             .field("sdk_safe", &self.sdk_safe);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_name_caps_the_line_prefix_the_scanner_keeps() {
+        let mut config = Config::new();
+        assert_eq!(config.line_cap, "event: x-bypass-remote-prefill".len());
+        config
+            .set(&"n".repeat(MAX_NAME_LEN), Some(Kind::OptIn), false)
+            .unwrap();
+        assert_eq!(config.line_cap, "event: ".len() + MAX_NAME_LEN);
+        assert!(config
+            .set(&"n".repeat(MAX_NAME_LEN + 1), Some(Kind::OptIn), false)
+            .is_err());
+        assert_eq!(config.line_cap, "event: ".len() + MAX_NAME_LEN);
+        assert_eq!(config.names.len(), 2, "a refused name is not added");
+    }
+
+    #[test]
+    fn entry_names_are_the_part_before_the_first_colon_trimmed() {
+        assert_eq!(entry_name("x-a"), "x-a");
+        assert_eq!(entry_name(" X-A:true "), "X-A");
+        assert_eq!(entry_name("x-a:b:c"), "x-a");
+        assert_eq!(entry_name(":x-a"), "");
+        assert_eq!(entry_name("\tx y\u{a0}:"), "x y");
+    }
+}
