@@ -26,7 +26,25 @@
 //!
 //! # Disagreements found
 //!
-//! DISAGREEMENTS
+//! Each is pinned as a stream in `browser/streams.rs` (`PINNED`), served in every setup.
+//! - **A BOM that was not at the start became the start** (issue 9, defect 2). Default layer,
+//!   `event: x-bypass-remote-prefill\n: true\n\n\xEF\xBB\xBFdata: 2\n\n`: the raw stream
+//!   dispatches nothing (the field name is `\u{FEFF}data`), the filtered one began with the BOM,
+//!   which the decoder strips, and dispatched `message` "2". The same with SDK-safe removing a
+//!   data-less frame in front of the BOM. Fixed by the LF the layer now forwards before such a BOM.
+//! - **SDK-safe mode removed data-less frames the client opted in to** (issue 9, defect 3).
+//!   `.sdk_safe(true)`, client opted in to the marker,
+//!   `event: x-bypass-remote-prefill\nid: 7\n: true\n\ndata: 1\n\n`: the raw `message` "1" has
+//!   lastEventId "7", the filtered one had "". With `.opt_in("request_id").sdk_safe(true)` and
+//!   `request_id` granted, `\xEF\xBB\xBF\nevent: request_id\n\ndata: 1\n\n`: the raw stream
+//!   dispatches "1" (Chromium folds the LF into the `event` line), the filtered one, without the
+//!   `request_id` frame, dispatched nothing (the LF went into `data: 1`).
+//!
+//! Not a disagreement but worth knowing: Chromium's BOM deviation makes a correct filter visible.
+//! Default layer, `\xEF\xBB\xBF\nevent: x-bypass-remote-prefill\n\ndata: 1\n\n`: raw, Chromium
+//! folds the LF into the marker's `event` line and dispatches "1"; filtered (the marker removed
+//! as WHATWG says), it folds the LF into `data: 1` and dispatches nothing. A WHATWG parser
+//! dispatches "1" for both. The expected events above model this.
 
 #[path = "browser/events.rs"]
 mod events;
@@ -412,18 +430,28 @@ async fn chromium_dispatches_the_raw_events_minus_the_removed_types() {
         })
         .collect();
 
-    let browser = Chromium::launch(&chromium, &format!("http://{}/", addrs[0]));
+    let mut browser = Chromium::launch(&chromium, &format!("http://{}/", addrs[0]));
     let mut results: Vec<Option<Vec<Event>>> = vec![None; entries];
     let mut received = 0;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let deadline = Instant::now() + PATIENCE;
     while received < entries {
-        let report = match tokio::time::timeout_at(deadline, rx.recv()).await {
+        let report = match tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
             Ok(Some(report)) => report,
-            _ => panic!(
-                "the page reported {received} of {entries} results within {PATIENCE:?}; \
-                 chromium's stderr ends with:\n{}",
-                browser.log_tail()
-            ),
+            _ => {
+                let exited = browser.child.try_wait().unwrap();
+                if exited.is_some() || Instant::now() > deadline {
+                    panic!(
+                        "the page reported {received} of {entries} results ({}); chromium's \
+                         stderr ends with:\n{}",
+                        match exited {
+                            Some(status) => format!("chromium exited: {status}"),
+                            None => format!("not within {PATIENCE:?}"),
+                        },
+                        browser.log_tail()
+                    );
+                }
+                continue;
+            }
         };
         let report: PageReport = serde_json::from_str(&report).expect("a page report");
         if let Some(error) = report.error {
