@@ -86,6 +86,12 @@
 //!                                          // (an opt-in wins over SDK-safe mode)
 //! ```
 //!
+//! In front of NVIDIA Dynamo, [`BypassMarkerLayer::dynamo`] configures every annotation name
+//! Dynamo 1.6.1 uses (its routing markers, its opt-in annotations and its internal metrics). Names
+//! from runtime configuration go through the fallible setters
+//! ([`try_opt_in`](BypassMarkerLayer::try_opt_in) and the like), which return an [`InvalidName`]
+//! instead of panicking.
+//!
 //! # What is removed, exactly
 //!
 //! The body is filtered when the response can have content (not a `1xx`, `204` or `304`
