@@ -271,9 +271,9 @@ impl Config {
                         }
                     }
                 }
-                "--opt-in" => config.opt_in.push(name(&flag, value()?)?),
-                "--router-owned" => config.router_owned.push(name(&flag, value()?)?),
-                "--never-forward" => config.never_forward.push(name(&flag, value()?)?),
+                "--opt-in" => config.opt_in.push(value()?),
+                "--router-owned" => config.router_owned.push(value()?),
+                "--never-forward" => config.never_forward.push(value()?),
                 "--sdk-safe" => config.sdk_safe = true,
                 "--no-layer" => config.with_layer = false,
                 "--max-body" => config.max_body = number(&flag, &value()?)?,
@@ -288,49 +288,37 @@ impl Config {
             }
         }
         config.upstream = upstream.ok_or("--upstream is required")?;
+        config.layer()?; // refuses invalid names now rather than when serving
         Ok(Some(config))
     }
 
-    /// The response layer, or `None` with `--no-layer`.
-    pub fn layer(&self) -> Option<BypassMarkerLayer> {
+    /// The response layer, or `None` with `--no-layer`; an error names a flag's invalid name.
+    pub fn layer(&self) -> Result<Option<BypassMarkerLayer>, String> {
         if !self.with_layer {
-            return None;
+            return Ok(None);
         }
         let mut layer = match self.preset {
-            Preset::Dynamo => dynamo_layer(),
+            Preset::Dynamo => BypassMarkerLayer::dynamo(),
             Preset::None => BypassMarkerLayer::new(),
         };
+        let invalid = |flag: &str, name: &str, err| format!("{flag} {name:?}: {err}");
         for name in &self.opt_in {
-            layer = layer.opt_in(name);
+            layer = layer
+                .try_opt_in(name)
+                .map_err(|e| invalid("--opt-in", name, e))?;
         }
         for name in &self.router_owned {
-            layer = layer.router_owned(name);
+            layer = layer
+                .try_router_owned(name)
+                .map_err(|e| invalid("--router-owned", name, e))?;
         }
         for name in &self.never_forward {
-            layer = layer.never_forward(name);
+            layer = layer
+                .try_never_forward(name)
+                .map_err(|e| invalid("--never-forward", name, e))?;
         }
-        Some(layer.sdk_safe(self.sdk_safe))
+        Ok(Some(layer.sdk_safe(self.sdk_safe)))
     }
-}
-
-/// Dynamo 1.6.1's annotations (see the module docs).
-fn dynamo_layer() -> BypassMarkerLayer {
-    BypassMarkerLayer::new()
-        .router_owned("x-prefill-continue")
-        .opt_in("request_id")
-        .opt_in("formatted_prompt")
-        .opt_in("token_ids")
-        .never_forward("llm_metrics")
-        .never_forward("payload_usage")
-}
-
-fn name(flag: &str, name: String) -> Result<String, String> {
-    if name.is_empty() || name.contains(['\r', '\n']) {
-        return Err(format!(
-            "{flag} {name:?}: a name is not empty and has no CR or LF"
-        ));
-    }
-    Ok(name)
 }
 
 fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
@@ -580,7 +568,7 @@ pub fn app(config: &Config) -> axum::Router {
     let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector);
-    let layer = config.layer();
+    let layer = config.layer().expect("names checked by Config::from_args");
     let forward = Arc::new(Forward {
         upstream: config.upstream.clone(),
         client,
@@ -934,7 +922,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mode = match config.layer() {
+    let mode = match config.layer().expect("names checked by Config::from_args") {
         Some(layer) => format!("{layer:?}"),
         None => "--no-layer: forwarding untouched".to_owned(),
     };

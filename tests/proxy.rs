@@ -1039,6 +1039,8 @@ fn the_help_lists_every_flag_and_bad_flags_are_refused() {
     assert!(refused(&["--upstream", "http://x", "--preset", "vllm"]).contains("--preset"));
     assert!(refused(&["--upstream", "http://x", "--idle-timeout", "0"]).contains("positive"));
     assert!(refused(&["--upstream", "http://x", "--frobnicate"]).contains("unknown"));
+    assert!(refused(&["--upstream", "http://x", "--opt-in", "a:b"]).contains("--opt-in \"a:b\""));
+    assert!(refused(&["--upstream", "http://x", "--never-forward", ""]).contains("--never-forward"));
     let config = proxy::Config::from_args([
         "--upstream=http://127.0.0.1:8000",
         "--opt-in",
