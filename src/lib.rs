@@ -22,6 +22,16 @@
 //! request-side guard, [`BypassMarkerLayer::guard_annotations`], strips router-owned names from
 //! what the client sent, so a client cannot force the bypass either.
 //!
+//! With the `json` feature, a gateway that has no handler parsing the request gets that guard as
+//! middleware: `BypassMarkerLayer::json_guard` makes a `JsonGuardLayer` from the same
+//! configuration, which reads JSON request bodies, strips router-owned names from
+//! `nvext.annotations` (splicing the array, never re-serialising the body) and puts the client's
+//! opt-in in the request's extensions. See the `json` module (docs.rs builds with every feature).
+//!
+//! ```toml
+//! tower-bypass-marker = { version = "0.1", features = ["json"] }
+//! ```
+//!
 //! # Example
 //!
 //! ```
@@ -151,7 +161,8 @@
 //!
 //! # Where to put it
 //!
-//! Inside any compression layer: an encoded body is passed through unfiltered.
+//! Inside any compression layer: an encoded body is passed through unfiltered. With the `json`
+//! feature, in axum: `.layer(bypass.clone()).layer(bypass.json_guard())` (either order works).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
