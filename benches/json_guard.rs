@@ -16,8 +16,8 @@ use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::json::JsonGuardBody;
 use tower_bypass_marker::BypassMarkerLayer;
 
-/// A chat request of about 1 MiB: 40 long messages and one 600 KiB base64 PNG, with
-/// `nvext.annotations` at the end (`annotations` as given).
+/// A chat request of 1 MiB: 40 long messages (escapes, non-ASCII text) and a base64 PNG that makes
+/// up the rest (about 600 KiB), with `nvext.annotations` at the end (`annotations` as given).
 fn chat_request(annotations: &str) -> Bytes {
     let mut messages = Vec::new();
     let text = "The sky looks blue because air scatters short wavelengths more than long ones \
@@ -30,19 +30,25 @@ fn chat_request(annotations: &str) -> Bytes {
             text.repeat(30)
         ));
     }
-    let image: String = (0..600 * 1024)
+    let doc = |image: &str| {
+        let mut messages = messages.clone();
+        messages.push(format!(
+            r#"{{"role":"user","content":[{{"type":"text","text":"What is in this image?"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}","detail":"high"}}}}]}}"#
+        ));
+        format!(
+            r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{}],"stream":true,"max_tokens":512,"temperature":0.7,"nvext":{{"annotations":{annotations}}}}}"#,
+            messages.join(",")
+        )
+    };
+    let image_len = (1 << 20) - doc("").len();
+    let image: String = (0..image_len)
         .map(|i| {
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
                 [(i * 7 + i / 64) % 64] as char
         })
         .collect();
-    messages.push(format!(
-        r#"{{"role":"user","content":[{{"type":"text","text":"What is in this image?"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}","detail":"high"}}}}]}}"#
-    ));
-    let doc = format!(
-        r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{}],"stream":true,"max_tokens":512,"temperature":0.7,"nvext":{{"annotations":{annotations}}}}}"#,
-        messages.join(",")
-    );
+    let doc = doc(&image);
+    assert_eq!(doc.len(), 1 << 20);
     Bytes::from(doc)
 }
 
