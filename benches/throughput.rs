@@ -1,5 +1,7 @@
 //! Throughput of `BypassMarkerBody`, against the unfiltered body, a bare `memchr2` line scan and
-//! an `eventsource-stream` decode + re-encode, on the same chunks in the same run.
+//! an `eventsource-stream` decode + re-encode, on the same chunks in the same run. Each workload
+//! runs twice: with static chunks (`layer`, ...) and with reference-counted chunks as hyper hands
+//! them over (`layer_refcounted`, ...).
 //!
 //! `cargo bench --bench throughput` (add a filter such as `-- events_64k` to run one workload).
 //! For the table of ratios, see `cargo run --release --example bench_summary` and BENCHMARKS.md.
@@ -10,7 +12,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, SamplingM
 
 mod support;
 
-use support::{adversarial_workloads, workloads};
+use support::{adversarial_workloads, workloads, Handover};
 
 fn throughput(c: &mut Criterion) {
     let adversarial = adversarial_workloads()
@@ -39,10 +41,23 @@ fn throughput(c: &mut Criterion) {
         group.sample_size(if slow { 10 } else { 20 });
         group.warm_up_time(Duration::from_millis(500));
         group.measurement_time(Duration::from_secs(if slow { 4 } else { 2 }));
-        for &variant in workload.variants() {
-            group.bench_function(variant.name(), |b| {
-                b.iter(|| black_box(workload.run(black_box(variant))))
-            });
+        // The adversarial shapes are about how time grows with the input: static chunks only.
+        let handovers = if workload.adversarial {
+            &Handover::ALL[..1]
+        } else {
+            &Handover::ALL[..]
+        };
+        for &handover in handovers {
+            for &variant in workload.variants() {
+                // `layer` (static chunks, the ids of earlier runs) and `layer_refcounted`.
+                let id = match handover {
+                    Handover::Static => variant.name().to_owned(),
+                    _ => format!("{}_{}", variant.name(), handover.name()),
+                };
+                group.bench_function(id, |b| {
+                    b.iter(|| black_box(workload.run(handover, black_box(variant))))
+                });
+            }
         }
         group.finish();
     }

@@ -11,6 +11,10 @@
 //! layer / floor ratio, the lowest and highest round, so that a noisy machine shows as a wide range
 //! rather than as a wrong figure.
 //!
+//! The main table is printed twice: with the chunks handed over as `Bytes::from_static` and with
+//! reference-counted chunks split off one shared buffer, as hyper hands them over (see `Handover`
+//! in `benches/support/mod.rs`). `--handover static` or `--handover refcounted` prints only one.
+//!
 //! A second table covers the scanner's worst cases (`adversarial_workloads`): each shape in one
 //! chunk and in 64 KiB chunks, at 1 MiB and 2 MiB, with layer / floor at both sizes and the time
 //! the layer takes on 2 MiB over its time on 1 MiB (2x when linear). Only the layer, the
@@ -18,14 +22,15 @@
 //! `open_after` or `chat`).
 //!
 //! `--profile VARIANT` (`layer`, `unfiltered`, `memchr2_floor` or `decode_reencode`) runs only that
-//! variant for 25 times `--min-ms` per workload, for a profiler to sample.
+//! variant for 25 times `--min-ms` per workload (and per handover, unless `--handover` picks one),
+//! for a profiler to sample.
 
 use std::time::{Duration, Instant};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
 
-use support::{adversarial_workloads, workloads, Variant, Workload};
+use support::{adversarial_workloads, workloads, Handover, Variant, Workload};
 
 struct Options {
     rounds: usize,
@@ -33,6 +38,8 @@ struct Options {
     filter: Option<String>,
     /// `--profile VARIANT`: only run that variant, for a profiler to watch.
     profile: Option<Variant>,
+    /// `--handover NAME`: only hand the chunks over this way (both by default).
+    handovers: Vec<Handover>,
 }
 
 fn options() -> Options {
@@ -41,6 +48,7 @@ fn options() -> Options {
         min_time: Duration::from_millis(40),
         filter: None,
         profile: None,
+        handovers: Handover::ALL.to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -58,6 +66,13 @@ fn options() -> Options {
                 options.profile =
                     Some(variant.unwrap_or_else(|| panic!("--profile takes a variant name")));
             }
+            "--handover" => {
+                let name = args.next().unwrap_or_default();
+                let handover = Handover::ALL.into_iter().find(|h| h.name() == name);
+                options.handovers =
+                    vec![handover
+                        .unwrap_or_else(|| panic!("--handover takes `static` or `refcounted`"))];
+            }
             _ => options.filter = Some(arg),
         }
     }
@@ -65,11 +80,11 @@ fn options() -> Options {
 }
 
 /// Bytes per second of `variant` over `workload`: runs it until `min_time` has passed.
-fn measure(workload: &Workload, variant: Variant, min_time: Duration) -> f64 {
+fn measure(workload: &Workload, handover: Handover, variant: Variant, min_time: Duration) -> f64 {
     let start = Instant::now();
     let mut runs = 0u64;
     loop {
-        std::hint::black_box(workload.run(std::hint::black_box(variant)));
+        std::hint::black_box(workload.run(handover, std::hint::black_box(variant)));
         runs += 1;
         let elapsed = start.elapsed();
         if elapsed >= min_time {
@@ -97,7 +112,7 @@ struct Row {
     decode: Vec<f64>,
 }
 
-fn measure_workload(workload: &Workload, options: &Options) -> Row {
+fn measure_workload(workload: &Workload, handover: Handover, options: &Options) -> Row {
     let mut speeds: [Vec<f64>; 4] = Default::default();
     let mut row = Row {
         speed: [0.0; 4],
@@ -108,7 +123,7 @@ fn measure_workload(workload: &Workload, options: &Options) -> Row {
     let variants = workload.variants();
     // Warm up caches, the allocator and the CPU clock once per variant.
     for &variant in variants {
-        measure(workload, variant, options.min_time / 4);
+        measure(workload, handover, variant, options.min_time / 4);
     }
     for round in 0..options.rounds {
         // A variant that does not run on the workload (decode, on adversarial shapes) reads NaN.
@@ -116,7 +131,7 @@ fn measure_workload(workload: &Workload, options: &Options) -> Row {
         for k in 0..variants.len() {
             // Rotate the order, so no variant always runs first (or right after the slow one).
             let i = (k + round) % variants.len();
-            speed[i] = measure(workload, variants[i], options.min_time);
+            speed[i] = measure(workload, handover, variants[i], options.min_time);
         }
         for (all, s) in speeds.iter_mut().zip(speed) {
             all.push(s);
@@ -155,13 +170,16 @@ fn main() {
         // `perf record -g target/release/examples/bench_summary --profile layer events_64k`
         let pairs = adversarial.iter().flat_map(|(s, l)| [s, l]);
         for workload in workloads.iter().chain(pairs) {
-            let speed = measure(workload, variant, options.min_time * 25);
-            println!(
-                "{} {}: {:.0} MiB/s",
-                workload.name,
-                variant.name(),
-                mib(speed)
-            );
+            for &handover in &options.handovers {
+                let speed = measure(workload, handover, variant, options.min_time * 25);
+                println!(
+                    "{} {} ({} chunks): {:.0} MiB/s",
+                    workload.name,
+                    variant.name(),
+                    handover.name(),
+                    mib(speed)
+                );
+            }
         }
         return;
     }
@@ -173,7 +191,9 @@ fn main() {
     );
     let mut missed = Vec::new();
     if !workloads.is_empty() {
-        main_table(&workloads, &options, &mut missed);
+        for &handover in &options.handovers {
+            main_table(&workloads, handover, &options, &mut missed);
+        }
     }
     if !adversarial.is_empty() {
         adversarial_table(&adversarial, &options, &mut missed);
@@ -187,7 +207,7 @@ fn main() {
 
 /// The worst cases of the scanner: layer / floor at 1 MiB and 2 MiB, and how much longer the layer
 /// takes on 2 MiB than on 1 MiB (linear: 2x; the target is at most 2.2x), each the median over
-/// rounds of a ratio taken within the round.
+/// rounds of a ratio taken within the round. Static chunks.
 fn adversarial_table(pairs: &[(Workload, Workload)], options: &Options, missed: &mut Vec<String>) {
     println!(
         "| adversarial workload | layer MiB/s 1 MiB | floor MiB/s 1 MiB | layer / floor 1 MiB (min-max) \
@@ -204,7 +224,7 @@ fn adversarial_table(pairs: &[(Workload, Workload)], options: &Options, missed: 
             (large, Variant::Floor),
         ];
         for (w, v) in runs {
-            measure(w, v, options.min_time / 4);
+            measure(w, Handover::Static, v, options.min_time / 4);
         }
         // Per round, all four in a rotated order, so that the 1 MiB and 2 MiB runs see the same
         // machine and the time ratio is taken within the round.
@@ -216,7 +236,7 @@ fn adversarial_table(pairs: &[(Workload, Workload)], options: &Options, missed: 
             let mut speed = [0.0; 4];
             for k in 0..runs.len() {
                 let i = (k + round) % runs.len();
-                speed[i] = measure(runs[i].0, runs[i].1, options.min_time);
+                speed[i] = measure(runs[i].0, Handover::Static, runs[i].1, options.min_time);
             }
             for (all, s) in speeds.iter_mut().zip(speed) {
                 all.push(s);
@@ -267,7 +287,13 @@ fn adversarial_table(pairs: &[(Workload, Workload)], options: &Options, missed: 
     println!();
 }
 
-fn main_table(workloads: &[Workload], options: &Options, missed: &mut Vec<String>) {
+fn main_table(
+    workloads: &[Workload],
+    handover: Handover,
+    options: &Options,
+    missed: &mut Vec<String>,
+) {
+    println!("chunks handed over {}:\n", handover.name());
     let speeds: Vec<String> = Variant::ALL
         .iter()
         .map(|v| format!("{} MiB/s", v.name()))
@@ -279,7 +305,7 @@ fn main_table(workloads: &[Workload], options: &Options, missed: &mut Vec<String
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for workload in workloads {
         workload.check();
-        let mut row = measure_workload(workload, options);
+        let mut row = measure_workload(workload, handover, options);
         let lo = row.floor.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = row.floor.iter().copied().fold(0.0, f64::max);
         let floor = median(&mut row.floor);
@@ -288,7 +314,11 @@ fn main_table(workloads: &[Workload], options: &Options, missed: &mut Vec<String
         let floor_target = match workload.floor_target {
             Some(t) if floor >= t => format!(">= {t} met"),
             Some(t) => {
-                missed.push(format!("{}: layer / floor {floor:.2} < {t}", workload.name));
+                missed.push(format!(
+                    "{} ({}): layer / floor {floor:.2} < {t}",
+                    workload.name,
+                    handover.name()
+                ));
                 format!(">= {t} **missed**")
             }
             None => "-".to_owned(),
@@ -297,8 +327,9 @@ fn main_table(workloads: &[Workload], options: &Options, missed: &mut Vec<String
             ">= 10x met".to_owned()
         } else {
             missed.push(format!(
-                "{}: {decode:.1}x the decode path < 10x",
-                workload.name
+                "{} ({}): {decode:.1}x the decode path < 10x",
+                workload.name,
+                handover.name()
             ));
             ">= 10x **missed**".to_owned()
         };

@@ -4,7 +4,10 @@
 //! Every variant of a workload reads the same prepared `Bytes` chunks through the same harness: a
 //! `tower::service_fn` upstream answers with a hand-made body that yields the chunks, the response
 //! is produced by `oneshot`, and the body is polled to completion synchronously with a no-op waker
-//! (every poll is ready). Only what happens to the chunks differs:
+//! (every poll is ready). The chunks are handed over in one of two ways ([`Handover`]): as
+//! `Bytes::from_static` (no reference counting at all), or reference-counted, split off one shared
+//! buffer the way hyper splits them off its read buffer (an atomic increment when a chunk is split
+//! off, an atomic decrement when its consumer drops it). Only what happens to the chunks differs:
 //!
 //! - `layer`: through `BypassMarkerLayer::new()`, the bench's subject;
 //! - `unfiltered`: the upstream's body as is;
@@ -20,7 +23,7 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use eventsource_stream::Eventsource;
 use futures_util::task::noop_waker_ref;
 use futures_util::Stream;
@@ -66,6 +69,31 @@ impl Variant {
     }
 }
 
+/// How the upstream body hands its chunks over. Every variant of a run gets them the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// `Bytes::from_static` slices of one static buffer: cloning, slicing and dropping them
+    /// touches no reference count.
+    Static,
+    /// Reference-counted slices of one shared buffer, as hyper hands them over: each chunk is
+    /// split off the front of the buffer (`Bytes::split_to`, an atomic increment of the buffer's
+    /// count) and whoever drops it last gives the count back (an atomic decrement).
+    Refcounted,
+}
+
+impl Handover {
+    /// Both ways, in the order the tables show them.
+    pub const ALL: [Handover; 2] = [Handover::Static, Handover::Refcounted];
+
+    /// A short name, used in table titles and criterion function ids.
+    pub fn name(self) -> &'static str {
+        match self {
+            Handover::Static => "static",
+            Handover::Refcounted => "refcounted",
+        }
+    }
+}
+
 /// One input stream, cut into the chunks the upstream body yields.
 pub struct Workload {
     /// A short name, used as the criterion group id.
@@ -75,6 +103,8 @@ pub struct Workload {
     /// The target for layer / memchr2 floor, if the brief sets one for this shape.
     pub floor_target: Option<f64>,
     chunks: Arc<[&'static [u8]]>,
+    /// The same bytes as `chunks`, in one reference-counted buffer (`Handover::Refcounted`).
+    shared: Bytes,
     /// The client opted in to the marker: the layer passes the body through.
     opted_in: bool,
     /// An adversarial shape: it ends in an open frame, which `eventsource-stream` never yields,
@@ -111,6 +141,40 @@ impl Body for ChunkBody {
     }
 }
 
+/// The upstream body of `Handover::Refcounted`: yields the same chunks as [`ChunkBody`], each split
+/// off the front of a reference-counted buffer, one per poll, always ready.
+pub struct SharedChunkBody {
+    /// What is left of the run's buffer: a handle of its own, taken when the run starts.
+    rest: Bytes,
+    /// The chunks, for their lengths.
+    chunks: Arc<[&'static [u8]]>,
+    next: usize,
+}
+
+impl Body for SharedChunkBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let Some(len) = self.chunks.get(self.next).map(|c| c.len()) else {
+            return Poll::Ready(None);
+        };
+        // Like hyper's `read_buf.split_to(n).freeze()`: one more reference to the buffer, given
+        // back when the chunk (or the last slice taken of it) is dropped. (The last chunk of a run
+        // takes the handle itself.)
+        let chunk = self.rest.split_to(len);
+        self.next += 1;
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next == self.chunks.len()
+    }
+}
+
 impl Workload {
     fn new(
         name: &'static str,
@@ -131,11 +195,15 @@ impl Workload {
                 &buffer[at - c.len()..at]
             })
             .collect();
+        // A buffer whose handles are counted, like hyper's read buffer once a chunk has been split
+        // off it: `split` makes the `BytesMut` shared, so the frozen `Bytes` counts its clones.
+        let shared = BytesMut::from(&input[..]).split().freeze();
         Self {
             name,
             shape,
             floor_target,
             chunks: chunks.into(),
+            shared,
             opted_in: false,
             adversarial: false,
             without_marker,
@@ -178,11 +246,12 @@ impl Workload {
         req
     }
 
-    /// Runs `variant` once over the workload. Returns the number of bytes yielded (the number of
-    /// line ends found, for the floor), so the work cannot be optimised away.
-    pub fn run(&self, variant: Variant) -> u64 {
+    /// Runs `variant` once over the workload, its chunks handed over as `handover` says. Returns
+    /// the number of bytes yielded (the number of line ends found, for the floor), so the work
+    /// cannot be optimised away.
+    pub fn run(&self, handover: Handover, variant: Variant) -> u64 {
         let mut total = 0u64;
-        let n = self.run_with(variant, |data| total += data.len() as u64);
+        let n = self.run_with(handover, variant, |data| total += data.len() as u64);
         if variant == Variant::Floor {
             n
         } else {
@@ -194,10 +263,17 @@ impl Workload {
     /// for an opted-in client, forwards everything), the decode path yields the same bytes as the
     /// layer minus the marker, and the floor finds every line end.
     pub fn check(&self) {
+        for handover in Handover::ALL {
+            self.check_with(handover);
+        }
+    }
+
+    fn check_with(&self, handover: Handover) {
         let input: Vec<u8> = self.chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert!(self.shared == input, "{}: shared buffer", self.name);
         let collect = |variant| {
             let mut out = Vec::new();
-            self.run_with(variant, |data| out.extend_from_slice(data));
+            self.run_with(handover, variant, |data| out.extend_from_slice(data));
             out
         };
         let layer_expected = if self.opted_in {
@@ -223,18 +299,54 @@ impl Workload {
             self.name
         );
         let line_ends = memchr::memchr2_iter(b'\n', b'\r', &input).count() as u64;
-        assert_eq!(self.run(Variant::Floor), line_ends, "{}: floor", self.name);
+        assert_eq!(
+            self.run(handover, Variant::Floor),
+            line_ends,
+            "{}: floor",
+            self.name
+        );
     }
 
     /// Runs `variant`, passing every yielded data chunk to `sink`; returns the floor's line-end
     /// count (0 for the other variants).
-    fn run_with(&self, variant: Variant, sink: impl FnMut(&Bytes)) -> u64 {
+    fn run_with(&self, handover: Handover, variant: Variant, sink: impl FnMut(&Bytes)) -> u64 {
         let chunks = self.chunks.clone();
+        match handover {
+            Handover::Static => self.run_on(
+                move || ChunkBody {
+                    chunks: chunks.clone(),
+                    next: 0,
+                },
+                variant,
+                sink,
+            ),
+            Handover::Refcounted => {
+                let shared = self.shared.clone();
+                self.run_on(
+                    move || SharedChunkBody {
+                        rest: shared.clone(),
+                        chunks: chunks.clone(),
+                        next: 0,
+                    },
+                    variant,
+                    sink,
+                )
+            }
+        }
+    }
+
+    /// Runs `variant` on an upstream whose body `make_body` builds.
+    fn run_on<U>(
+        &self,
+        make_body: impl Fn() -> U + Clone,
+        variant: Variant,
+        sink: impl FnMut(&Bytes),
+    ) -> u64
+    where
+        U: Body<Data = Bytes, Error = Infallible> + Unpin,
+    {
         let upstream = service_fn(move |_req: Request<()>| {
-            let body = ChunkBody {
-                chunks: chunks.clone(),
-                next: 0,
-            };
+            let body = make_body();
             let res = Response::builder()
                 .header(header::CONTENT_TYPE, "text/event-stream")
                 .body(body)
@@ -466,9 +578,9 @@ fn chat_events(rng: &mut Rng, bytes: usize) -> Vec<Vec<u8>> {
 }
 
 /// Makes `pieces` the chunks of one static buffer: cloning, slicing and dropping them touches no
-/// reference count, so the harness costs every variant as little as it can. (Chunks read by hyper
-/// are reference-counted: that adds two atomic operations per chunk to every variant alike.) The
-/// buffer is leaked, once per workload and process.
+/// reference count, so the harness costs every variant as little as it can. (`Handover::Refcounted`
+/// hands the same bytes over reference-counted, as hyper does.) The buffer is leaked, once per
+/// workload and process.
 fn share(pieces: Vec<Vec<u8>>) -> Vec<Bytes> {
     let all: &'static [u8] = Box::leak(pieces.concat().into_boxed_slice());
     let mut at = 0;
