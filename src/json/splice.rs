@@ -264,27 +264,9 @@ impl<'a> Walk<'a> {
 
     /// The top-level object, the cursor at its `{`.
     fn top_level(&mut self, config: &Config, out: &mut Guarded) -> Result<(), Rejection> {
-        self.pos += 1;
-        self.skip_ws();
-        if self.peek()? == b'}' {
-            self.pos += 1;
-            return Ok(());
-        }
-        let mut seen = false;
-        loop {
-            if self.key()? == "nvext" {
-                if seen {
-                    return Err(duplicate("nvext", "the top-level object"));
-                }
-                seen = true;
-                self.nvext(config, out)?;
-            } else {
-                self.value()?;
-            }
-            if !self.next_or_close(b'}')? {
-                return Ok(());
-            }
-        }
+        self.members("nvext", "the top-level object", |this| {
+            this.nvext(config, out)
+        })
     }
 
     /// The value of `nvext`: an object or null.
@@ -294,6 +276,19 @@ impl<'a> Walk<'a> {
             b'n' if self.value()?.1 == "null" => return Ok(()),
             _ => return Err(shape("`nvext` must be an object or null")),
         }
+        self.members("annotations", "`nvext`", |this| {
+            this.annotations(config, out)
+        })
+    }
+
+    /// The members of the object whose `{` is at the cursor: `read` reads the value of `key`, a
+    /// second `key` is refused, every other value is skipped.
+    fn members(
+        &mut self,
+        key: &str,
+        within: &str,
+        mut read: impl FnMut(&mut Self) -> Result<(), Rejection>,
+    ) -> Result<(), Rejection> {
         self.pos += 1;
         self.skip_ws();
         if self.peek()? == b'}' {
@@ -302,12 +297,12 @@ impl<'a> Walk<'a> {
         }
         let mut seen = false;
         loop {
-            if self.key()? == "annotations" {
+            if self.key()? == key {
                 if seen {
-                    return Err(duplicate("annotations", "`nvext`"));
+                    return Err(duplicate(key, within));
                 }
                 seen = true;
-                self.annotations(config, out)?;
+                read(self)?;
             } else {
                 self.value()?;
             }
