@@ -198,7 +198,7 @@ pub use service::BypassMarker;
 
 #[cfg(fuzzing)]
 #[doc(hidden)]
-pub use scan::fuzz as __fuzz;
+pub use layer::fuzz as __fuzz;
 
 /// The error type of [`BypassMarkerBody`]: the inner body's error, or [`FrameTooLarge`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

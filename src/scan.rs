@@ -1300,7 +1300,7 @@ mod tests {
 /// the body. Calls `after_chunk` with the output so far after each chunk. `None` on
 /// [`Step::Overflow`].
 #[cfg(any(test, fuzzing))]
-fn drive_chunks(
+pub(crate) fn drive_chunks(
     s: &mut Scanner,
     chunks: &[&[u8]],
     mut after_chunk: impl FnMut(&[u8]),
@@ -1373,27 +1373,4 @@ fn forward(s: &mut Scanner, out: &mut Vec<u8>, bytes: &[u8]) {
         Lead::Wait => return,
     }
     out.extend_from_slice(bytes);
-}
-
-/// Drives a [`Scanner`] over chunks the way the body does, for fuzzing. Not part of the public
-/// API.
-#[cfg(fuzzing)]
-pub mod fuzz {
-    use super::{drive_chunks, Scanner};
-    use crate::{BypassMarkerLayer, RequestedAnnotations};
-
-    /// The scanner's output for `chunks`, and after each chunk how many output bytes had been
-    /// yielded. `None` when the frame cap was exceeded with [`crate::Overflow::Error`].
-    pub fn filter_chunks(
-        layer: &BypassMarkerLayer,
-        requested: &RequestedAnnotations,
-        chunks: &[&[u8]],
-    ) -> Option<(Vec<u8>, Vec<usize>)> {
-        let config = layer.config.clone();
-        let remove = config.removal_mask(config.requested_mask(requested));
-        let mut s = Scanner::new(config, remove);
-        let mut after = Vec::new();
-        let out = drive_chunks(&mut s, chunks, |out| after.push(out.len()))?;
-        Some((out, after))
-    }
 }
