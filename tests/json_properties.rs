@@ -135,6 +135,8 @@ fn filler() -> impl Strategy<Value = String> {
             Just("nvext".to_owned()),
             Just("annotations".to_owned()),
             "[A-Za-z0-9+/=]{0,40}",
+            // Longer text in any script, so that strings are also crossed a word at a time.
+            "\\PC{16,60}",
         ]
         .prop_flat_map(literal),
     ];

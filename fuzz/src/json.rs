@@ -183,7 +183,17 @@ pub fn check(data: &[u8]) {
         assert!(out.is_empty());
         return;
     }
-    // What is forwarded is RFC 8259 JSON.
+    // Only what serde_json accepts is accepted: UTF-8, RFC 8259 grammar (serde_json's skipping,
+    // like the guard's, lets lone surrogates and numbers out of f64's range through), nesting
+    // within its recursion limit. What is forwarded is JSON too.
+    std::str::from_utf8(body).expect("accepted a body that is not UTF-8");
+    serde_json::from_slice::<&serde_json::value::RawValue>(body).expect("accepted invalid JSON");
+    if let Err(e) = serde_json::from_slice::<Value>(body) {
+        assert!(
+            !e.to_string().starts_with("recursion limit exceeded"),
+            "accepted nesting past the limit"
+        );
+    }
     serde_json::from_slice::<&serde_json::value::RawValue>(&out).expect("forwards JSON");
     let Ok(input) = serde_json::from_slice::<Value>(body) else {
         // serde_json's `Value` refuses numbers out of range and lone surrogates: the rest of the
