@@ -52,6 +52,31 @@ fn chat_request(annotations: &str) -> Bytes {
     Bytes::from(doc)
 }
 
+/// A chat request of 1 MiB with no image: messages in Chinese and Russian, so that most bytes are
+/// in multi-byte UTF-8 sequences (the guard checks each; `IgnoredAny` does not).
+fn non_ascii_request() -> Bytes {
+    let text =
+        "大型语言模型的路由器在预填充之后把请求交给解码工作者，\\\"缓存\\\"命中时跳过远程预填充。\\n\
+                Маршрутизатор передаёт запрос декодеру, если кэш уже содержит префикс. ";
+    let mut messages = Vec::new();
+    let mut len = 0;
+    while len < (1 << 20) - 16 * 1024 {
+        let message = format!(r#"{{"role":"user","content":"{}"}}"#, text.repeat(20));
+        len += message.len() + 1;
+        messages.push(message);
+    }
+    let doc = |pad: &str| {
+        format!(
+            r#"{{"model":"m","messages":[{}],"user":"{pad}","nvext":{{"annotations":["request_id"]}}}}"#,
+            messages.join(",")
+        )
+    };
+    let pad = "x".repeat((1 << 20) - doc("").len());
+    let doc = doc(&pad);
+    assert_eq!(doc.len(), 1 << 20);
+    Bytes::from(doc)
+}
+
 fn guard(c: &mut Criterion) {
     let bypass = BypassMarkerLayer::new().opt_in("request_id");
     let upstream = service_fn(|req: Request<JsonGuardBody<Full<Bytes>>>| async move {
@@ -66,14 +91,14 @@ fn guard(c: &mut Criterion) {
     });
     let mut svc = bypass.json_guard().layer(upstream);
 
-    for (name, annotations) in [
-        ("kept", r#"["request_id"]"#),
+    for (name, body) in [
+        ("kept", chat_request(r#"["request_id"]"#)),
         (
             "stripped",
-            r#"["request_id","x-bypass-remote-prefill:true"]"#,
+            chat_request(r#"["request_id","x-bypass-remote-prefill:true"]"#),
         ),
+        ("non_ascii", non_ascii_request()),
     ] {
-        let body = chat_request(annotations);
         serde_json::from_slice::<serde_json::Value>(&body).expect("valid JSON");
         eprintln!("json_guard/{name}: {} bytes", body.len());
         interleaved(name, &body, &mut svc);
@@ -114,7 +139,11 @@ where
 {
     let mut bare = Vec::new();
     let mut guarded = Vec::new();
+    let mut utf8 = Vec::new();
     for _ in 0..201 {
+        let start = std::time::Instant::now();
+        std::str::from_utf8(black_box(body)).unwrap();
+        utf8.push(start.elapsed());
         let start = std::time::Instant::now();
         serde_json::from_slice::<serde::de::IgnoredAny>(black_box(body)).unwrap();
         bare.push(start.elapsed());
@@ -129,7 +158,8 @@ where
     }
     bare.sort();
     guarded.sort();
-    let (bare, guarded) = (bare[100], guarded[100]);
+    utf8.sort();
+    let (bare, guarded, utf8) = (bare[100], guarded[100], utf8[100]);
     let mib = body.len() as f64 / (1 << 20) as f64;
     eprintln!(
         "json_guard/{name} interleaved medians: ignored_any {:.1} us ({:.0} MiB/s), guard {:.1} us ({:.0} MiB/s), guard/ignored_any throughput {:.2}",
@@ -138,6 +168,11 @@ where
         guarded.as_secs_f64() * 1e6,
         mib / guarded.as_secs_f64(),
         bare.as_secs_f64() / guarded.as_secs_f64()
+    );
+    eprintln!(
+        "json_guard/{name} interleaved medians: std::str::from_utf8 of the whole body {:.1} us ({:.0} MiB/s)",
+        utf8.as_secs_f64() * 1e6,
+        mib / utf8.as_secs_f64(),
     );
 }
 
