@@ -51,12 +51,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use axum::http::{StatusCode, Uri, Version};
-use axum::response::{IntoResponse, Response};
-use http_body::{Frame, SizeHint};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -67,8 +67,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Sleep;
-use tower::ServiceExt as _;
+use tower::{Service, ServiceBuilder, ServiceExt as _};
 use tower_bypass_marker::BypassMarkerLayer;
+
+/// An error of a body or a service.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of a response `forward` gives: the upstream's, or the proxy's own JSON error.
+pub type UpstreamBody = Either<Incoming, Full<Bytes>>;
 
 pub const USAGE: &str = "\
 usage: proxy --upstream URL [options]
@@ -354,23 +360,65 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
 }
 
 /// A JSON error in OpenAI's shape.
-fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
+fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response<UpstreamBody> {
     let body = serde_json::json!({
         "error": { "message": message, "type": kind, "param": null, "code": code }
     });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
 }
 
-/// What forwards requests: the upstream and its client.
-struct Forward {
+/// The service at the bottom of the stack: forwards every request to the upstream.
+#[derive(Clone)]
+pub struct Forward(Arc<Forwarding>);
+
+/// What [`Forward`] needs: the upstream and its client.
+struct Forwarding {
     upstream: Upstream,
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpConnector, UnsyncBoxBody<Bytes, BoxError>>,
     response_timeout: Duration,
+}
+
+impl Forward {
+    /// Forwards to `config.upstream`, with `config`'s timeouts.
+    pub fn new(config: &Config) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self(Arc::new(Forwarding {
+            upstream: config.upstream.clone(),
+            client,
+            response_timeout: config.response_timeout,
+        }))
+    }
+}
+
+impl<B> Service<Request<B>> for Forward
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<UpstreamBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let forwarding = self.0.clone();
+        let req = req.map(|body| body.map_err(Into::into).boxed_unsync());
+        Box::pin(async move { Ok(forward(&forwarding, req).await) })
+    }
 }
 
 /// Removes the hop-by-hop headers of RFC 9110 section 7.6.1: those `Connection` names, and the
@@ -399,7 +447,10 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-async fn forward(State(forward): State<Arc<Forward>>, req: Request) -> Response {
+async fn forward(
+    forward: &Forwarding,
+    req: Request<UnsyncBoxBody<Bytes, BoxError>>,
+) -> Response<UpstreamBody> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = match forward.upstream.uri(path) {
@@ -422,7 +473,7 @@ async fn forward(State(forward): State<Arc<Forward>>, req: Request) -> Response 
         .insert(header::HOST, forward.upstream.host.clone());
     let request = forward.client.request(Request::from_parts(parts, body));
     let mut res = match tokio::time::timeout(forward.response_timeout, request).await {
-        Ok(Ok(res)) => res.map(Body::new),
+        Ok(Ok(res)) => res.map(Either::Left),
         Ok(Err(err)) => return upstream_error(&forward.upstream, err),
         Err(_) => {
             return error(
@@ -440,7 +491,7 @@ async fn forward(State(forward): State<Arc<Forward>>, req: Request) -> Response 
     res
 }
 
-fn stalled() -> Response {
+fn stalled() -> Response<UpstreamBody> {
     error(
         StatusCode::REQUEST_TIMEOUT,
         "invalid_request_error",
@@ -460,7 +511,10 @@ fn source_is<E: std::error::Error + 'static>(err: &(dyn std::error::Error + 'sta
     false
 }
 
-fn upstream_error(upstream: &Upstream, err: hyper_util::client::legacy::Error) -> Response {
+fn upstream_error(
+    upstream: &Upstream,
+    err: hyper_util::client::legacy::Error,
+) -> Response<UpstreamBody> {
     if source_is::<BodyStalled>(&err) {
         return stalled();
     }
@@ -484,7 +538,7 @@ fn upstream_error(upstream: &Upstream, err: hyper_util::client::legacy::Error) -
 pin_project! {
     /// A request body that fails with [`BodyStalled`] when no frame arrives for `timeout`, and
     /// tells its connection's [`Watch`].
-    struct StallTimeout<B> {
+    pub struct StallTimeout<B> {
         #[pin]
         body: B,
         #[pin]
@@ -519,13 +573,13 @@ impl fmt::Display for BodyStalled {
 
 impl std::error::Error for BodyStalled {}
 
-impl<B> http_body::Body for StallTimeout<B>
+impl<B> Body for StallTimeout<B>
 where
-    B: http_body::Body,
-    B::Error: Into<axum::BoxError>,
+    B: Body,
+    B::Error: Into<BoxError>,
 {
     type Data = B::Data;
-    type Error = axum::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -556,34 +610,6 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// The proxy as an axum app: every method and path goes to `forward`, inside the request guard
-/// and the response layer (unless `--no-layer`).
-pub fn app(config: &Config) -> axum::Router {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(config.connect_timeout));
-    connector.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector);
-    let layer = config.layer().expect("names checked by Config::from_args");
-    let forward = Arc::new(Forward {
-        upstream: config.upstream.clone(),
-        client,
-        response_timeout: config.response_timeout,
-    });
-    let app = axum::Router::new()
-        .fallback(self::forward)
-        .with_state(forward);
-    match layer {
-        // The guard reads the request first; the response layer finds the opt-in it granted.
-        Some(layer) => {
-            let guard = layer.json_guard().max_body_bytes(config.max_body);
-            app.layer(layer).layer(guard)
-        }
-        None => app,
     }
 }
 
@@ -692,7 +718,7 @@ pin_project! {
     }
 }
 
-impl<B: http_body::Body> http_body::Body for Tracked<B> {
+impl<B: Body> Body for Tracked<B> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -789,7 +815,43 @@ pub async fn serve<F>(listener: TcpListener, config: Config, shutdown: F) -> io:
 where
     F: Future<Output = ()>,
 {
-    let app = app(&config);
+    let forward = Forward::new(&config);
+    match config.layer().expect("names checked by Config::from_args") {
+        Some(layer) => {
+            // The guard reads the request first; the response layer finds the opt-in it granted.
+            let guard = layer.json_guard().max_body_bytes(config.max_body);
+            let stack = ServiceBuilder::new()
+                .layer(guard)
+                .layer(layer)
+                .service(forward);
+            serve_with(listener, config, stack, shutdown).await
+        }
+        None => serve_with(listener, config, forward, shutdown).await,
+    }
+}
+
+/// The request body every service of the proxy gets: hyper's, with the `--body-timeout`.
+pub type RequestBody = StallTimeout<Incoming>;
+
+/// [`serve`] with the service that answers each request (`service` is cloned for each one): the
+/// proxy's own stack, or another for a benchmark. Its response bodies are served as they are,
+/// with no boxing, so each frame costs no more calls through a pointer than the stack makes.
+pub async fn serve_with<S, B, F>(
+    listener: TcpListener,
+    config: Config,
+    service: S,
+    shutdown: F,
+) -> io::Result<()>
+where
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    F: Future<Output = ()>,
+{
     let mut http = hyper::server::conn::http1::Builder::new();
     // The header timeout is the proxy's own (see `Watch`): hyper's also runs while a keep-alive
     // connection waits for its next request, which would cut idle connections short.
@@ -829,20 +891,23 @@ where
         };
         let _ = stream.set_nodelay(true);
         let watch = Watch::new();
-        let app = app.clone();
+        let stack = service.clone();
         let service_watch = watch.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = service_watch.begin();
-            let req = req.map(|b| Body::new(StallTimeout::new(b, body, service_watch.clone())));
-            let response = app.clone().oneshot(req);
+            let req = req.map(|b| StallTimeout::new(b, body, service_watch.clone()));
+            let response = stack.clone().oneshot(req);
             let watch = service_watch.clone();
             async move {
-                let mut res = response.await?;
+                let res = response.await?;
                 // The guard answers a body that failed with a 400; this one only stopped arriving.
-                if res.status() == StatusCode::BAD_REQUEST && watch.stalled.load(Ordering::Acquire)
+                let res = if res.status() == StatusCode::BAD_REQUEST
+                    && watch.stalled.load(Ordering::Acquire)
                 {
-                    res = stalled();
-                }
+                    stalled().map(Either::Right)
+                } else {
+                    res.map(Either::Left)
+                };
                 Ok::<_, Infallible>(res.map(|body| Tracked { body, busy }))
             }
         });

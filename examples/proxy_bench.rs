@@ -23,6 +23,15 @@
 //!   the guard and without.
 //!
 //! `--rounds N` (default 5) sets the number of throughput rounds.
+//!
+//! `--variants` measures streamed throughput only, through four proxies in one run: `--no-layer`,
+//! the response layer only, the guard only, and both (the proxy as shipped). Every round runs
+//! each once, in an order that rotates and reverses every other round; the ratios to `--no-layer`
+//! are taken within the round, and the medians over rounds are printed, with the proxy's CPU time
+//! per event and, per event, the data frames the client got, the proxy's read and write system
+//! calls (`/proc/thread-self/io`: `read`/`write`/`writev`, not `recv`/`send`) and its voluntary
+//! context switches. `--events N` sets the events per stream (default 5,000); `--pin` runs the
+//! proxies on CPU 1 and the upstream and clients on CPU 0.
 
 #[allow(dead_code)]
 #[path = "proxy.rs"]
@@ -40,6 +49,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::{mpsc, oneshot};
+use tower::ServiceBuilder;
 
 /// One streamed chat token, as an OpenAI-compatible server sends it.
 const EVENT: &[u8] = b"data: {\"id\":\"chatcmpl-8b1e2f\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n";
@@ -70,10 +80,50 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// What the calling thread has done so far: read and write system calls (`/proc/thread-self/io`)
+/// and voluntary context switches (`/proc/thread-self/status`), in that order.
+fn thread_counts() -> [u64; 3] {
+    let mut out = [0; 3];
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap_or_default();
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    for line in io.lines().chain(status.lines()) {
+        let slot = match line.split(':').next() {
+            Some("syscr") => 0,
+            Some("syscw") => 1,
+            Some("voluntary_ctxt_switches") => 2,
+            _ => continue,
+        };
+        out[slot] = line
+            .split(':')
+            .nth(1)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+    }
+    out
+}
+
+/// `--pin`: the proxies run on CPU 1, the upstream and the clients on CPU 0.
+static PIN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Pins the calling thread to `cpu` when `--pin` was given.
+fn pin(cpu: usize) {
+    if !PIN.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: the set is a plain bit mask, initialised before use; only this thread is changed.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}");
+    }
+}
+
 /// A server on its own thread and single-threaded runtime.
 struct Served {
     addr: SocketAddr,
-    cpu: mpsc::UnboundedSender<oneshot::Sender<Duration>>,
+    cpu: mpsc::UnboundedSender<oneshot::Sender<(Duration, [u64; 3])>>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -86,11 +136,17 @@ impl Served {
         Fut: std::future::Future<Output = ()>,
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (cpu, mut cpu_rx) = mpsc::unbounded_channel::<oneshot::Sender<Duration>>();
+        let (cpu, mut cpu_rx) = mpsc::unbounded_channel::<oneshot::Sender<(Duration, [u64; 3])>>();
         let (stop, stopped) = oneshot::channel();
+        let name_owned = name.to_owned();
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
+                pin(if name_owned.starts_with("proxy") {
+                    1
+                } else {
+                    0
+                });
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -101,7 +157,7 @@ impl Served {
                     // Answers with this thread's CPU time.
                     tokio::spawn(async move {
                         while let Some(reply) = cpu_rx.recv().await {
-                            let _ = reply.send(thread_cpu());
+                            let _ = reply.send((thread_cpu(), thread_counts()));
                         }
                     });
                     serve(listener, stopped).await;
@@ -117,6 +173,11 @@ impl Served {
     }
 
     async fn cpu(&self) -> Duration {
+        self.counts().await.0
+    }
+
+    /// CPU time and [`thread_counts`] of the server's thread.
+    async fn counts(&self) -> (Duration, [u64; 3]) {
         let (tx, rx) = oneshot::channel();
         self.cpu.send(tx).unwrap();
         rx.await.unwrap()
@@ -191,7 +252,7 @@ fn upstream() -> Served {
     })
 }
 
-fn start_proxy(upstream: SocketAddr, layer: bool) -> Served {
+fn start_proxy(name: &str, upstream: SocketAddr, layer: bool) -> Served {
     let mut args = vec![
         "--listen".to_owned(),
         "127.0.0.1:0".to_owned(),
@@ -204,20 +265,47 @@ fn start_proxy(upstream: SocketAddr, layer: bool) -> Served {
         args.push("--no-layer".to_owned());
     }
     let config = proxy::Config::from_args(args).unwrap().unwrap();
-    Served::start(
-        if layer {
-            "proxy-layer"
+    Served::start(name, move |listener, stopped| async move {
+        proxy::serve(listener, config, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    })
+}
+
+/// The proxy with the response layer and the guard each on or off (`--variants`): `proxy::serve`
+/// itself for both on (the default flags) and both off (`--no-layer`), and the two halves of
+/// the stack it builds with the layer.
+fn start_variant(name: &str, upstream: SocketAddr, filter: bool, guard: bool) -> Served {
+    if filter == guard {
+        return start_proxy(name, upstream, filter);
+    }
+    let args = [
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--upstream".to_owned(),
+        format!("http://{upstream}"),
+        "--shutdown-grace".to_owned(),
+        "1".to_owned(),
+    ];
+    let config = proxy::Config::from_args(args).unwrap().unwrap();
+    Served::start(name, move |listener, stopped| async move {
+        let layer = config.layer().unwrap().expect("the layer is on");
+        let json_guard = layer.json_guard().max_body_bytes(config.max_body);
+        let forward = proxy::Forward::new(&config);
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let served = if filter {
+            let stack = ServiceBuilder::new().layer(layer).service(forward);
+            proxy::serve_with(listener, config, stack, stopped).await
         } else {
-            "proxy-no-layer"
-        },
-        move |listener, stopped| async move {
-            proxy::serve(listener, config, async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        },
-    )
+            let stack = ServiceBuilder::new().layer(json_guard).service(forward);
+            proxy::serve_with(listener, config, stack, stopped).await
+        };
+        served.unwrap();
+    })
 }
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
@@ -229,8 +317,15 @@ fn client() -> HttpClient {
 /// Streams `streams` x `events` unpaced events through `target`; returns events per second and
 /// the target's CPU time per event.
 async fn throughput(client: &HttpClient, target: &Served) -> (f64, Duration) {
-    let url = target.url(&format!("/stream?events={THROUGHPUT_EVENTS}&pace_us=0"));
-    let cpu = target.cpu().await;
+    let sample = throughput_frames(client, target, THROUGHPUT_EVENTS).await;
+    (sample.rate, sample.cpu)
+}
+
+/// [`throughput`] with `events` per stream, also returning the data frames the client got per
+/// event.
+async fn throughput_frames(client: &HttpClient, target: &Served, per_stream: usize) -> Sample {
+    let url = target.url(&format!("/stream?events={per_stream}&pace_us=0"));
+    let (cpu, counts) = target.counts().await;
     let started = Instant::now();
     let runs = (0..THROUGHPUT_STREAMS).map(|_| {
         let client = client.clone();
@@ -238,21 +333,137 @@ async fn throughput(client: &HttpClient, target: &Served) -> (f64, Duration) {
         async move {
             let res = client.get(url.parse().unwrap()).await.expect("a response");
             let mut body = res.into_body();
-            let mut bytes = 0;
+            let (mut bytes, mut frames) = (0, 0);
             while let Some(frame) = body.frame().await {
                 if let Ok(data) = frame.expect("a body frame").into_data() {
                     bytes += data.len();
+                    frames += 1;
                 }
             }
-            bytes
+            (bytes, frames)
         }
     });
-    let bytes: usize = futures_util::future::join_all(runs).await.into_iter().sum();
+    let (bytes, frames) = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .fold((0, 0), |(b, f), (bytes, frames)| (b + bytes, f + frames));
     let elapsed = started.elapsed();
-    let cpu = target.cpu().await - cpu;
-    let events = THROUGHPUT_STREAMS * THROUGHPUT_EVENTS;
+    let (cpu_after, counts_after) = target.counts().await;
+    let events = THROUGHPUT_STREAMS * per_stream;
     assert_eq!(bytes, events * EVENT.len(), "every byte arrived");
-    (events as f64 / elapsed.as_secs_f64(), cpu / events as u32)
+    let per_event = |i: usize| (counts_after[i] - counts[i]) as f64 / events as f64;
+    Sample {
+        rate: events as f64 / elapsed.as_secs_f64(),
+        cpu: (cpu_after - cpu) / events as u32,
+        frames: frames as f64 / events as f64,
+        reads: per_event(0),
+        writes: per_event(1),
+        switches: per_event(2),
+    }
+}
+
+/// One throughput run through a target.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    /// Events per second.
+    rate: f64,
+    /// The target's CPU time per event.
+    cpu: Duration,
+    /// Data frames the client got per event.
+    frames: f64,
+    /// The target's read and write system calls, and voluntary context switches, per event.
+    reads: f64,
+    writes: f64,
+    switches: f64,
+}
+
+/// `--variants`: the proxy with no layer, the response layer only, the guard only, and both, in
+/// one run; every round runs each once, in an order that rotates (and reverses every other
+/// round), and the ratios to no-layer are taken within the round.
+fn variants(rounds: usize, per_stream: usize) {
+    epoch();
+    let upstream = upstream();
+    let names = ["no-layer", "layer only", "guard only", "layer+guard"];
+    pin(0);
+    let proxies = [
+        start_variant("proxy-none", upstream.addr, false, false),
+        start_variant("proxy-layer", upstream.addr, true, false),
+        start_variant("proxy-guard", upstream.addr, false, true),
+        start_variant("proxy-both", upstream.addr, true, true),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = client();
+        for proxy in &proxies {
+            throughput_frames(&client, proxy, per_stream).await;
+        }
+        println!(
+            "variants: {THROUGHPUT_STREAMS} streams x {per_stream} events of {} bytes, one per chunk; {rounds} rounds",
+            EVENT.len()
+        );
+        let n = proxies.len();
+        let mut rate = vec![Vec::new(); n];
+        let mut cpu = vec![Vec::new(); n];
+        let mut rate_ratio = vec![Vec::new(); n];
+        let mut cpu_diff = vec![Vec::new(); n];
+        let mut syscalls = vec![Vec::new(); n];
+        for round in 0..rounds {
+            let mut order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            let mut got = vec![Sample::default(); n];
+            for &i in &order {
+                got[i] = throughput_frames(&client, &proxies[i], per_stream).await;
+            }
+            let line: Vec<String> = (0..n)
+                .map(|i| {
+                    format!(
+                        "{} {:.0}/s {} ns",
+                        names[i],
+                        got[i].rate,
+                        got[i].cpu.as_nanos()
+                    )
+                })
+                .collect();
+            println!("  round {round}: {}", line.join(", "));
+            for i in 0..n {
+                let c = got[i].cpu.as_nanos() as f64;
+                rate[i].push(got[i].rate);
+                cpu[i].push(c);
+                rate_ratio[i].push(got[i].rate / got[0].rate);
+                cpu_diff[i].push(c - got[0].cpu.as_nanos() as f64);
+                syscalls[i].push(got[i]);
+            }
+        }
+        println!("  medians over {rounds} rounds:");
+        for i in 0..n {
+            let lo = rate_ratio[i].iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = rate_ratio[i].iter().copied().fold(0.0, f64::max);
+            let med = |f: fn(&Sample) -> f64| median(syscalls[i].iter().map(f).collect());
+            println!(
+                "  {:<12} {:>8.0} events/s, ratio {:.3} ({lo:.3} to {hi:.3}); proxy CPU {:>6.0} ns/event, {:+.0} ns vs no-layer (median of round differences)",
+                names[i],
+                median(rate[i].clone()),
+                median(rate_ratio[i].clone()),
+                median(cpu[i].clone()),
+                median(cpu_diff[i].clone()),
+            );
+            println!(
+                "  {:<12} per event: {:.3} frames to the client, {:.3} reads, {:.3} writes, {:.3} voluntary switches",
+                "",
+                med(|s| s.frames),
+                med(|s| s.reads),
+                med(|s| s.writes),
+                med(|s| s.switches),
+            );
+        }
+    });
+    drop(proxies);
+    drop(upstream);
 }
 
 /// Paced events through `url`'s server: every event's latency in microseconds, from the upstream
@@ -354,6 +565,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let mut rounds = 5;
+    let mut variant_mode = false;
+    let mut per_stream = THROUGHPUT_EVENTS;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -363,16 +576,28 @@ fn main() {
                     .and_then(|n| n.parse().ok())
                     .expect("--rounds N")
             }
+            "--variants" => variant_mode = true,
+            "--pin" => PIN.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--events" => {
+                per_stream = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("--events N")
+            }
             other => {
                 eprintln!("usage: proxy_bench [--rounds N]  (unknown argument {other:?})");
                 std::process::exit(2);
             }
         }
     }
+    if variant_mode {
+        variants(rounds, per_stream);
+        return;
+    }
     epoch();
     let upstream = upstream();
-    let with = start_proxy(upstream.addr, true);
-    let without = start_proxy(upstream.addr, false);
+    let with = start_proxy("proxy-layer", upstream.addr, true);
+    let without = start_proxy("proxy-no-layer", upstream.addr, false);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
