@@ -123,6 +123,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -183,6 +184,7 @@ fn into_bytes_frame<D: Buf + 'static>(frame: Frame<D>) -> Frame<Bytes> {
 }
 
 impl Filter {
+    #[inline]
     fn poll_frame<B>(
         &mut self,
         mut inner: Pin<&mut B>,
@@ -274,7 +276,12 @@ impl Frames {
         loop {
             match step {
                 Step::Forward(n) => {
-                    let data = chunk.split_to(n);
+                    // Most often the whole chunk: taken without a call into `bytes`.
+                    let data = if n == chunk.len() {
+                        std::mem::take(chunk)
+                    } else {
+                        chunk.split_to(n)
+                    };
                     if !self.scanner.lead_open() {
                         return Ok(Some(data));
                     }

@@ -271,7 +271,31 @@ impl Scanner {
         if self.frame.open {
             return self.continue_frame(input, i, None);
         }
+        if i == 0 {
+            if let Some(step) = self.whole_frames(input) {
+                return step;
+            }
+        }
         self.run(input, i)
+    }
+
+    /// [`Self::run`] for the commonest input of all, a chunk of whole frames (one chat event, or
+    /// a few) that names no event: it ends with an empty line and holds no `event:`, so it is
+    /// forwarded whole after one search, without the bookkeeping of a run. `None`, having changed
+    /// nothing, for any other input; `run` decides the same way for these, and would answer the
+    /// same.
+    #[inline]
+    fn whole_frames(&mut self, input: &[u8]) -> Option<Step> {
+        let len = input.len();
+        if self.config.sdk_safe
+            || !(SHORT_SEARCH..LONG_LINE).contains(&len)
+            || !input.ends_with(b"\n\n")
+            || self.config.event_finder.find(input).is_some()
+        {
+            return None;
+        }
+        self.boundary = None;
+        Some(Step::Forward(len))
     }
 
     /// Matches a leading BOM. `Ok` is the step to return; `Err(i)` means go on scanning at `i`.
@@ -1280,6 +1304,31 @@ mod tests {
         let input = cat(&[b"event: ", &long, b"\ndata: 1\n\n", MARKER]);
         let expected = cat(&[b"event: ", &long, b"\ndata: 1\n\n"]);
         assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
+    }
+
+    /// A chunk of whole frames (64 bytes or more, ending with an empty line) that holds no
+    /// `event:` is forwarded in one step without a run; any `event:` in it, even inside a value,
+    /// and SDK-safe mode send it through the general scan, which still removes what it must.
+    #[test]
+    fn whole_frame_chunks_skip_the_run_only_without_event() {
+        let data: &[u8] =
+            b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\" token\"}}]}\n\n";
+        assert!(data.len() >= SHORT_SEARCH);
+        let layer = BypassMarkerLayer::new();
+        let mut s = scanner(&layer);
+        assert_eq!(s.step(data), Step::Forward(data.len()));
+        assert_eq!(s.step(&[]), Step::NeedInput);
+        assert!(s.is_idle());
+        // The marker after it in the same chunk is removed.
+        assert_filters(&layer, &cat(&[data, MARKER]), data);
+        // `event:` inside a data value is content: kept.
+        let value: &[u8] =
+            b"data: {\"content\":\"event: x-bypass-remote-prefill\",\"pad\":\"..........\"}\n\n";
+        assert!(value.len() >= SHORT_SEARCH);
+        assert_filters(&layer, value, value);
+        // SDK-safe mode removes a data-less frame of such a chunk.
+        let sdk = BypassMarkerLayer::new().sdk_safe(true);
+        assert_filters(&sdk, &cat(&[data, b"id: 7\n\n"]), data);
     }
 
     #[test]
