@@ -29,9 +29,10 @@
 //! each once, in an order that rotates and reverses every other round; the ratios to `--no-layer`
 //! are taken within the round, and the medians over rounds are printed, with the proxy's CPU time
 //! per event and, per event, the data frames the client got, the proxy's read and write system
-//! calls (`/proc/thread-self/io`: `read`/`write`/`writev`, not `recv`/`send`) and its voluntary
-//! context switches. `--events N` sets the events per stream (default 5,000); `--pin` runs the
-//! proxies on CPU 1 and the upstream and clients on CPU 0.
+//! calls (`/proc/thread-self/io`: `read`/`write`/`writev`, not `recv`/`send`), its voluntary
+//! context switches, and its CPU time in user space (`getrusage(RUSAGE_THREAD)`). `--pin` runs the proxies on CPU 1 and the upstream and clients on CPU 0.
+//!
+//! `--events N` sets the events per stream of the throughput runs, in both modes (default 5,000).
 
 #[allow(dead_code)]
 #[path = "proxy.rs"]
@@ -80,10 +81,19 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// What the calling thread has done so far: read and write system calls (`/proc/thread-self/io`)
-/// and voluntary context switches (`/proc/thread-self/status`), in that order.
-fn thread_counts() -> [u64; 3] {
-    let mut out = [0; 3];
+/// What the calling thread has done so far: read and write system calls (`/proc/thread-self/io`),
+/// voluntary context switches (`/proc/thread-self/status`) and microseconds of CPU time in user
+/// space (`getrusage(RUSAGE_THREAD)`), in that order.
+fn thread_counts() -> [u64; 4] {
+    let mut out = [0; 4];
+    // SAFETY: getrusage writes the struct we pass, nothing else.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_THREAD, &mut usage) == 0 {
+            out[3] = usage.ru_utime.tv_sec as u64 * 1_000_000 + usage.ru_utime.tv_usec as u64;
+        }
+    }
     let io = std::fs::read_to_string("/proc/thread-self/io").unwrap_or_default();
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
     for line in io.lines().chain(status.lines()) {
@@ -123,7 +133,7 @@ fn pin(cpu: usize) {
 /// A server on its own thread and single-threaded runtime.
 struct Served {
     addr: SocketAddr,
-    cpu: mpsc::UnboundedSender<oneshot::Sender<(Duration, [u64; 3])>>,
+    cpu: mpsc::UnboundedSender<oneshot::Sender<(Duration, [u64; 4])>>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -136,7 +146,7 @@ impl Served {
         Fut: std::future::Future<Output = ()>,
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (cpu, mut cpu_rx) = mpsc::unbounded_channel::<oneshot::Sender<(Duration, [u64; 3])>>();
+        let (cpu, mut cpu_rx) = mpsc::unbounded_channel::<oneshot::Sender<(Duration, [u64; 4])>>();
         let (stop, stopped) = oneshot::channel();
         let name_owned = name.to_owned();
         let thread = std::thread::Builder::new()
@@ -177,7 +187,7 @@ impl Served {
     }
 
     /// CPU time and [`thread_counts`] of the server's thread.
-    async fn counts(&self) -> (Duration, [u64; 3]) {
+    async fn counts(&self) -> (Duration, [u64; 4]) {
         let (tx, rx) = oneshot::channel();
         self.cpu.send(tx).unwrap();
         rx.await.unwrap()
@@ -316,8 +326,8 @@ fn client() -> HttpClient {
 
 /// Streams `streams` x `events` unpaced events through `target`; returns events per second and
 /// the target's CPU time per event.
-async fn throughput(client: &HttpClient, target: &Served) -> (f64, Duration) {
-    let sample = throughput_frames(client, target, THROUGHPUT_EVENTS).await;
+async fn throughput(client: &HttpClient, target: &Served, per_stream: usize) -> (f64, Duration) {
+    let sample = throughput_frames(client, target, per_stream).await;
     (sample.rate, sample.cpu)
 }
 
@@ -359,6 +369,7 @@ async fn throughput_frames(client: &HttpClient, target: &Served, per_stream: usi
         reads: per_event(0),
         writes: per_event(1),
         switches: per_event(2),
+        user_ns: per_event(3) * 1000.0,
     }
 }
 
@@ -375,6 +386,8 @@ struct Sample {
     reads: f64,
     writes: f64,
     switches: f64,
+    /// The target's CPU time in user space per event, in nanoseconds.
+    user_ns: f64,
 }
 
 /// `--variants`: the proxy with no layer, the response layer only, the guard only, and both, in
@@ -453,12 +466,13 @@ fn variants(rounds: usize, per_stream: usize) {
                 median(cpu_diff[i].clone()),
             );
             println!(
-                "  {:<12} per event: {:.3} frames to the client, {:.3} reads, {:.3} writes, {:.3} voluntary switches",
+                "  {:<12} per event: {:.3} frames to the client, {:.3} reads, {:.3} writes, {:.3} voluntary switches, {:.0} ns of CPU in user space",
                 "",
                 med(|s| s.frames),
                 med(|s| s.reads),
                 med(|s| s.writes),
                 med(|s| s.switches),
+                med(|s| s.user_ns),
             );
         }
     });
@@ -605,22 +619,22 @@ fn main() {
     rt.block_on(async {
         let client = client();
         // Warm up both proxies and their upstream connections.
-        throughput(&client, &with).await;
-        throughput(&client, &without).await;
+        throughput(&client, &with, per_stream).await;
+        throughput(&client, &without, per_stream).await;
 
         println!(
-            "throughput: {THROUGHPUT_STREAMS} streams x {THROUGHPUT_EVENTS} events of {} bytes, one per chunk",
+            "throughput: {THROUGHPUT_STREAMS} streams x {per_stream} events of {} bytes, one per chunk",
             EVENT.len()
         );
         let (mut ratios, mut rate_with, mut rate_without, mut cpu_with, mut cpu_without) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             let (a, b) = if round % 2 == 0 {
-                let a = throughput(&client, &with).await;
-                (a, throughput(&client, &without).await)
+                let a = throughput(&client, &with, per_stream).await;
+                (a, throughput(&client, &without, per_stream).await)
             } else {
-                let b = throughput(&client, &without).await;
-                (throughput(&client, &with).await, b)
+                let b = throughput(&client, &without, per_stream).await;
+                (throughput(&client, &with, per_stream).await, b)
             };
             println!(
                 "  round {round}: layer {:>9.0} events/s ({:>4} ns proxy CPU/event), no-layer {:>9.0} events/s ({:>4} ns/event), ratio {:.3}",
