@@ -22,7 +22,9 @@
 //!   2 KiB chat request and a 256 KiB one), 8 at a time; the proxy's CPU time per request with
 //!   the guard and without.
 //!
-//! `--rounds N` (default 5) sets the number of throughput rounds.
+//! `--rounds N` (default 5) sets the number of throughput rounds. With 10 rounds or more, the
+//! median ratio comes with a 95% confidence interval for the median (distribution-free: from the
+//! order statistics of the rounds' ratios). `--throughput-only` stops after the throughput rounds.
 //!
 //! `--variants` measures streamed throughput only, through four proxies in one run: `--no-layer`,
 //! the response layer only, the guard only, and both (the proxy as shipped). Every round runs
@@ -30,7 +32,9 @@
 //! are taken within the round, and the medians over rounds are printed, with the proxy's CPU time
 //! per event and, per event, the data frames the client got, the proxy's read and write system
 //! calls (`/proc/thread-self/io`: `read`/`write`/`writev`, not `recv`/`send`), its voluntary
-//! context switches, and its CPU time in user space (`getrusage(RUSAGE_THREAD)`). `--pin` runs the proxies on CPU 1 and the upstream and clients on CPU 0.
+//! context switches, and its CPU time in user space (`getrusage(RUSAGE_THREAD)`).
+//!
+//! `--pin` runs the proxies on CPU 1 and the upstream and the clients on CPU 0.
 //!
 //! `--events N` sets the events per stream of the throughput runs, in both modes (default 5,000).
 
@@ -577,9 +581,25 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// A 95% confidence interval for the median of the distribution `values` were drawn from, with no
+/// assumption about its shape: the order statistics `n/2 -+ 1.96 sqrt(n)/2` (the normal
+/// approximation to the binomial count of values below the median). `None` under 10 values.
+fn median_interval(mut values: Vec<f64>) -> Option<(f64, f64)> {
+    let n = values.len();
+    if n < 10 {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let half_width = 1.96 * (n as f64).sqrt() / 2.0;
+    let low = (n as f64 / 2.0 - half_width).floor().max(0.0) as usize;
+    let high = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
+    Some((values[low], values[high]))
+}
+
 fn main() {
     let mut rounds = 5;
     let mut variant_mode = false;
+    let mut throughput_only = false;
     let mut per_stream = THROUGHPUT_EVENTS;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -592,6 +612,7 @@ fn main() {
             }
             "--variants" => variant_mode = true,
             "--pin" => PIN.store(true, std::sync::atomic::Ordering::Relaxed),
+            "--throughput-only" => throughput_only = true,
             "--events" => {
                 per_stream = args
                     .next()
@@ -599,7 +620,9 @@ fn main() {
                     .expect("--events N")
             }
             other => {
-                eprintln!("usage: proxy_bench [--rounds N]  (unknown argument {other:?})");
+                eprintln!(
+                    "usage: proxy_bench [--rounds N] [--events N] [--variants] [--pin] [--throughput-only]  (unknown argument {other:?})"
+                );
                 std::process::exit(2);
             }
         }
@@ -652,16 +675,22 @@ fn main() {
         }
         let (cw, cn) = (median(cpu_with), median(cpu_without));
         println!(
-            "  median: layer {:.0} events/s, no-layer {:.0} events/s, ratio {:.3} (rounds {:.3} to {:.3}); proxy CPU per event {cw:.0} ns vs {cn:.0} ns: the layer adds {:.0} ns, {:.1}%",
+            "  median: layer {:.0} events/s, no-layer {:.0} events/s, ratio {:.3}{} (rounds {:.3} to {:.3}); proxy CPU per event {cw:.0} ns vs {cn:.0} ns: the layer adds {:.0} ns, {:.1}%",
             median(rate_with),
             median(rate_without),
             median(ratios.clone()),
+            median_interval(ratios.clone()).map_or(String::new(), |(lo, hi)| format!(
+                ", 95% confidence interval of the median {lo:.3} to {hi:.3}"
+            )),
             ratios.iter().copied().fold(f64::INFINITY, f64::min),
             ratios.iter().copied().fold(0.0, f64::max),
             cw - cn,
             (cw / cn - 1.0) * 100.0
         );
 
+        if throughput_only {
+            return;
+        }
         println!(
             "\nlatency per event: {LATENCY_STREAMS} streams x {LATENCY_EVENTS} events, one per ms each (microseconds)"
         );
