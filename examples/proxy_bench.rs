@@ -266,15 +266,20 @@ fn upstream() -> Served {
     })
 }
 
-fn start_proxy(name: &str, upstream: SocketAddr, layer: bool) -> Served {
-    let mut args = vec![
+/// The proxy's command line for `upstream`: any port on 127.0.0.1, a short shutdown grace.
+fn proxy_args(upstream: SocketAddr) -> Vec<String> {
+    vec![
         "--listen".to_owned(),
         "127.0.0.1:0".to_owned(),
         "--upstream".to_owned(),
         format!("http://{upstream}"),
         "--shutdown-grace".to_owned(),
         "1".to_owned(),
-    ];
+    ]
+}
+
+fn start_proxy(name: &str, upstream: SocketAddr, layer: bool) -> Served {
+    let mut args = proxy_args(upstream);
     if !layer {
         args.push("--no-layer".to_owned());
     }
@@ -295,15 +300,9 @@ fn start_variant(name: &str, upstream: SocketAddr, filter: bool, guard: bool) ->
     if filter == guard {
         return start_proxy(name, upstream, filter);
     }
-    let args = [
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--upstream".to_owned(),
-        format!("http://{upstream}"),
-        "--shutdown-grace".to_owned(),
-        "1".to_owned(),
-    ];
-    let config = proxy::Config::from_args(args).unwrap().unwrap();
+    let config = proxy::Config::from_args(proxy_args(upstream))
+        .unwrap()
+        .unwrap();
     Served::start(name, move |listener, stopped| async move {
         let layer = config.layer().unwrap().expect("the layer is on");
         let json_guard = layer.json_guard().max_body_bytes(config.max_body);
