@@ -195,6 +195,22 @@ async fn json_content_types_and_bodies_without_one_are_read() {
     assert_eq!(seen.unwrap().body(), STRIPPED);
 }
 
+/// An empty `content-type` is no content type: FastAPI, which parses a body without one as JSON,
+/// tests the header's value for truth (`if not content_type_value: await request.json()`), so an
+/// empty value would otherwise carry the marker past the guard.
+#[tokio::test]
+async fn an_empty_content_type_is_read_like_none() {
+    for content_type in ["", " ", "\t"] {
+        let req = Request::post("/")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Full::new(Bytes::from_static(WITH_MARKER.as_bytes())))
+            .unwrap();
+        let (_, granted, seen) = through(bypass().json_guard(), req).await;
+        assert_eq!(seen.unwrap().body(), STRIPPED, "{content_type:?}");
+        assert!(granted.unwrap().contains("request_id"));
+    }
+}
+
 #[tokio::test]
 async fn other_requests_pass_through_unread() {
     for content_type in [

@@ -107,14 +107,16 @@ pub(crate) fn too_large(max: usize) -> Refusal {
 
 /// Whether the guard reads this request's body: it has one (not known to be empty), and its
 /// content type is JSON (`application/json` or `application/*+json`, any case, parameters
-/// allowed; any of several `content-type` headers) or absent.
+/// allowed; any of several `content-type` headers), absent, or empty (FastAPI parses a body whose
+/// `content-type` is empty as JSON, as it does one without the header).
 fn inspects<B: Body>(req: &Request<B>) -> bool {
     let body = req.body();
     if body.is_end_stream() || body.size_hint().exact() == Some(0) {
         return false;
     }
     let mut types = req.headers().get_all(CONTENT_TYPE).iter().peekable();
-    types.peek().is_none() || types.any(|v| is_json_media_type(v.as_bytes()))
+    types.peek().is_none()
+        || types.any(|v| trim_ows(v.as_bytes()).is_empty() || is_json_media_type(v.as_bytes()))
 }
 
 /// `application/json` or `application/<anything>+json`, any case, parameters allowed.
