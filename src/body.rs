@@ -133,23 +133,25 @@ where
             let frame = ready!(this.inner.poll_frame(cx));
             return Poll::Ready(frame.map(|r| r.map(into_bytes_frame).map_err(Into::into)));
         };
+        #[cfg(feature = "tracing")]
+        {
+            let mut inner = this.inner;
+            let polled = filter.poll_frame(inner.as_mut(), cx);
+            // hyper stops polling (and drops the body) once `is_end_stream` says the body has
+            // ended after a data frame: that is the end of the body, not a drop before it.
+            if matches!(polled, Poll::Ready(Some(Ok(_)))) && filter.is_end_stream(&*inner) {
+                filter.frames.log_end();
+            }
+            polled
+        }
+        #[cfg(not(feature = "tracing"))]
         filter.poll_frame(this.inner, cx)
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.filter {
             None => self.inner.is_end_stream(),
-            Some(f) => {
-                f.chunk.is_empty()
-                    && f.frames.ready.is_empty()
-                    && f.frames.held.is_empty()
-                    && match f.frames.end {
-                        End::Open => f.frames.scanner.is_idle() && self.inner.is_end_stream(),
-                        // Past the end of the data (or a `FrameTooLarge`): nothing more to judge.
-                        End::Done => true,
-                        End::Trailers(_) | End::Error(_) => false,
-                    }
-            }
+            Some(f) => f.is_end_stream(&self.inner),
         }
     }
 
@@ -184,6 +186,19 @@ fn into_bytes_frame<D: Buf + 'static>(frame: Frame<D>) -> Frame<Bytes> {
 }
 
 impl Filter {
+    /// Nothing is buffered and nothing more will come: [`Body::is_end_stream`] of a filtered body.
+    fn is_end_stream<B: Body>(&self, inner: &B) -> bool {
+        self.chunk.is_empty()
+            && self.frames.ready.is_empty()
+            && self.frames.held.is_empty()
+            && match self.frames.end {
+                End::Open => self.frames.scanner.is_idle() && inner.is_end_stream(),
+                // Past the end of the data (or a `FrameTooLarge`): nothing more to judge.
+                End::Done => true,
+                End::Trailers(_) | End::Error(_) => false,
+            }
+    }
+
     #[inline]
     fn poll_frame<B>(
         &mut self,
@@ -369,6 +384,13 @@ impl Frames {
             (!withheld.is_empty()).then(|| Bytes::from_static(withheld))
         });
         #[cfg(feature = "tracing")]
+        self.log_end();
+        out
+    }
+
+    /// The summary of a body that has ended, once.
+    #[cfg(feature = "tracing")]
+    fn log_end(&mut self) {
         if let Some((frames, bytes)) = self.removed.take() {
             tracing::debug!(
                 removed_frames = frames,
@@ -376,7 +398,6 @@ impl Frames {
                 "event stream ended"
             );
         }
-        out
     }
 
     /// `data`, about to be yielded, through [`Scanner::lead`]: what to yield now, and maybe

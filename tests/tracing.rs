@@ -182,3 +182,38 @@ fn a_split_crlf_after_a_removed_frame_counts_as_one_frame() {
         "{log}"
     );
 }
+
+/// hyper stops polling a body once `is_end_stream` says it has ended after a data frame, and drops
+/// it without polling it to `None`. A body that ended that way ended: its summary says so.
+#[test]
+fn a_body_that_ends_by_is_end_stream_logs_that_it_ended() {
+    let log = logged(|| {
+        let gated = Gated::default();
+        gated.push(data(
+            "event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\n",
+        ));
+        gated.close();
+        let upstream = gated.clone();
+        let mut svc = BypassMarkerLayer::new().layer(service_fn(move |_req: Request<()>| {
+            let body = upstream.clone();
+            async { Ok::<_, std::convert::Infallible>(response("text/event-stream", body)) }
+        }));
+        let res = ready(svc.call(Request::new(()))).unwrap();
+        let mut body = Box::pin(res.into_body());
+        let mut cx = Context::from_waker(Waker::noop());
+        // As hyper's HTTP/1 and HTTP/2 writers do: after each data frame, stop at the end.
+        loop {
+            match body.as_mut().poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(_))) if body.is_end_stream() => break,
+                Poll::Ready(Some(Ok(_))) => {}
+                other => panic!("the body should have ended on its data frame: {other:?}"),
+            }
+        }
+        drop(body);
+    });
+    assert!(
+        log.contains("event stream ended") && log.contains("removed_frames=1"),
+        "{log}"
+    );
+    assert!(!log.contains("dropped before its end"), "{log}");
+}
