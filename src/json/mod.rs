@@ -74,9 +74,9 @@
 //! A request is read when it has a body (one not known to be empty) and a JSON content type:
 //! `application/json` or `application/<anything>+json`, any case, with parameters (any one of
 //! several `content-type` headers counts), or no `content-type` at all (or an empty one), which
-//! many frameworks (FastAPI among them) parse as JSON anyway. Every other request (GET, gRPC, multipart, text,
-//! forms) passes through without being buffered: same body, same `size_hint`, same
-//! `is_end_stream`.
+//! many frameworks (FastAPI among them) parse as JSON anyway. Every other request (GET, gRPC,
+//! multipart, text, forms) passes through without being buffered: same body, same `size_hint`,
+//! same `is_end_stream`.
 //!
 //! # Limits and errors
 //!
