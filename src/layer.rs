@@ -174,6 +174,11 @@ impl BypassMarkerLayer {
     /// event ID (sent back as `Last-Event-ID` on reconnection), and one with `retry:` sets the
     /// reconnection time. SDK-safe mode removes those effects with the frame. Comment-only frames,
     /// such as `:\n\n` keep-alives, are kept.
+    ///
+    /// One case it does not cover: a stream whose events carry `id:`. openai-python keeps the last
+    /// event ID across events (as the spec says) and dispatches an event at every empty line while
+    /// it is set, so after the first `id:` a keep-alive, or any extra empty line, reaches it as an
+    /// event with empty data, which it fails to parse as JSON (openai-node does not).
     #[must_use]
     pub fn sdk_safe(self, enabled: bool) -> Self {
         self.with(|c| c.sdk_safe = enabled)
