@@ -2,12 +2,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::scan::{Lead, Scanner, Step};
+use crate::filter::{EventStreamFilter, FilterOutput};
 use crate::BoxError;
 
 pin_project! {
@@ -29,31 +29,10 @@ pin_project! {
     }
 }
 
-/// The capacity a filtered body's buffer for frames that span chunks starts with (at most
-/// `max_frame_bytes`).
-const HELD_CAPACITY: usize = 4096;
-
 /// The state of a body that is being filtered.
 struct Filter {
-    /// What is left of the inner body's current data chunk, when acting on it yielded data
-    /// before its end.
-    chunk: Bytes,
-    frames: Frames,
-}
-
-/// Everything about the frames of a filtered body but the current chunk, so that the chunk can be
-/// acted on where it lies.
-struct Frames {
-    scanner: Scanner,
-    /// Data to yield before anything else: the bytes that follow the LF (or the first bytes of a
-    /// BOM) that [`Scanner::lead`] put before them.
-    ready: Bytes,
-    /// The bytes of a frame that spans chunks.
-    held: BytesMut,
+    filter: EventStreamFilter,
     end: End,
-    /// Frames and bytes removed so far; `None` once the summary has been logged.
-    #[cfg(feature = "tracing")]
-    removed: Option<(u64, u64)>,
 }
 
 /// What comes after the data, once the inner body has ended.
@@ -72,19 +51,12 @@ impl<B> BypassMarkerBody<B> {
         }
     }
 
-    pub(crate) fn filtering(inner: B, scanner: Scanner) -> Self {
+    pub(crate) fn filtering(inner: B, filter: EventStreamFilter) -> Self {
         Self {
             inner,
             filter: Some(Filter {
-                chunk: Bytes::new(),
-                frames: Frames {
-                    scanner,
-                    ready: Bytes::new(),
-                    held: BytesMut::new(),
-                    end: End::Open,
-                    #[cfg(feature = "tracing")]
-                    removed: Some((0, 0)),
-                },
+                filter,
+                end: End::Open,
             }),
         }
     }
@@ -140,7 +112,7 @@ where
             // hyper stops polling (and drops the body) once `is_end_stream` says the body has
             // ended after a data frame: that is the end of the body, not a drop before it.
             if matches!(polled, Poll::Ready(Some(Ok(_)))) && filter.is_end_stream(&*inner) {
-                filter.frames.log_end();
+                filter.filter.log_end();
             }
             polled
         }
@@ -163,10 +135,7 @@ where
         // Frames may be removed, so only an upper bound holds.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
-            let frames = &f.frames;
-            let pending =
-                f.chunk.len() + frames.ready.len() + frames.held.len() + frames.scanner.lead_owed();
-            hint.set_upper(upper + pending as u64);
+            hint.set_upper(upper + f.filter.pending() as u64);
         }
         hint
     }
@@ -188,11 +157,9 @@ fn into_bytes_frame<D: Buf + 'static>(frame: Frame<D>) -> Frame<Bytes> {
 impl Filter {
     /// Nothing is buffered and nothing more will come: [`Body::is_end_stream`] of a filtered body.
     fn is_end_stream<B: Body>(&self, inner: &B) -> bool {
-        self.chunk.is_empty()
-            && self.frames.ready.is_empty()
-            && self.frames.held.is_empty()
-            && match self.frames.end {
-                End::Open => self.frames.scanner.is_idle() && inner.is_end_stream(),
+        self.filter.is_idle()
+            && match self.end {
+                End::Open => inner.is_end_stream(),
                 // Past the end of the data (or a `FrameTooLarge`): nothing more to judge.
                 End::Done => true,
                 End::Trailers(_) | End::Error(_) => false,
@@ -211,18 +178,17 @@ impl Filter {
         B::Error: Into<BoxError>,
     {
         loop {
-            if !self.frames.ready.is_empty() {
-                let data = std::mem::take(&mut self.frames.ready);
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-            if !self.chunk.is_empty() {
-                // What is left of a chunk that yielded data on an earlier call.
-                if let Some(data) = self.frames.drain(&mut self.chunk)? {
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
+            // Output owed from an earlier chunk (or from the end of the data) comes first.
+            match self.filter.poll_output() {
+                Ok(FilterOutput::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(FilterOutput::NeedInput | FilterOutput::End) => {}
+                Err(err) => {
+                    self.end = End::Done;
+                    return Poll::Ready(Some(Err(Box::new(err))));
                 }
             }
-            if !matches!(self.frames.end, End::Open) {
-                return Poll::Ready(match std::mem::replace(&mut self.frames.end, End::Done) {
+            if !matches!(self.end, End::Open) {
+                return Poll::Ready(match std::mem::replace(&mut self.end, End::Done) {
                     End::Trailers(trailers) => Some(Ok(Frame::trailers(trailers))),
                     End::Error(err) => Some(Err(err)),
                     End::Open | End::Done => None,
@@ -246,214 +212,30 @@ impl Filter {
                                 &mut copied
                             }
                         };
-                        let out = self.frames.drain(chunk);
-                        if !chunk.is_empty() {
-                            self.chunk = std::mem::take(chunk);
+                        match self.filter.drain_in_place(chunk) {
+                            Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                            Ok(None) => continue,
+                            Err(err) => {
+                                self.end = End::Done;
+                                return Poll::Ready(Some(Err(Box::new(err))));
+                            }
                         }
-                        if let Some(data) = out? {
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
-                        }
-                        continue;
                     }
                 }
                 Poll::Ready(_) => {}
             }
             match polled {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_trailers() {
-                    Ok(trailers) => self.frames.end = End::Trailers(trailers),
+                    Ok(trailers) => self.end = End::Trailers(trailers),
                     // A frame kind this crate does not know: nothing to forward it as.
                     Err(_) => continue,
                 },
-                Poll::Ready(Some(Err(err))) => self.frames.end = End::Error(err.into()),
-                Poll::Ready(None) => self.frames.end = End::Done,
+                Poll::Ready(Some(Err(err))) => self.end = End::Error(err.into()),
+                Poll::Ready(None) => self.end = End::Done,
                 Poll::Pending => unreachable!("returned above"),
             }
-            // The data has ended: judge a frame left open before what comes after.
-            if let Some(data) = self.frames.finish() {
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-        }
-    }
-}
-
-impl Frames {
-    /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
-    /// on is taken off its front.
-    fn drain(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, BoxError> {
-        if chunk.is_empty() {
-            return Ok(None);
-        }
-        // Small chunks mostly continue a held frame: `step_in_frame` decides those directly.
-        let mut step = match self.scanner.step_in_frame(chunk) {
-            Some(step) => step,
-            None => self.scanner.step(chunk),
-        };
-        loop {
-            match step {
-                Step::Forward(n) => {
-                    // Most often the whole chunk: taken without a call into `bytes`.
-                    let data = if n == chunk.len() {
-                        std::mem::take(chunk)
-                    } else {
-                        chunk.split_to(n)
-                    };
-                    if !self.scanner.lead_open() {
-                        return Ok(Some(data));
-                    }
-                    if let Some(data) = self.lead(data) {
-                        return Ok(Some(data));
-                    }
-                }
-                Step::Discard(n) => {
-                    self.note_removed(n);
-                    chunk.advance(n);
-                }
-                Step::DiscardLf(n) => {
-                    // The end of the frame removed at the end of the previous chunk.
-                    self.note_removed_tail(n);
-                    chunk.advance(n);
-                }
-                Step::Hold(n) => {
-                    if self.held.capacity() == 0 {
-                        // Room for a few frames at once: each release splits its frame off the
-                        // front, and the buffer is reclaimed whole once the consumer has dropped
-                        // them, instead of being grown (and reclaimed) every frame or two.
-                        let room = HELD_CAPACITY.min(self.scanner.max_frame_bytes());
-                        self.held.reserve(n.max(room));
-                    }
-                    self.held.extend_from_slice(&chunk[..n]);
-                    chunk.advance(n);
-                }
-                Step::Release(n) => {
-                    self.held.extend_from_slice(&chunk[..n]);
-                    chunk.advance(n);
-                    if !self.held.is_empty() {
-                        let data = self.held.split().freeze();
-                        if let Some(data) = self.lead(data) {
-                            return Ok(Some(data));
-                        }
-                    }
-                }
-                Step::DiscardHeld(n) => {
-                    self.note_removed(self.held.len() + n);
-                    self.held.clear();
-                    chunk.advance(n);
-                }
-                Step::Overflow => {
-                    let limit = self.scanner.max_frame_bytes();
-                    #[cfg(feature = "tracing")]
-                    if let Some((frames, bytes)) = self.removed.take() {
-                        tracing::debug!(
-                            removed_frames = frames,
-                            removed_bytes = bytes,
-                            limit,
-                            "event stream failed: a frame outgrew max_frame_bytes"
-                        );
-                    }
-                    chunk.clear();
-                    self.held = BytesMut::new();
-                    self.end = End::Done;
-                    return Err(Box::new(FrameTooLarge { limit }));
-                }
-                Step::NeedInput => return Ok(None),
-            }
-            if chunk.is_empty() {
-                return Ok(None);
-            }
-            step = self.scanner.step(chunk);
-        }
-    }
-
-    /// The end of the data: a held frame is judged as it stands.
-    fn finish(&mut self) -> Option<Bytes> {
-        let out = match self.scanner.finish() {
-            Step::Release(_) if !self.held.is_empty() => {
-                let data = self.held.split().freeze();
-                self.lead(data)
-            }
-            Step::DiscardHeld(_) => {
-                self.note_removed(self.held.len());
-                self.held.clear();
-                None
-            }
-            _ => None,
-        };
-        // The first bytes of a BOM withheld by `lead` come out now: nothing can follow them.
-        let out = out.or_else(|| {
-            let withheld = self.scanner.lead_end();
-            (!withheld.is_empty()).then(|| Bytes::from_static(withheld))
-        });
-        #[cfg(feature = "tracing")]
-        self.log_end();
-        out
-    }
-
-    /// The summary of a body that has ended, once.
-    #[cfg(feature = "tracing")]
-    fn log_end(&mut self) {
-        if let Some((frames, bytes)) = self.removed.take() {
-            tracing::debug!(
-                removed_frames = frames,
-                removed_bytes = bytes,
-                "event stream ended"
-            );
-        }
-    }
-
-    /// `data`, about to be yielded, through [`Scanner::lead`]: what to yield now, and maybe
-    /// `data` into `ready`, to be yielded next.
-    #[cold]
-    fn lead(&mut self, data: Bytes) -> Option<Bytes> {
-        match self.scanner.lead(&data) {
-            Lead::Pass => Some(data),
-            Lead::Prefix(prefix) => {
-                self.ready = data;
-                Some(Bytes::from_static(prefix))
-            }
-            Lead::Wait => None,
-        }
-    }
-
-    /// Bytes of a removed frame that arrived after the frame was counted.
-    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-    fn note_removed_tail(&mut self, bytes: usize) {
-        #[cfg(feature = "tracing")]
-        if let Some(removed) = &mut self.removed {
-            removed.1 += bytes as u64;
-        }
-    }
-
-    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
-    fn note_removed(&mut self, bytes: usize) {
-        #[cfg(feature = "tracing")]
-        {
-            if let Some(removed) = &mut self.removed {
-                removed.0 += 1;
-                removed.1 += bytes as u64;
-            }
-            tracing::debug!(
-                event = self
-                    .scanner
-                    .last_removed_name()
-                    .unwrap_or("(no data field)"),
-                bytes,
-                "removed annotation frame"
-            );
-        }
-    }
-}
-
-#[cfg(feature = "tracing")]
-impl Drop for Frames {
-    /// A body dropped before its end (the client went away) still gets its summary.
-    fn drop(&mut self) {
-        if let Some((frames, bytes)) = self.removed.take() {
-            tracing::debug!(
-                removed_frames = frames,
-                removed_bytes = bytes,
-                held_bytes = self.held.len(),
-                "event stream dropped before its end"
-            );
+            // The data has ended: the filter judges a frame left open before what comes after.
+            self.filter.finish();
         }
     }
 }
@@ -467,6 +249,10 @@ pub struct FrameTooLarge {
 }
 
 impl FrameTooLarge {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self { limit }
+    }
+
     /// The cap that was exceeded, in bytes.
     pub fn limit(&self) -> usize {
         self.limit

@@ -10,6 +10,7 @@
 use std::fmt;
 
 use crate::annotations::RequestedAnnotations;
+use crate::observe::Observer;
 
 /// The event type Dynamo's router gives the frame it prepends when it bypasses remote prefill.
 pub const BYPASS_REMOTE_PREFILL: &str = "x-bypass-remote-prefill";
@@ -156,6 +157,8 @@ pub(crate) struct Config {
     /// How many bytes of a line the scanner needs to tell whether it is an `event` field naming a
     /// configured name.
     pub(crate) line_cap: usize,
+    /// Told of every removed and every forwarded annotation frame.
+    pub(crate) observer: Option<Observer>,
 }
 
 /// What a guard does with one entry of a client's `nvext.annotations`.
@@ -185,6 +188,7 @@ impl Config {
             sdk_safe: false,
             event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
             line_cap: 0,
+            observer: None,
         };
         config
             .set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true)

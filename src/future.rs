@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
 use crate::config::Config;
+use crate::filter::EventStreamFilter;
 use crate::scan::Scanner;
 
 pin_project! {
@@ -56,32 +57,49 @@ where
         let (mut parts, body) = res.into_parts();
         let config = this.config;
 
-        // A response without content keeps every header, `content-length` included (it states the
-        // length of the content a GET would have had, or of the cached one for a 304).
-        let no_content = *this.head
-            || parts.status.is_informational()
-            || parts.status == StatusCode::NO_CONTENT
-            || parts.status == StatusCode::NOT_MODIFIED;
-        if no_content || !is_plain_event_stream(&parts.headers) {
-            return Poll::Ready(Ok(Response::from_parts(
-                parts,
-                BypassMarkerBody::passthrough(body),
-            )));
-        }
-        let requested = *this.requested
-            | parts
-                .extensions
-                .get::<RequestedAnnotations>()
-                .map_or(0, |r| config.requested_mask(r));
-        let remove = config.removal_mask(requested);
-        let body = if remove == 0 && !config.sdk_safe {
-            BypassMarkerBody::passthrough(body)
+        let filter = if filters_head(*this.head, parts.status, &parts.headers) {
+            let requested = *this.requested
+                | parts
+                    .extensions
+                    .get::<RequestedAnnotations>()
+                    .map_or(0, |r| config.requested_mask(r));
+            body_filter(config, requested)
         } else {
-            parts.headers.remove(CONTENT_LENGTH);
-            BypassMarkerBody::filtering(body, Scanner::new(config.clone(), remove))
+            None
+        };
+        let body = match filter {
+            None => BypassMarkerBody::passthrough(body),
+            Some(filter) => {
+                parts.headers.remove(CONTENT_LENGTH);
+                BypassMarkerBody::filtering(body, filter)
+            }
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
+}
+
+/// Whether a response with this head has a body the layer filters: it has content (not a `1xx`,
+/// `204` or `304`, nor the response to a `HEAD` request) and is an unencoded event stream.
+pub(crate) fn filters_head(head_request: bool, status: StatusCode, headers: &HeaderMap) -> bool {
+    // A response without content keeps every header, `content-length` included (it states the
+    // length of the content a GET would have had, or of the cached one for a 304).
+    let no_content = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    !no_content && is_plain_event_stream(headers)
+}
+
+/// The filter for an event stream to a client that asked for the configured names in
+/// `requested`, or `None` when nothing would be removed (and nothing observed).
+pub(crate) fn body_filter(config: &Arc<Config>, requested: u64) -> Option<EventStreamFilter> {
+    let remove = config.removal_mask(requested);
+    // With an observer, the frames a client opted in to are counted, so they are scanned for.
+    let observed = config.observer.is_some() && requested != 0;
+    if remove == 0 && !config.sdk_safe && !observed {
+        return None;
+    }
+    Some(EventStreamFilter::new(Scanner::new(config.clone(), remove)))
 }
 
 /// `content-type: text/event-stream` (any case, parameters allowed) with no content coding

@@ -1,12 +1,16 @@
 use std::fmt;
 use std::sync::Arc;
 
+use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
 use crate::config::{Config, InvalidName, Kind, Overflow};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
+use crate::filter::EventStreamFilter;
+use crate::future::{body_filter, filters_head};
+use crate::observe::{FrameObserver, Observer};
 use crate::service::BypassMarker;
 
 /// Removes router-internal annotation frames from `text/event-stream` responses unless the client
@@ -182,6 +186,67 @@ impl BypassMarkerLayer {
     #[must_use]
     pub fn sdk_safe(self, enabled: bool) -> Self {
         self.with(|c| c.sdk_safe = enabled)
+    }
+
+    /// Calls `observer` for every annotation frame a body, filter or processor made from this layer
+    /// removes, and for every frame of a configured name it forwards to a client that opted in:
+    /// the counts behind metrics. See [`FrameObserver`] for the cost.
+    #[must_use]
+    pub fn observe(self, observer: Arc<dyn FrameObserver>) -> Self {
+        self.with(|c| c.observer = Some(Observer(observer)))
+    }
+
+    /// The configured annotation names, in the order they were added (the default name first):
+    /// for example to create a metric series per name up front.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.config.names.iter().map(|n| &*n.name)
+    }
+
+    /// The filter this layer applies to a response with this head, for a client that asked for
+    /// `requested`: the same decision as [`BypassMarker`]'s, for hosts that are not tower services.
+    ///
+    /// `None` means the body passes through untouched: the request was `HEAD`, the response has no
+    /// content (`1xx`, `204`, `304`), is not an unencoded `text/event-stream`, or nothing is to be
+    /// removed for this client. When it is `Some`, drop the response's `content-length` (frames
+    /// may be removed) and drive the [`EventStreamFilter`] with the body's chunks.
+    ///
+    /// ```
+    /// use http::{header, HeaderMap, Method, StatusCode};
+    /// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+    ///
+    /// let layer = BypassMarkerLayer::new();
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    /// let none = RequestedAnnotations::new();
+    /// assert!(layer.response_filter(&Method::POST, StatusCode::OK, &headers, &none).is_some());
+    /// // The client opted in to the only configured name: nothing to remove.
+    /// let asked = ["x-bypass-remote-prefill"].into_iter().collect::<RequestedAnnotations>();
+    /// assert!(layer.response_filter(&Method::POST, StatusCode::OK, &headers, &asked).is_none());
+    /// // JSON passes through.
+    /// headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+    /// assert!(layer.response_filter(&Method::POST, StatusCode::OK, &headers, &none).is_none());
+    /// ```
+    pub fn response_filter(
+        &self,
+        request_method: &Method,
+        status: StatusCode,
+        headers: &HeaderMap,
+        requested: &RequestedAnnotations,
+    ) -> Option<EventStreamFilter> {
+        if !filters_head(request_method == Method::HEAD, status, headers) {
+            return None;
+        }
+        self.event_stream_filter(requested)
+    }
+
+    /// The filter for an event-stream body to a client that asked for `requested`, or `None` when
+    /// nothing is to be removed for it (and no [observer](Self::observe) needs to see its frames).
+    /// See [`response_filter`](Self::response_filter) for the decision from a response head.
+    pub fn event_stream_filter(
+        &self,
+        requested: &RequestedAnnotations,
+    ) -> Option<EventStreamFilter> {
+        body_filter(&self.config, self.config.requested_mask(requested))
     }
 
     /// The request-side guard, for a handler that has parsed the client's `nvext.annotations`.

@@ -170,10 +170,12 @@
 pub mod annotations;
 mod body;
 mod config;
+mod filter;
 mod future;
 #[cfg(feature = "json")]
 pub mod json;
 mod layer;
+mod observe;
 mod scan;
 mod service;
 
@@ -190,10 +192,12 @@ pub use body::{BypassMarkerBody, FrameTooLarge};
 pub use config::{
     InvalidName, Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
 };
+pub use filter::{EventStreamFilter, FilterOutput};
 pub use future::ResponseFuture;
 #[cfg(feature = "json")]
 pub use json::{JsonGuard, JsonGuardLayer};
 pub use layer::BypassMarkerLayer;
+pub use observe::FrameObserver;
 pub use service::BypassMarker;
 
 #[cfg(fuzzing)]

@@ -60,9 +60,9 @@ struct Frame {
     held: usize,
     /// Index of the configured name the last `event` field named, if it named one to remove.
     event: Option<u8>,
-    /// The last `event` field named a configured name the client opted in to: the frame is
-    /// forwarded whatever the SDK-safe rule says.
-    opted_in: bool,
+    /// Index of the configured name the last `event` field named, if the client opted in to it:
+    /// the frame is forwarded whatever the SDK-safe rule says.
+    opted_in: Option<u8>,
     /// The frame has a line that is not a comment.
     fields: bool,
     /// The frame has a `data` field.
@@ -194,10 +194,15 @@ impl Scanner {
 
     /// The configured name that caused the most recent removal, or `None` when the SDK-safe rule
     /// (a frame with fields but no `data`) did.
-    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) fn last_removed_name(&self) -> Option<&str> {
         self.last_removed
             .map(|i| &*self.config.names[usize::from(i)].name)
+    }
+
+    /// The configuration's observer, if any.
+    #[inline]
+    pub(crate) fn observer(&self) -> Option<&dyn crate::observe::FrameObserver> {
+        self.config.observer.as_ref().map(|o| &*o.0)
     }
 
     /// The cap on held bytes, for the error that reports it.
@@ -574,10 +579,10 @@ impl Scanner {
                 self.config.find(value, u64::MAX)
             };
             (self.frame.event, self.frame.opted_in) = match found {
-                Some(i) if self.remove & (1 << i) != 0 => (Some(i), false),
+                Some(i) if self.remove & (1 << i) != 0 => (Some(i), None),
                 // A configured name that is not removed: the client opted in to it.
-                Some(_) => (None, true),
-                None => (None, false),
+                Some(i) => (None, Some(i)),
+                None => (None, None),
             };
         }
     }
@@ -587,7 +592,15 @@ impl Scanner {
             self.last_removed = frame.event;
             return true;
         }
-        if self.config.sdk_safe && frame.fields && !frame.data && !frame.opted_in {
+        if let Some(i) = frame.opted_in {
+            if let Some(observer) = &self.config.observer {
+                observer
+                    .0
+                    .frame_forwarded(&self.config.names[usize::from(i)].name);
+            }
+            return false;
+        }
+        if self.config.sdk_safe && frame.fields && !frame.data {
             self.last_removed = None;
             return true;
         }

@@ -195,6 +195,34 @@ async fn json_content_types_and_bodies_without_one_are_read() {
     assert_eq!(seen.unwrap().body(), STRIPPED);
 }
 
+/// FastAPI and Starlette read the header as latin-1 and test the media type with Python's
+/// `email.message`: the part before `;` is stripped of Unicode whitespace (NBSP 0xA0 and NEL 0x85
+/// among it), and any subtype that ends in `+json` counts, `+json` itself included. Each of these
+/// bodies is parsed as JSON there, so the guard must read it.
+#[tokio::test]
+async fn json_content_types_as_lenient_servers_read_them_are_read() {
+    for content_type in [
+        &b"\xA0application/json"[..],
+        b"application/json\xA0",
+        b"\x85application/json\x85; charset=utf-8",
+        b"\xA0 \x85APPLICATION/+JSON",
+        b"application/+json",
+    ] {
+        let mut req = json(WITH_MARKER);
+        req.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_bytes(content_type).unwrap(),
+        );
+        let (_, _, seen) = through(bypass().json_guard(), req).await;
+        assert_eq!(
+            seen.unwrap().body(),
+            STRIPPED,
+            "{}",
+            content_type.escape_ascii()
+        );
+    }
+}
+
 /// An empty `content-type` is no content type: FastAPI, which parses a body without one as JSON,
 /// tests the header's value for truth (`if not content_type_value: await request.json()`), so an
 /// empty value would otherwise carry the marker past the guard.
@@ -220,7 +248,6 @@ async fn other_requests_pass_through_unread() {
         "application/x-www-form-urlencoded",
         "application/jsonl",
         "application/json-seq",
-        "application/+json",
         "text/json",
         "json",
     ] {
@@ -549,4 +576,84 @@ fn the_response_body_of_a_refusal_is_exact() {
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(hint.lower(), bytes.len() as u64);
     });
+}
+
+/// The sans-IO `RequestGuard` decides what `JsonGuard` does, request for request: the same
+/// refusal (status and body), the same bytes forwarded, the same opt-in.
+#[tokio::test]
+async fn the_request_guard_decides_as_the_middleware_does() {
+    use tower_bypass_marker::json::{BodyDecision, HeadDecision};
+
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("content-type", "application/json")], WITH_MARKER),
+        (&[("content-type", "application/json")], r#"{"model":"m"}"#),
+        (
+            &[("content-type", "application/json")],
+            r#"{"nvext":{"annotations":["request_id","llm_metrics"]}}"#,
+        ),
+        (&[("content-type", "application/json")], "{"),
+        (&[("content-type", "application/json")], r#"{"nvext":1}"#),
+        (
+            &[("content-type", "application/json")],
+            r#"{"nvext":{},"nv\u0065xt":{}}"#,
+        ),
+        (
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+            WITH_MARKER,
+        ),
+        (
+            &[
+                ("content-type", "application/json"),
+                ("content-length", "999999999999"),
+            ],
+            WITH_MARKER,
+        ),
+        (&[("content-type", "text/plain")], WITH_MARKER),
+        (&[], WITH_MARKER),
+        (&[("content-type", "application/json")], "[1,2]"),
+    ];
+    let layer = bypass();
+    let guard = layer.request_guard();
+    for (headers, body) in cases {
+        let mut req = Request::post("/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        for (k, v) in *headers {
+            req.headers_mut().append(
+                header::HeaderName::from_static(k),
+                HeaderValue::from_static(v),
+            );
+        }
+        let sans_io = match guard.check_head(req.headers(), false) {
+            HeadDecision::Skip => Ok((Bytes::from_static(body.as_bytes()), None)),
+            HeadDecision::Refuse(refusal) => Err(refusal),
+            HeadDecision::Read => match guard.check_body(Bytes::from_static(body.as_bytes())) {
+                BodyDecision::Forward { granted } => {
+                    Ok((Bytes::from_static(body.as_bytes()), Some(granted)))
+                }
+                BodyDecision::Splice { body, granted } => {
+                    Ok((Bytes::from(body.to_vec()), Some(granted)))
+                }
+                BodyDecision::Refuse(refusal) => Err(refusal),
+            },
+        };
+        let (res, _, seen) = through(layer.json_guard(), req).await;
+        match sans_io {
+            Ok((forwarded, granted)) => {
+                let seen = seen.unwrap_or_else(|| panic!("{body}: refused by the middleware"));
+                assert_eq!(seen.body(), forwarded, "{body}");
+                let granted = granted.filter(|g| !g.is_empty());
+                assert_eq!(seen.granted, granted, "{body}");
+            }
+            Err(refusal) => {
+                assert!(seen.is_none(), "{body}: forwarded by the middleware");
+                assert_eq!(res.status(), refusal.status(), "{body}");
+                assert_eq!(res.body(), &refusal.body(), "{body}");
+                assert_eq!(error_code(&res).1, refusal.code());
+            }
+        }
+    }
 }

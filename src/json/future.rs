@@ -1,20 +1,16 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::header::CONTENT_LENGTH;
-use http::{request, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{request, HeaderMap, HeaderValue, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::config::Config;
-use crate::json::response::Refusal;
-use crate::json::service::too_large;
-use crate::json::splice::{self, Reason};
-use crate::json::{JsonGuardBody, ResponseBody};
+use crate::json::guard::join;
+use crate::json::{BodyDecision, JsonGuardBody, Refusal, RequestGuard, ResponseBody};
 use crate::RequestedAnnotations;
 
 pin_project! {
@@ -53,8 +49,7 @@ pin_project! {
 struct Collected<S> {
     service: Option<S>,
     parts: Option<request::Parts>,
-    config: Arc<Config>,
-    max: usize,
+    guard: RequestGuard,
     chunks: Vec<Bytes>,
     received: usize,
     trailers: Option<HeaderMap>,
@@ -81,7 +76,7 @@ where
         }
     }
 
-    pub(crate) fn collect(req: Request<B>, service: S, config: Arc<Config>, max: usize) -> Self {
+    pub(crate) fn collect(req: Request<B>, service: S, guard: RequestGuard) -> Self {
         let (parts, body) = req.into_parts();
         Self {
             state: State::Collecting {
@@ -89,8 +84,7 @@ where
                 collected: Collected {
                     service: Some(service),
                     parts: Some(parts),
-                    config,
-                    max,
+                    guard,
                     chunks: Vec::new(),
                     received: 0,
                     trailers: None,
@@ -148,7 +142,7 @@ where
                 }
                 StateProj::Refused { refusal } => {
                     let refusal = refusal.take().expect("polled after completion");
-                    return Poll::Ready(Ok(refusal.into_response()));
+                    return Poll::Ready(Ok(ResponseBody::refused(&refusal)));
                 }
             };
             state.set(next);
@@ -166,21 +160,15 @@ impl<S> Collected<S> {
         loop {
             let frame = match ready!(body.as_mut().poll_frame(cx)) {
                 None => return Poll::Ready(Ok(())),
-                Some(Err(_)) => {
-                    return Poll::Ready(Err(Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        "body_read_error",
-                        "the request body could not be read".to_owned(),
-                    )))
-                }
+                Some(Err(_)) => return Poll::Ready(Err(Refusal::body_read_error())),
                 Some(Ok(frame)) => frame,
             };
             match frame.into_data() {
                 Ok(mut data) => {
                     let len = data.remaining();
                     self.received = self.received.saturating_add(len);
-                    if self.received > self.max {
-                        return Poll::Ready(Err(too_large(self.max)));
+                    if self.received > self.guard.max_body() {
+                        return Poll::Ready(Err(Refusal::too_large(self.guard.max_body())));
                     }
                     if len > 0 {
                         self.chunks.push(data.copy_to_bytes(len));
@@ -202,17 +190,7 @@ impl<S> Collected<S> {
     where
         S: Service<Request<JsonGuardBody<B>>, Future = F>,
     {
-        let body = match self.chunks.len() {
-            0 => Bytes::new(),
-            1 => self.chunks.pop().expect("one chunk"),
-            _ => {
-                let mut all = BytesMut::with_capacity(self.received);
-                for chunk in self.chunks.drain(..) {
-                    all.extend_from_slice(&chunk);
-                }
-                all.freeze()
-            }
-        };
+        let body = join(std::mem::take(&mut self.chunks));
         let mut parts = self.parts.take().expect("finished once");
         let mut service = self.service.take().expect("finished once");
         let trailers = self.trailers.take();
@@ -223,42 +201,27 @@ impl<S> Collected<S> {
                 granted: None,
             };
         }
-        let guarded = match splice::guard(&self.config, &body) {
-            Ok(guarded) => guarded,
-            Err(rejection) => {
-                let code = match rejection.reason {
-                    Reason::Invalid => "invalid_json",
-                    Reason::Duplicate => "duplicate_key",
-                    Reason::Shape => "invalid_nvext",
-                };
-                return State::Refused {
-                    refusal: Some(Refusal::new(
-                        StatusCode::BAD_REQUEST,
-                        code,
-                        rejection.message,
-                    )),
-                };
-            }
-        };
-        let chunks = match guarded.splice {
-            None => vec![body],
-            Some(splice) => {
-                let len = body.len() - splice.span.len() + splice.array.len();
+        let (chunks, granted) = match self.guard.check_body(body.clone()) {
+            BodyDecision::Forward { granted } => (vec![body], granted),
+            BodyDecision::Splice { body, granted } => {
                 if parts.headers.contains_key(CONTENT_LENGTH) {
-                    parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
+                    parts
+                        .headers
+                        .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
                 }
-                vec![
-                    body.slice(..splice.span.start),
-                    Bytes::from(splice.array),
-                    body.slice(splice.span.end..),
-                ]
+                (Vec::from(body.into_chunks()), granted)
+            }
+            BodyDecision::Refuse(refusal) => {
+                return State::Refused {
+                    refusal: Some(refusal),
+                }
             }
         };
-        let granted = if guarded.granted.is_empty() {
+        let granted = if granted.is_empty() {
             None
         } else {
-            merge(&mut parts.extensions, guarded.granted.clone());
-            Some(guarded.granted)
+            merge(&mut parts.extensions, granted.clone());
+            Some(granted)
         };
         let req = Request::from_parts(parts, JsonGuardBody::buffered(chunks, trailers));
         State::Calling {

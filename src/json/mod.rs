@@ -120,6 +120,7 @@
 
 mod body;
 mod future;
+mod guard;
 mod layer;
 mod response;
 mod service;
@@ -127,6 +128,7 @@ mod splice;
 
 pub use body::JsonGuardBody;
 pub use future::ResponseFuture;
+pub use guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
 pub use layer::JsonGuardLayer;
 pub use response::ResponseBody;
 pub use service::JsonGuard;

@@ -2,9 +2,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::json::Refusal;
 
 pin_project! {
     /// The response body of [`JsonGuard`](crate::json::JsonGuard): the inner service's body,
@@ -81,41 +83,16 @@ where
     }
 }
 
-/// Why the guard answered a request itself.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    pub(crate) status: StatusCode,
-    pub(crate) code: &'static str,
-    pub(crate) message: String,
-}
-
-impl Refusal {
-    pub(crate) fn new(status: StatusCode, code: &'static str, message: String) -> Self {
-        Self {
-            status,
-            code,
-            message,
-        }
-    }
-
-    /// The response, an error in OpenAI's shape:
-    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}`.
-    pub(crate) fn into_response<B>(self) -> Response<ResponseBody<B>> {
-        let json = serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": "invalid_request_error",
-                "param": null,
-                "code": self.code,
-            }
-        });
-        let json = Bytes::from(json.to_string());
+impl<B> ResponseBody<B> {
+    /// The guard's own response to a request it refuses.
+    pub(crate) fn refused(refusal: &Refusal) -> Response<Self> {
+        let json = refusal.body();
         let mut res = Response::new(ResponseBody {
             inner: Inner::Refused {
                 json: Some(json.clone()),
             },
         });
-        *res.status_mut() = self.status;
+        *res.status_mut() = refusal.status();
         res.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

@@ -1,0 +1,442 @@
+//! The response side without tower: [`EventStreamFilter`], a sans-IO filter any host can drive.
+
+use std::fmt;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::body::FrameTooLarge;
+use crate::scan::{Lead, Scanner, Step};
+
+/// The capacity a filter's buffer for frames that span chunks starts with (at most
+/// `max_frame_bytes`).
+const HELD_CAPACITY: usize = 4096;
+
+/// Removes annotation frames from one `text/event-stream` body, fed chunk by chunk: the engine of
+/// [`BypassMarkerBody`](crate::BypassMarkerBody), for hosts that are not tower services (an Envoy
+/// external processor, a proxy written on another stack, a test).
+///
+/// Made by [`BypassMarkerLayer::response_filter`](crate::BypassMarkerLayer::response_filter) (which
+/// also decides from the response head whether the body is filtered at all) or
+/// [`BypassMarkerLayer::event_stream_filter`](crate::BypassMarkerLayer::event_stream_filter). It
+/// does no I/O and never blocks. The calling contract:
+///
+/// 1. [`push`](Self::push) a chunk of the body;
+/// 2. call [`poll_output`](Self::poll_output) until it returns [`FilterOutput::NeedInput`],
+///    forwarding every [`FilterOutput::Data`] in order;
+/// 3. repeat; at the end of the body call [`finish`](Self::finish), then `poll_output` until it
+///    returns [`FilterOutput::End`].
+///
+/// The output is what [`BypassMarkerBody`](crate::BypassMarkerBody) yields for the same chunks,
+/// byte for byte, with the same guarantees (see the [crate docs](crate)): every byte that is not
+/// part of a removed frame, in order; a complete frame is output before the next chunk is needed;
+/// forwarded bytes are slices of the pushed chunks (a chunk of whole kept frames comes back as the
+/// very same `Bytes`), and only a frame that spans chunks is copied, into a buffer capped by
+/// [`max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes); time linear in the bytes
+/// however they are split.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, RequestedAnnotations};
+///
+/// let layer = BypassMarkerLayer::new();
+/// let mut filter = layer.event_stream_filter(&RequestedAnnotations::new()).unwrap();
+/// let mut out = Vec::new();
+/// // The marker split across two chunks, then an event.
+/// for chunk in ["event: x-bypass", "-remote-prefill\n: true\n\ndata: {}\n\n"] {
+///     filter.push(Bytes::from(chunk));
+///     while let FilterOutput::Data(bytes) = filter.poll_output()? {
+///         out.extend_from_slice(&bytes);
+///     }
+/// }
+/// filter.finish();
+/// while let FilterOutput::Data(bytes) = filter.poll_output()? {
+///     out.extend_from_slice(&bytes);
+/// }
+/// assert_eq!(out, b"data: {}\n\n");
+/// # Ok::<_, tower_bypass_marker::FrameTooLarge>(())
+/// ```
+pub struct EventStreamFilter {
+    /// What is left of the current chunk, when acting on it yielded data before its end.
+    pub(crate) chunk: Bytes,
+    pub(crate) frames: Frames,
+    state: State,
+}
+
+/// Where a filter is in its calling contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    /// [`EventStreamFilter::finish`] was called; the held frame has not been judged yet.
+    Finishing,
+    /// Everything has been output (or the filter failed).
+    Ended,
+}
+
+/// What an [`EventStreamFilter`] asks of its caller next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterOutput {
+    /// Forward these bytes now, before anything else that follows.
+    Data(Bytes),
+    /// Everything pushed has been acted on: push the next chunk, or call
+    /// [`finish`](EventStreamFilter::finish).
+    NeedInput,
+    /// The body has ended and everything has been output.
+    End,
+}
+
+/// Everything about the frames of a filtered body but the current chunk, so that a driver can act
+/// on a chunk where it lies.
+pub(crate) struct Frames {
+    scanner: Scanner,
+    /// Data to yield before anything else: the bytes that follow the LF (or the first bytes of a
+    /// BOM) that [`Scanner::lead`] put before them.
+    pub(crate) ready: Bytes,
+    /// The bytes of a frame that spans chunks.
+    pub(crate) held: BytesMut,
+    /// Frames and bytes removed so far; `None` once the summary has been logged.
+    #[cfg(feature = "tracing")]
+    removed: Option<(u64, u64)>,
+}
+
+impl EventStreamFilter {
+    pub(crate) fn new(scanner: Scanner) -> Self {
+        Self {
+            chunk: Bytes::new(),
+            frames: Frames {
+                scanner,
+                ready: Bytes::new(),
+                held: BytesMut::new(),
+                #[cfg(feature = "tracing")]
+                removed: Some((0, 0)),
+            },
+            state: State::Open,
+        }
+    }
+
+    /// Feeds the next chunk of the body. An empty chunk is not the end of the body.
+    ///
+    /// # Panics
+    ///
+    /// When the previous chunk has not been used up (`poll_output` has not returned
+    /// [`FilterOutput::NeedInput`] since the last `push`), or after [`finish`](Self::finish).
+    pub fn push(&mut self, chunk: Bytes) {
+        assert!(
+            self.state == State::Open,
+            "EventStreamFilter::push after finish"
+        );
+        assert!(
+            self.chunk.is_empty() && self.frames.ready.is_empty(),
+            "EventStreamFilter::push before poll_output returned NeedInput"
+        );
+        self.chunk = chunk;
+    }
+
+    /// Marks the end of the body: a frame still open is judged as it stands, its unterminated
+    /// last line included. Call `poll_output` until it returns [`FilterOutput::End`].
+    ///
+    /// Calling it again changes nothing.
+    pub fn finish(&mut self) {
+        if self.state == State::Open {
+            self.state = State::Finishing;
+        }
+    }
+
+    /// The next thing to do: forward bytes, push more input, or nothing more (after
+    /// [`finish`](Self::finish)).
+    ///
+    /// # Errors
+    ///
+    /// [`FrameTooLarge`] when the layer is set to [`Overflow::Error`](crate::Overflow::Error) and a
+    /// frame that spans chunks outgrew [`max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes).
+    /// The stream must then be failed, not ended cleanly: the frame's bytes are dropped, and
+    /// every later call returns [`FilterOutput::End`].
+    pub fn poll_output(&mut self) -> Result<FilterOutput, FrameTooLarge> {
+        loop {
+            if !self.frames.ready.is_empty() {
+                return Ok(FilterOutput::Data(std::mem::take(&mut self.frames.ready)));
+            }
+            if !self.chunk.is_empty() {
+                match self.frames.drain(&mut self.chunk) {
+                    Ok(Some(data)) => return Ok(FilterOutput::Data(data)),
+                    Ok(None) => {}
+                    Err(err) => {
+                        self.state = State::Ended;
+                        return Err(err);
+                    }
+                }
+            }
+            match self.state {
+                State::Open => return Ok(FilterOutput::NeedInput),
+                State::Ended => return Ok(FilterOutput::End),
+                State::Finishing => {
+                    self.state = State::Ended;
+                    if let Some(data) = self.frames.finish() {
+                        return Ok(FilterOutput::Data(data));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bytes held for a frame that spans chunks (at most
+    /// [`max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes)), plus any output not yet
+    /// taken.
+    pub fn held_bytes(&self) -> usize {
+        self.frames.held.len() + self.frames.ready.len() + self.chunk.len()
+    }
+
+    /// Filters a whole body given as chunks, returning the output joined: a convenience for tests
+    /// and small bodies.
+    ///
+    /// # Errors
+    ///
+    /// As [`poll_output`](Self::poll_output).
+    pub fn filter_all<'a>(
+        mut self,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<Vec<u8>, FrameTooLarge> {
+        let mut out = Vec::new();
+        for chunk in chunks {
+            self.push(Bytes::copy_from_slice(chunk));
+            while let FilterOutput::Data(data) = self.poll_output()? {
+                out.extend_from_slice(&data);
+            }
+        }
+        self.finish();
+        while let FilterOutput::Data(data) = self.poll_output()? {
+            out.extend_from_slice(&data);
+        }
+        Ok(out)
+    }
+
+    /// Nothing is buffered and nothing pending can come out at the end of the body.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.chunk.is_empty()
+            && self.frames.ready.is_empty()
+            && self.frames.held.is_empty()
+            && (self.state == State::Ended || self.frames.scanner.is_idle())
+    }
+
+    /// An upper bound on the bytes held or owed that the inner body's size hint does not count.
+    pub(crate) fn pending(&self) -> usize {
+        self.chunk.len()
+            + self.frames.ready.len()
+            + self.frames.held.len()
+            + self.frames.scanner.lead_owed()
+    }
+
+    /// Acts on a chunk where it lies (a body's polled frame): what to yield, and what is left of
+    /// the chunk is kept for the next [`Self::poll_output`].
+    #[inline]
+    pub(crate) fn drain_in_place(
+        &mut self,
+        chunk: &mut Bytes,
+    ) -> Result<Option<Bytes>, FrameTooLarge> {
+        let out = self.frames.drain(chunk);
+        if !chunk.is_empty() {
+            self.chunk = std::mem::take(chunk);
+        }
+        if out.is_err() {
+            self.state = State::Ended;
+        }
+        out
+    }
+
+    /// The summary of a body that has ended, once (`tracing`).
+    #[cfg(feature = "tracing")]
+    pub(crate) fn log_end(&mut self) {
+        self.frames.log_end();
+    }
+}
+
+impl fmt::Debug for EventStreamFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventStreamFilter")
+            .field("held_bytes", &self.held_bytes())
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Frames {
+    /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
+    /// on is taken off its front.
+    fn drain(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, FrameTooLarge> {
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        // Small chunks mostly continue a held frame: `step_in_frame` decides those directly.
+        let mut step = match self.scanner.step_in_frame(chunk) {
+            Some(step) => step,
+            None => self.scanner.step(chunk),
+        };
+        loop {
+            match step {
+                Step::Forward(n) => {
+                    // Most often the whole chunk: taken without a call into `bytes`.
+                    let data = if n == chunk.len() {
+                        std::mem::take(chunk)
+                    } else {
+                        chunk.split_to(n)
+                    };
+                    if !self.scanner.lead_open() {
+                        return Ok(Some(data));
+                    }
+                    if let Some(data) = self.lead(data) {
+                        return Ok(Some(data));
+                    }
+                }
+                Step::Discard(n) => {
+                    self.note_removed(n);
+                    chunk.advance(n);
+                }
+                Step::DiscardLf(n) => {
+                    // The end of the frame removed at the end of the previous chunk.
+                    self.note_removed_tail(n);
+                    chunk.advance(n);
+                }
+                Step::Hold(n) => {
+                    if self.held.capacity() == 0 {
+                        // Room for a few frames at once: each release splits its frame off the
+                        // front, and the buffer is reclaimed whole once the consumer has dropped
+                        // them, instead of being grown (and reclaimed) every frame or two.
+                        let room = HELD_CAPACITY.min(self.scanner.max_frame_bytes());
+                        self.held.reserve(n.max(room));
+                    }
+                    self.held.extend_from_slice(&chunk[..n]);
+                    chunk.advance(n);
+                }
+                Step::Release(n) => {
+                    self.held.extend_from_slice(&chunk[..n]);
+                    chunk.advance(n);
+                    if !self.held.is_empty() {
+                        let data = self.held.split().freeze();
+                        if let Some(data) = self.lead(data) {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+                Step::DiscardHeld(n) => {
+                    self.note_removed(self.held.len() + n);
+                    self.held.clear();
+                    chunk.advance(n);
+                }
+                Step::Overflow => {
+                    let limit = self.scanner.max_frame_bytes();
+                    #[cfg(feature = "tracing")]
+                    if let Some((frames, bytes)) = self.removed.take() {
+                        tracing::debug!(
+                            removed_frames = frames,
+                            removed_bytes = bytes,
+                            limit,
+                            "event stream failed: a frame outgrew max_frame_bytes"
+                        );
+                    }
+                    chunk.clear();
+                    self.held = BytesMut::new();
+                    return Err(FrameTooLarge::new(limit));
+                }
+                Step::NeedInput => return Ok(None),
+            }
+            if chunk.is_empty() {
+                return Ok(None);
+            }
+            step = self.scanner.step(chunk);
+        }
+    }
+
+    /// The end of the data: a held frame is judged as it stands.
+    pub(crate) fn finish(&mut self) -> Option<Bytes> {
+        let out = match self.scanner.finish() {
+            Step::Release(_) if !self.held.is_empty() => {
+                let data = self.held.split().freeze();
+                self.lead(data)
+            }
+            Step::DiscardHeld(_) => {
+                self.note_removed(self.held.len());
+                self.held.clear();
+                None
+            }
+            _ => None,
+        };
+        // The first bytes of a BOM withheld by `lead` come out now: nothing can follow them.
+        let out = out.or_else(|| {
+            let withheld = self.scanner.lead_end();
+            (!withheld.is_empty()).then(|| Bytes::from_static(withheld))
+        });
+        #[cfg(feature = "tracing")]
+        self.log_end();
+        out
+    }
+
+    /// The summary of a body that has ended, once.
+    #[cfg(feature = "tracing")]
+    fn log_end(&mut self) {
+        if let Some((frames, bytes)) = self.removed.take() {
+            tracing::debug!(
+                removed_frames = frames,
+                removed_bytes = bytes,
+                "event stream ended"
+            );
+        }
+    }
+
+    /// `data`, about to be yielded, through [`Scanner::lead`]: what to yield now, and maybe
+    /// `data` into `ready`, to be yielded next.
+    #[cold]
+    fn lead(&mut self, data: Bytes) -> Option<Bytes> {
+        match self.scanner.lead(&data) {
+            Lead::Pass => Some(data),
+            Lead::Prefix(prefix) => {
+                self.ready = data;
+                Some(Bytes::from_static(prefix))
+            }
+            Lead::Wait => None,
+        }
+    }
+
+    /// Bytes of a removed frame that arrived after the frame was counted.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    fn note_removed_tail(&mut self, bytes: usize) {
+        #[cfg(feature = "tracing")]
+        if let Some(removed) = &mut self.removed {
+            removed.1 += bytes as u64;
+        }
+    }
+
+    fn note_removed(&mut self, bytes: usize) {
+        if let Some(observer) = self.scanner.observer() {
+            observer.frame_removed(self.scanner.last_removed_name(), bytes);
+        }
+        #[cfg(feature = "tracing")]
+        {
+            if let Some(removed) = &mut self.removed {
+                removed.0 += 1;
+                removed.1 += bytes as u64;
+            }
+            tracing::debug!(
+                event = self
+                    .scanner
+                    .last_removed_name()
+                    .unwrap_or("(no data field)"),
+                bytes,
+                "removed annotation frame"
+            );
+        }
+    }
+}
+
+#[cfg(feature = "tracing")]
+impl Drop for Frames {
+    /// A body dropped before its end (the client went away) still gets its summary.
+    fn drop(&mut self) {
+        if let Some((frames, bytes)) = self.removed.take() {
+            tracing::debug!(
+                removed_frames = frames,
+                removed_bytes = bytes,
+                held_bytes = self.held.len(),
+                "event stream dropped before its end"
+            );
+        }
+    }
+}

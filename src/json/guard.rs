@@ -1,0 +1,447 @@
+//! The guard's decisions without tower: [`RequestGuard`], for any host (an Envoy external
+//! processor, a proxy on another stack).
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, StatusCode};
+
+use crate::config::Config;
+use crate::json::splice::{self, Reason};
+use crate::json::{JsonGuardLayer, DEFAULT_MAX_BODY_BYTES};
+use crate::{BypassMarkerLayer, RequestedAnnotations};
+
+/// What [`JsonGuard`](crate::json::JsonGuard) decides about a request, as plain functions of its
+/// head and its body: the same rules, for hosts that are not tower services.
+///
+/// Made by [`BypassMarkerLayer::request_guard`] or [`JsonGuardLayer::request_guard`]. The calling
+/// contract: [`check_head`](Self::check_head) with the request's headers; on
+/// [`HeadDecision::Read`], read the whole body (refusing with [`Refusal::too_large`] as soon as it
+/// passes [`max_body`](Self::max_body) bytes), then [`check_body`](Self::check_body).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{header, HeaderMap};
+/// use tower_bypass_marker::json::{BodyDecision, HeadDecision};
+/// use tower_bypass_marker::BypassMarkerLayer;
+///
+/// let guard = BypassMarkerLayer::new().opt_in("request_id").request_guard();
+/// let mut headers = HeaderMap::new();
+/// headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+/// assert!(matches!(guard.check_head(&headers, false), HeadDecision::Read));
+///
+/// let body = Bytes::from_static(
+///     br#"{"nvext":{"annotations":["x-bypass-remote-prefill:true","request_id"]}}"#,
+/// );
+/// match guard.check_body(body) {
+///     BodyDecision::Splice { body, granted } => {
+///         assert_eq!(body.to_vec(), br#"{"nvext":{"annotations":["request_id"]}}"#);
+///         assert!(granted.contains("request_id"));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+///
+/// // Not JSON: refused with OpenAI's error shape.
+/// let BodyDecision::Refuse(refusal) = guard.check_body(Bytes::from_static(b"{")) else {
+///     panic!()
+/// };
+/// assert_eq!(refusal.status(), 400);
+/// assert_eq!(refusal.code(), "invalid_json");
+/// ```
+#[derive(Clone)]
+pub struct RequestGuard {
+    config: Arc<Config>,
+    max_body_bytes: usize,
+}
+
+/// What to do with a request, from its head.
+#[derive(Debug)]
+pub enum HeadDecision {
+    /// The guard does not read this body (it is empty, or not JSON): forward the request
+    /// untouched, with nothing granted.
+    Skip,
+    /// Read the whole body, then call [`RequestGuard::check_body`].
+    Read,
+    /// Answer the client with this refusal; forward nothing.
+    Refuse(Refusal),
+}
+
+/// What to do with a request, from its body.
+#[derive(Debug)]
+pub enum BodyDecision {
+    /// Forward the body as it is; the client is granted `granted` (perhaps nothing).
+    Forward {
+        /// The configured names the client asked for and may receive.
+        granted: RequestedAnnotations,
+    },
+    /// Forward `body` instead: router-owned names were stripped from `nvext.annotations`. Update
+    /// the request's `content-length`, if it has one, to [`Spliced::len`].
+    Splice {
+        /// The body to forward.
+        body: Spliced,
+        /// The configured names the client asked for and may receive.
+        granted: RequestedAnnotations,
+    },
+    /// Answer the client with this refusal; forward nothing.
+    Refuse(Refusal),
+}
+
+/// A body with its `nvext.annotations` array replaced: the client's bytes before the array and
+/// after it, as slices of the body that was checked, and the new array between them.
+#[derive(Debug, Clone)]
+pub struct Spliced {
+    chunks: [Bytes; 3],
+}
+
+impl Spliced {
+    /// The length of the new body in bytes.
+    #[allow(clippy::len_without_is_empty)] // never empty: it holds at least `[]`
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(Bytes::len).sum()
+    }
+
+    /// The new body as three chunks (before the array, the array, after it), none copied but the
+    /// array.
+    pub fn into_chunks(self) -> [Bytes; 3] {
+        self.chunks
+    }
+
+    /// The new body in one contiguous buffer (a copy).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(self.len());
+        for chunk in &self.chunks {
+            all.extend_from_slice(chunk);
+        }
+        all
+    }
+}
+
+/// The guard's answer to a request it refuses: a status and an error in OpenAI's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Refusal {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: String) -> Self {
+        Self {
+            status,
+            code,
+            message,
+        }
+    }
+
+    /// 413 `request_too_large`: the body is over `max` bytes.
+    pub fn too_large(max: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the request body is larger than the limit of {max} bytes"),
+        )
+    }
+
+    /// 400 `body_read_error`: the request body failed while being read.
+    pub fn body_read_error() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "body_read_error",
+            "the request body could not be read".to_owned(),
+        )
+    }
+
+    /// The response status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The error's `code`: `request_too_large`, `unsupported_content_encoding`, `invalid_json`,
+    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)).
+    pub fn code(&self) -> &str {
+        self.code
+    }
+
+    /// The error's message, for the client.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The response body, `content-type: application/json`:
+    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}`.
+    pub fn body(&self) -> Bytes {
+        let json = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": "invalid_request_error",
+                "param": null,
+                "code": self.code,
+            }
+        });
+        Bytes::from(json.to_string())
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl RequestGuard {
+    pub(crate) fn new(config: Arc<Config>, max_body_bytes: usize) -> Self {
+        Self {
+            config,
+            max_body_bytes,
+        }
+    }
+
+    /// Caps the bytes of a body the guard reads (default [`DEFAULT_MAX_BODY_BYTES`], 32 MiB).
+    #[must_use]
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.max_body_bytes = max;
+        self
+    }
+
+    /// The cap on the bytes of a body the guard reads.
+    pub fn max_body(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    /// Decides from the request's head. `body_empty`: the request is known to have no body (an
+    /// HTTP/2 `END_STREAM` on the headers, a `content-length: 0`).
+    ///
+    /// The body is read when it may be non-empty and its content type is JSON as lenient servers
+    /// read it (see the [module docs](crate::json)); it is refused first when it has a
+    /// `content-encoding` other than `identity` (415) or a `content-length` over the cap (413).
+    pub fn check_head(&self, headers: &HeaderMap, body_empty: bool) -> HeadDecision {
+        if body_empty || !reads_content_type(headers) {
+            return HeadDecision::Skip;
+        }
+        if declared_length(headers) == Some(0) {
+            return HeadDecision::Skip;
+        }
+        if !identity_only(headers) {
+            return HeadDecision::Refuse(Refusal::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_content_encoding",
+                "the request body has a content-encoding; send JSON request bodies unencoded"
+                    .to_owned(),
+            ));
+        }
+        if declared_length(headers).is_some_and(|n| n > self.max_body_bytes as u64) {
+            return HeadDecision::Refuse(Refusal::too_large(self.max_body_bytes));
+        }
+        HeadDecision::Read
+    }
+
+    /// Decides from the whole body (at most [`max_body`](Self::max_body) bytes): forward it,
+    /// forward a spliced one, or refuse it. An empty body is forwarded with nothing granted.
+    pub fn check_body(&self, body: Bytes) -> BodyDecision {
+        if body.len() > self.max_body_bytes {
+            return BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes));
+        }
+        if body.is_empty() {
+            return BodyDecision::Forward {
+                granted: RequestedAnnotations::new(),
+            };
+        }
+        let guarded = match splice::guard(&self.config, &body) {
+            Ok(guarded) => guarded,
+            Err(rejection) => {
+                let code = match rejection.reason {
+                    Reason::Invalid => "invalid_json",
+                    Reason::Duplicate => "duplicate_key",
+                    Reason::Shape => "invalid_nvext",
+                };
+                return BodyDecision::Refuse(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    code,
+                    rejection.message,
+                ));
+            }
+        };
+        match guarded.splice {
+            None => BodyDecision::Forward {
+                granted: guarded.granted,
+            },
+            Some(splice) => BodyDecision::Splice {
+                body: Spliced {
+                    chunks: [
+                        body.slice(..splice.span.start),
+                        Bytes::from(splice.array),
+                        body.slice(splice.span.end..),
+                    ],
+                },
+                granted: guarded.granted,
+            },
+        }
+    }
+
+    /// [`check_body`](Self::check_body) of a body received in several chunks, joined once.
+    pub fn check_chunks(&self, chunks: Vec<Bytes>) -> BodyDecision {
+        self.check_body(join(chunks))
+    }
+}
+
+impl fmt::Debug for RequestGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("RequestGuard");
+        self.config.debug_fields(&mut d);
+        d.field("max_body_bytes", &self.max_body_bytes).finish()
+    }
+}
+
+impl BypassMarkerLayer {
+    /// The request-side guard's decisions for this layer's names, without tower: see
+    /// [`RequestGuard`]. The body cap is [`DEFAULT_MAX_BODY_BYTES`].
+    pub fn request_guard(&self) -> RequestGuard {
+        RequestGuard::new(self.config.clone(), DEFAULT_MAX_BODY_BYTES)
+    }
+}
+
+impl JsonGuardLayer {
+    /// This guard's decisions, without tower: see [`RequestGuard`].
+    pub fn request_guard(&self) -> RequestGuard {
+        RequestGuard::new(self.config.clone(), self.max_body_bytes)
+    }
+}
+
+/// Chunks joined into one buffer (the one chunk itself when there is one).
+pub(crate) fn join(mut chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().expect("one chunk"),
+        _ => {
+            let mut all = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for chunk in chunks {
+                all.extend_from_slice(&chunk);
+            }
+            all.freeze()
+        }
+    }
+}
+
+/// Whether the content type is one a lenient server parses as JSON: no `content-type` header, an
+/// empty one, or any value whose media type is `application/json` or `application/*+json` (see
+/// [`is_json_media_type`]). Of several headers, any one counts.
+fn reads_content_type(headers: &HeaderMap) -> bool {
+    let mut types = headers.get_all(CONTENT_TYPE).iter().peekable();
+    types.peek().is_none()
+        || types.any(|v| trim_lenient(v.as_bytes()).is_empty() || is_json_media_type(v.as_bytes()))
+}
+
+/// `application/json` or `application/<anything>+json` (`application/+json` included), any ASCII
+/// case, parameters allowed, read as Starlette and FastAPI read it: the value decoded as latin-1,
+/// the part before the first `;` stripped of what Python's `str.strip` strips (ASCII whitespace,
+/// the separators 0x1C to 0x1F, NEL 0x85 and NBSP 0xA0), the type before the first `/`.
+pub(crate) fn is_json_media_type(value: &[u8]) -> bool {
+    let essence = value.split(|&b| b == b';').next().unwrap_or(value);
+    let essence = trim_lenient(essence);
+    let Some(slash) = essence.iter().position(|&b| b == b'/') else {
+        return false;
+    };
+    let (kind, subtype) = (&essence[..slash], &essence[slash + 1..]);
+    kind.eq_ignore_ascii_case(b"application")
+        && (subtype.eq_ignore_ascii_case(b"json")
+            || (subtype.len() >= b"+json".len()
+                && subtype[subtype.len() - 5..].eq_ignore_ascii_case(b"+json")))
+}
+
+/// Whitespace as Python's `str.strip` sees it in a latin-1 string.
+fn is_lenient_space(b: u8) -> bool {
+    matches!(b, b'\t'..=b'\r' | 0x1C..=0x20 | 0x85 | 0xA0)
+}
+
+fn trim_lenient(mut bytes: &[u8]) -> &[u8] {
+    while let [b, rest @ ..] = bytes {
+        if !is_lenient_space(*b) {
+            break;
+        }
+        bytes = rest;
+    }
+    while let [rest @ .., b] = bytes {
+        if !is_lenient_space(*b) {
+            break;
+        }
+        bytes = rest;
+    }
+    bytes
+}
+
+/// No `content-encoding` but `identity` (any case; empty list elements are ignored, RFC 9110
+/// section 5.6.1).
+fn identity_only(headers: &HeaderMap) -> bool {
+    headers.get_all(CONTENT_ENCODING).iter().all(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .map(trim_ows)
+            .all(|coding| coding.is_empty() || coding.eq_ignore_ascii_case(b"identity"))
+    })
+}
+
+/// The `content-length` header, if it parses.
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+fn trim_ows(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = bytes {
+        bytes = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = bytes {
+        bytes = rest;
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_media_types_are_read_as_starlette_reads_them() {
+        for json in [
+            &b"application/json"[..],
+            b"APPLICATION/JSON; charset=utf-8",
+            b"application/+json",
+            b"application/vnd.api+JSON",
+            b"\xA0application/json\xA0",
+            b"\x85application/json",
+            b"application/json\x1F",
+            b" \tapplication/json ;x",
+        ] {
+            assert!(
+                is_json_media_type(json),
+                "{:?}",
+                String::from_utf8_lossy(json)
+            );
+        }
+        for other in [
+            &b"text/json"[..],
+            b"application/jsonx",
+            b"application/xjson",
+            b"application",
+            b"application /json",
+            b"\xC2\xA0application/json", // UTF-8 NBSP: latin-1 "Â" then NBSP
+            b"multipart/form-data",
+        ] {
+            assert!(
+                !is_json_media_type(other),
+                "{:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
+}
