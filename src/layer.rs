@@ -301,27 +301,3 @@ impl<S> BypassMarker<S> {
         BypassMarkerLayer::new()
     }
 }
-
-/// Drives a [`Scanner`](crate::scan::Scanner) over chunks the way the body does, for the fuzz
-/// targets (`--cfg fuzzing`, which cargo-fuzz sets). Not part of the public API.
-#[cfg(fuzzing)]
-pub mod fuzz {
-    use super::BypassMarkerLayer;
-    use crate::scan::{drive_chunks, Scanner};
-    use crate::RequestedAnnotations;
-
-    /// The scanner's output for `chunks`, and after each chunk how many output bytes had been
-    /// yielded. `None` when the frame cap was exceeded with [`crate::Overflow::Error`].
-    pub fn filter_chunks(
-        layer: &BypassMarkerLayer,
-        requested: &RequestedAnnotations,
-        chunks: &[&[u8]],
-    ) -> Option<(Vec<u8>, Vec<usize>)> {
-        let config = layer.config.clone();
-        let remove = config.removal_mask(config.requested_mask(requested));
-        let mut s = Scanner::new(config, remove);
-        let mut after = Vec::new();
-        let out = drive_chunks(&mut s, chunks, |out| after.push(out.len()))?;
-        Some((out, after))
-    }
-}

@@ -200,9 +200,5 @@ pub use layer::BypassMarkerLayer;
 pub use observe::FrameObserver;
 pub use service::BypassMarker;
 
-#[cfg(fuzzing)]
-#[doc(hidden)]
-pub use layer::fuzz as __fuzz;
-
 /// The error type of [`BypassMarkerBody`]: the inner body's error, or [`FrameTooLarge`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

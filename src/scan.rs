@@ -767,7 +767,7 @@ fn touch_lines(input: &[u8]) {
 }
 
 #[cfg(test)]
-// The fuzz driver below is shared with these tests and compiled for both (cfg(test), cfg(fuzzing)).
+// The test driver `drive_chunks` follows the module.
 #[allow(clippy::items_after_test_module)]
 mod tests {
     use super::*;
@@ -1383,12 +1383,10 @@ mod tests {
     }
 }
 
-/// Drives a [`Scanner`] over chunks the way the body does, for fuzzing and tests outside the
-/// crate. Not part of the public API.
 /// Feeds `chunks` to `s` the way the body does, with a plain buffer for the held bytes, and ends
 /// the body. Calls `after_chunk` with the output so far after each chunk. `None` on
 /// [`Step::Overflow`].
-#[cfg(any(test, fuzzing))]
+#[cfg(test)]
 pub(crate) fn drive_chunks(
     s: &mut Scanner,
     chunks: &[&[u8]],
@@ -1451,7 +1449,7 @@ pub(crate) fn drive_chunks(
 }
 
 /// Forwards `bytes` to `out` the way the body does, through [`Scanner::lead`].
-#[cfg(any(test, fuzzing))]
+#[cfg(test)]
 fn forward(s: &mut Scanner, out: &mut Vec<u8>, bytes: &[u8]) {
     if bytes.is_empty() {
         return;

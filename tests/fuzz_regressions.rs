@@ -1,8 +1,9 @@
 //! Inputs the fuzz targets (see FUZZING.md) found, kept as tests that plain `cargo test` runs.
 //!
 //! Every file under `fuzz/regressions/<target>/` (and the seed inputs, `fuzz/seeds/`) is replayed
-//! through the real body with the targets' own decoding and oracle (`fuzz/src/`); the `scanner`
-//! target's inputs with a plain inner body, since its scanner driver is behind a hidden feature.
+//! through the real body with the targets' own decoding and oracle (`fuzz/src/`), the `scanner`
+//! target's inputs with a plain inner body; and every one of them through the public sans-IO
+//! filter, against the model and against the body (the `scanner` and `filter` targets).
 //! The findings in the crate also have a test of their own below, written out by hand.
 
 mod model;
@@ -13,6 +14,9 @@ mod body;
 #[allow(dead_code)]
 #[path = "../fuzz/src/case.rs"]
 mod case;
+#[allow(dead_code)]
+#[path = "../fuzz/src/filter.rs"]
+mod filter;
 #[allow(dead_code)]
 #[path = "../fuzz/src/oracle.rs"]
 mod oracle;
@@ -31,6 +35,17 @@ use tower_bypass_marker::{BoxError, BypassMarkerLayer, FrameTooLarge, Overflow};
 /// Replays every input under `fuzz/<dir>/` through the body; `plain` drops the body plan
 /// (trailers, errors, `Pending`), as the `scanner` target ignores it. Returns how many ran.
 fn replay(dir: &str, plain: bool) -> usize {
+    replay_with(dir, |case| {
+        if plain {
+            body::check_body(&case.plain());
+        } else {
+            body::check_body(case);
+        }
+    })
+}
+
+/// Replays every input under `fuzz/<dir>/` through `check`. Returns how many ran.
+fn replay_with(dir: &str, check: impl Fn(&Case)) -> usize {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join(dir);
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -41,8 +56,7 @@ fn replay(dir: &str, plain: bool) -> usize {
     for file in &files {
         let data = std::fs::read(file).unwrap();
         let case = Case::decode(&data);
-        let case = if plain { case.plain() } else { case };
-        if let Err(e) = std::panic::catch_unwind(|| body::check_body(&case)) {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&case))) {
             eprintln!("{}: {case:#?}", file.display());
             std::panic::resume_unwind(e);
         }
@@ -54,6 +68,17 @@ fn replay(dir: &str, plain: bool) -> usize {
 fn fuzz_findings_replay_through_the_body() {
     let ran = replay("regressions/scanner", true) + replay("regressions/body", false);
     assert!(ran > 0, "no regression inputs found");
+}
+
+#[test]
+fn fuzz_inputs_replay_through_the_sans_io_filter() {
+    for dir in ["regressions/scanner", "regressions/body", "seeds"] {
+        let ran = replay_with(dir, |case| {
+            oracle::check_scanner(case, filter::filter_chunks(case));
+            filter::check_filter(case);
+        });
+        assert!(ran > 0, "no inputs in {dir}");
+    }
 }
 
 #[test]

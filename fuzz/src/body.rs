@@ -36,6 +36,15 @@ pub struct Scripted {
     items: VecDeque<Item>,
 }
 
+impl Scripted {
+    /// A body that yields `items`, then ends.
+    pub fn new(items: Vec<Item>) -> Self {
+        Self {
+            items: items.into(),
+        }
+    }
+}
+
 impl Body for Scripted {
     type Data = Bytes;
     type Error = BoxError;
@@ -121,11 +130,11 @@ impl Wake for Noop {
     fn wake(self: Arc<Self>) {}
 }
 
-fn noop_waker() -> Waker {
+pub fn noop_waker() -> Waker {
     Waker::from(Arc::new(Noop))
 }
 
-fn ready<F: Future>(f: F) -> F::Output {
+pub fn ready<F: Future>(f: F) -> F::Output {
     let waker = noop_waker();
     let mut cx = Context::from_waker(&waker);
     match pin!(f).poll(&mut cx) {

@@ -6,5 +6,6 @@ pub mod model;
 
 pub mod body;
 pub mod case;
+pub mod filter;
 pub mod json;
 pub mod oracle;

@@ -1,0 +1,183 @@
+//! The public sans-IO `EventStreamFilter`, driven as a host would drive it, and compared with the
+//! tower body it is the engine of.
+
+use std::convert::Infallible;
+use std::pin::pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use tower::{service_fn, Layer, Service};
+use tower_bypass_marker::{FilterOutput, FrameTooLarge};
+
+use crate::body::{noop_waker, ready, Item, Scripted};
+use crate::case::{Case, CONTENT_TYPES};
+use crate::oracle::esc;
+
+/// The output of the public filter for `case`'s chunks (`None` when it failed with
+/// `FrameTooLarge`), and the output's length after each chunk. The filter is made for an event
+/// stream; with nothing to remove there is none, and the body is its own output. Asserts that the
+/// bytes held between chunks never pass the cap.
+pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
+    let chunks = case.chunks();
+    let layer = case.layer();
+    let Some(mut filter) = layer.event_stream_filter(&case.requested()) else {
+        let mut after = Vec::new();
+        let mut len = 0;
+        for chunk in &chunks {
+            len += chunk.len();
+            after.push(len);
+        }
+        return Some((case.input.clone(), after));
+    };
+    // A BOM's first two bytes may be held whatever the cap.
+    let cap = case.max_frame_bytes().max(2);
+    let mut out = Vec::new();
+    let mut after = Vec::new();
+    for chunk in chunks {
+        filter.push(Bytes::copy_from_slice(chunk));
+        let mut polls = 0;
+        loop {
+            polls += 1;
+            assert!(polls <= 2 * chunk.len() + 3, "the filter makes no progress");
+            match filter.poll_output() {
+                Ok(FilterOutput::Data(data)) => {
+                    assert!(!data.is_empty(), "empty output");
+                    out.extend_from_slice(&data);
+                }
+                Ok(FilterOutput::NeedInput) => break,
+                Ok(FilterOutput::End) => panic!("End before finish"),
+                Err(_) => return None,
+            }
+        }
+        assert!(
+            filter.held_bytes() <= cap,
+            "held {} bytes past the cap of {cap}",
+            filter.held_bytes()
+        );
+        after.push(out.len());
+    }
+    filter.finish();
+    loop {
+        match filter.poll_output() {
+            Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
+            Ok(FilterOutput::End) => break,
+            Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
+            Err(_) => return None,
+        }
+    }
+    assert_eq!(filter.poll_output(), Ok(FilterOutput::End), "End is final");
+    assert_eq!(filter.held_bytes(), 0, "bytes left in the filter");
+    Some((out, after))
+}
+
+/// What a driver saw: the output after each chunk, the whole output, and whether it failed.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    after: Vec<usize>,
+    out: String,
+    too_large: Option<usize>,
+}
+
+/// The tower body and the public filter, given the same response head, opt-in and chunks, output
+/// the same bytes after every chunk and at the end, and fail with the same `FrameTooLarge`.
+pub fn check_filter(case: &Case) {
+    let (content_type, encoding, _) = CONTENT_TYPES[case.body.content_type];
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Some(encoding) = encoding {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    let chunks = case.chunks();
+
+    // The tower body, a `Pending` after each chunk.
+    let mut items = Vec::new();
+    for chunk in &chunks {
+        items.push(Item::Data(Bytes::copy_from_slice(chunk)));
+        items.push(Item::Pending);
+    }
+    let mut res = Response::new(Scripted::new(items));
+    *res.headers_mut() = headers.clone();
+    let mut res = Some(res);
+    let mut svc = case.layer().layer(service_fn(move |_req: Request<()>| {
+        std::future::ready(Ok::<_, Infallible>(res.take().expect("called once")))
+    }));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(case.requested());
+    let body = ready(svc.call(req)).unwrap().into_body();
+    let mut body = pin!(body);
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut from_body = Seen {
+        after: Vec::new(),
+        out: String::new(),
+        too_large: None,
+    };
+    let mut out = Vec::new();
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => out.extend_from_slice(&frame.into_data().unwrap()),
+            Poll::Ready(Some(Err(err))) => {
+                let err = err.downcast::<FrameTooLarge>().expect("only FrameTooLarge");
+                from_body.too_large = Some(err.limit());
+                break;
+            }
+            Poll::Ready(None) => break,
+            Poll::Pending => from_body.after.push(out.len()),
+        }
+    }
+    from_body.out = esc(&out);
+
+    // The public filter, for the same head.
+    let mut from_filter = Seen {
+        after: Vec::new(),
+        out: String::new(),
+        too_large: None,
+    };
+    let mut out = Vec::new();
+    match case
+        .layer()
+        .response_filter(&Method::POST, StatusCode::OK, &headers, &case.requested())
+    {
+        None => {
+            for chunk in &chunks {
+                out.extend_from_slice(chunk);
+                from_filter.after.push(out.len());
+            }
+        }
+        Some(mut filter) => {
+            'chunks: for chunk in &chunks {
+                filter.push(Bytes::copy_from_slice(chunk));
+                loop {
+                    match filter.poll_output() {
+                        Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
+                        Ok(FilterOutput::NeedInput) => break,
+                        Ok(FilterOutput::End) => panic!("End before finish"),
+                        Err(err) => {
+                            from_filter.too_large = Some(err.limit());
+                            break 'chunks;
+                        }
+                    }
+                }
+                from_filter.after.push(out.len());
+            }
+            if from_filter.too_large.is_none() {
+                filter.finish();
+                loop {
+                    match filter.poll_output() {
+                        Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
+                        Ok(FilterOutput::End) => break,
+                        Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
+                        Err(err) => {
+                            from_filter.too_large = Some(err.limit());
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    from_filter.out = esc(&out);
+    assert_eq!(from_body, from_filter, "the body and the filter differ");
+}
