@@ -179,12 +179,16 @@ impl Filter {
     {
         loop {
             // Output owed from an earlier chunk (or from the end of the data) comes first.
-            match self.filter.poll_output() {
-                Ok(FilterOutput::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                Ok(FilterOutput::NeedInput | FilterOutput::End) => {}
-                Err(err) => {
-                    self.end = End::Done;
-                    return Poll::Ready(Some(Err(Box::new(err))));
+            if !self.filter.wants_input() {
+                match self.filter.poll_output() {
+                    Ok(FilterOutput::Data(data)) => {
+                        return Poll::Ready(Some(Ok(Frame::data(data))))
+                    }
+                    Ok(FilterOutput::NeedInput | FilterOutput::End) => {}
+                    Err(err) => {
+                        self.end = End::Done;
+                        return Poll::Ready(Some(Err(Box::new(err))));
+                    }
                 }
             }
             if !matches!(self.end, End::Open) {

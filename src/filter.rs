@@ -209,6 +209,13 @@ impl EventStreamFilter {
         Ok(out)
     }
 
+    /// Everything pushed has been acted on and the body has not ended: `poll_output` would return
+    /// `NeedInput`. The tower body's per-chunk check, cheaper than a call to `poll_output`.
+    #[inline]
+    pub(crate) fn wants_input(&self) -> bool {
+        self.chunk.is_empty() && self.frames.ready.is_empty() && self.state == State::Open
+    }
+
     /// Nothing is buffered and nothing pending can come out at the end of the body.
     pub(crate) fn is_idle(&self) -> bool {
         self.chunk.is_empty()

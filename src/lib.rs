@@ -159,11 +159,23 @@
 //! Trailers are forwarded after all data. An error from the inner body is passed through, after
 //! the data held for an open frame, judged as at the end of the body.
 //!
+//! # Without tower
+//!
+//! The layer is a thin adapter over two sans-IO cores that any host can drive, with no runtime,
+//! no `http-body` and no tower: [`EventStreamFilter`] (made by
+//! [`BypassMarkerLayer::response_filter`] from a response head) takes a body's chunks and gives
+//! back the bytes to forward, and, with the `json` feature, `json::RequestGuard` (made by
+//! `BypassMarkerLayer::request_guard`) decides what to do with a request from its head and its
+//! body. The tower body, the JSON guard middleware and the crate's other front doors all drive
+//! these two, so their behaviour cannot differ. [`FrameObserver`] counts what they remove and
+//! forward, for metrics.
+//!
 //! # Where to put it
 //!
 //! Inside any compression layer: an encoded body is passed through unfiltered. With the `json`
 //! feature, in axum: `.layer(bypass.clone()).layer(bypass.json_guard())` (either order works).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
