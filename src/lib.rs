@@ -182,6 +182,8 @@
 pub mod annotations;
 mod body;
 mod config;
+#[cfg(feature = "envoy")]
+pub mod envoy;
 mod filter;
 mod future;
 #[cfg(feature = "json")]

@@ -1,0 +1,138 @@
+//! The layer as an Envoy external processor (feature `envoy`).
+//!
+//! Envoy's external processing filter (`envoy.filters.http.ext_proc`) opens one gRPC stream to
+//! the processor for every HTTP request and sends it the request's and the response's headers
+//! and bodies. [`ExtProc`] answers them with the same two sans-IO cores the tower layers drive,
+//! so Envoy, the `BypassMarkerLayer` and the `JsonGuard` layer cannot disagree:
+//!
+//! - **Request headers and body**: the JSON guard's rules
+//!   ([`RequestGuard`](crate::json::RequestGuard)). A request the guard does not read goes on
+//!   untouched (and Envoy is told not to send its body); a refused one gets the guard's status, `content-type: application/json` and its
+//!   OpenAI-shaped error as Envoy's local reply (`immediate_response`); a body whose
+//!   `nvext.annotations` named a router-owned name is replaced by the spliced body (and its
+//!   `content-length`, if it had one, updated). The client's opt-in is kept for the response.
+//! - **Response headers**:
+//!   [`BypassMarkerLayer::response_filter`](crate::BypassMarkerLayer::response_filter) decides,
+//!   as the tower layer does. A response it passes through (JSON, gRPC, encoded
+//!   streams, nothing to remove for this client) is answered with a `mode_override` that stops
+//!   Envoy sending its body: one message per response. A filtered one loses `content-length`.
+//! - **Response body**: every chunk through an [`EventStreamFilter`](crate::EventStreamFilter).
+//!   A chunk the filter forwards as it is gets an answer without a body mutation (Envoy forwards
+//!   the chunk it holds; nothing is copied back); otherwise the answer carries the bytes to
+//!   forward for that chunk: the complete frames, without the removed ones. A frame that spans
+//!   chunks is held, at most `max_frame_bytes`, and released with the chunk that completes it;
+//!   at the end of the body a frame still open is judged as it stands.
+//!
+//! Per-frame counts reach a [`FrameObserver`](crate::FrameObserver) set on the layer
+//! ([`BypassMarkerLayer::observe`](crate::BypassMarkerLayer::observe)), as with the tower layer.
+//! With an observer, the event streams of clients that opted in go through the processor too
+//! (so that their frames are counted), at one message per chunk.
+//!
+//! # In Envoy
+//!
+//! The processor works with the configuration an operator writes from Envoy's documentation:
+//!
+//! ```yaml
+//! - name: envoy.filters.http.ext_proc
+//!   typed_config:
+//!     "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+//!     grpc_service: {envoy_grpc: {cluster_name: bypass_marker}}
+//!     processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, request_trailer_mode: SKIP,
+//!                       response_header_mode: SEND, response_body_mode: STREAMED, response_trailer_mode: SKIP}
+//!     allow_mode_override: true
+//!     failure_mode_allow: false
+//! ```
+//!
+//! The cluster must speak HTTP/2 (`typed_extension_protocol_options` with
+//! `explicit_http_config: {http2_protocol_options: {}}`). `request_body_mode` must be `BUFFERED`:
+//! the guard judges whole bodies (a request it must read under another mode fails, see below).
+//! Without `allow_mode_override`, Envoy sends every body anyway and the processor answers each
+//! with no change: correct, only slower (and Envoy buffers every request body, so a large upload
+//! that the guard does not read meets Envoy's buffer limit). Under another `response_body_mode`
+//! (`NONE`, say), the processor asks for `STREAMED` on the responses it must filter.
+//!
+//! ## A configuration that keeps `content-length` on JSON responses
+//!
+//! Envoy drops the `content-length` of every response whose body mode is `STREAMED` when its
+//! headers arrive, before the processor answers, so with the configuration above JSON responses
+//! reach clients chunked (their bytes unchanged). With `response_body_mode: NONE` instead, the
+//! processor asks for `STREAMED` (a `mode_override`) on exactly the responses it filters: JSON
+//! responses keep their `content-length`, and the count of messages is the same. This relies on
+//! `allow_mode_override: true`: without it, event streams would pass unfiltered under `NONE`,
+//! whereas the documented configuration fails safe (checked by hand with Envoy 1.40.0: the marker
+//! removed, a 20 MiB request body spliced with its `content-length` updated, a 50 MB upload that
+//! the guard does not read passed without Envoy buffering it).
+//!
+//! # Running it
+//!
+//! ```
+//! use tower_bypass_marker::{envoy::{self, ExtProc}, BypassMarkerLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let processor = ExtProc::new(BypassMarkerLayer::dynamo()).max_body_bytes(8 << 20);
+//! // Serves the processor and grpc.health.v1 until the future completes (a signal, usually).
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let server = tokio::spawn(envoy::serve(listener, processor, async {
+//!     let _ = stopped.await;
+//! }));
+//! stop.send(()).unwrap();
+//! server.await??;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`ExtProc::into_service`] gives the tonic service alone, for a server of your own.
+//!
+//! # On failure
+//!
+//! Run Envoy with `failure_mode_allow: false` (the default): a response that the processor
+//! cannot judge then never reaches a client unfiltered.
+//!
+//! - **Processor unreachable before a request**: Envoy answers the request itself with a 5xx;
+//!   nothing reaches the upstream.
+//! - **Processor gone in the middle of a stream**: Envoy resets the HTTP stream; the client sees
+//!   a broken stream (HTTP/2 `RST_STREAM`, or an HTTP/1 chunked body that stops without its last
+//!   chunk), never a clean end, and never the bytes held for an open frame.
+//! - **Slow processor**: each message has Envoy's `message_timeout` (200 ms by default); past it
+//!   Envoy fails the request as above.
+//! - **Client disconnects, upstream resets**: Envoy closes the gRPC stream; the processor drops
+//!   the stream's state (held bytes included) as soon as it sees the end.
+//! - **A frame outgrows `max_frame_bytes`** with [`Overflow::Error`](crate::Overflow): the gRPC
+//!   stream fails with `RESOURCE_EXHAUSTED`, so Envoy resets the HTTP stream (with the default
+//!   `Overflow::Forward` the frame is forwarded unfiltered instead, as the tower body does).
+//!   Checked by hand with Envoy 1.40.0: the frames before it arrive, then curl reports
+//!   "transfer closed with outstanding read data remaining" over HTTP/1.1 and `RST_STREAM`
+//!   `INTERNAL_ERROR` over HTTP/2.
+//! - **A request the guard must read, with `request_body_mode` other than `BUFFERED`**: the gRPC
+//!   stream fails with `FAILED_PRECONDITION` (Envoy answers 500): the guard never lets a body it
+//!   has not judged through.
+//! - **Response trailers**: Envoy does not tell the processor that a body ended when trailers
+//!   end it. Bytes held for a frame still open at that point (a stream that ends in the middle of
+//!   a frame, then sends trailers) are dropped rather than judged; complete frames are never held.
+//!
+//! Memory per stream: the request body while the guard reads it (at most `max_body_bytes`, in up
+//! to three copies for the moment of the decision: gRPC's receive buffer, the decoded message, the
+//! spliced body sent back; gRPC messages over `max_body_bytes` plus 1 MiB are refused), then at
+//! most `max_frame_bytes` held for a response frame, plus the chunk in hand. The guard judges a
+//! body on the task that serves the stream (a 32 MiB chat request took 10 ms of ASCII text to
+//! 47 ms of dense non-ASCII text on a 2-core test VM, release build): large bodies delay the other
+//! streams of that worker thread by as much.
+//!
+//! # Public API (for the binary and the end-to-end suite)
+//!
+//! - [`ExtProc::new`]`(layer)`, [`ExtProc::max_body_bytes`]`(n)`: the processor.
+//! - [`serve`]`(listener, processor, shutdown)`: the processor and `grpc.health.v1` on a
+//!   `tokio::net::TcpListener`, until `shutdown` completes; returns `tonic::transport::Error`.
+//! - [`ExtProc::into_service`]: the `ExternalProcessorServer` alone.
+
+mod exchange;
+mod processor;
+mod proto;
+mod serve;
+mod stream;
+
+pub use processor::ExtProc;
+pub use serve::serve;
+pub use stream::ProcessStream;

@@ -1,0 +1,84 @@
+use std::fmt;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
+    ProcessingRequest,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::exchange::Exchange;
+use super::stream::ProcessStream;
+use crate::json::RequestGuard;
+use crate::BypassMarkerLayer;
+
+/// Room for the headers and attributes that come with a request body in one message.
+const MESSAGE_OVERHEAD: usize = 1 << 20;
+
+/// An Envoy external processor (`envoy.service.ext_proc.v3.ExternalProcessor`) that applies a
+/// [`BypassMarkerLayer`]'s JSON guard to requests and its filter to responses.
+///
+/// See the [module docs](super) for the Envoy configuration, what each message does and what
+/// happens on failure.
+#[derive(Clone)]
+pub struct ExtProc {
+    layer: BypassMarkerLayer,
+    guard: RequestGuard,
+}
+
+impl ExtProc {
+    /// A processor with this layer's names and limits; request bodies up to the guard's default
+    /// limit (32 MiB).
+    pub fn new(layer: BypassMarkerLayer) -> Self {
+        Self {
+            guard: layer.request_guard(),
+            layer,
+        }
+    }
+
+    /// Caps the request body the guard reads (default 32 MiB). A larger body is refused with
+    /// 413, as the `JsonGuard` layer does. Envoy's own buffer limit applies first: with a lower
+    /// one, Envoy answers 413 itself.
+    #[must_use]
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.guard = self.guard.max_body_bytes(max);
+        self
+    }
+
+    /// The largest gRPC message the processor accepts: a whole request body plus its headers,
+    /// or a response chunk (Envoy's chunks are far smaller).
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.guard.max_body().saturating_add(MESSAGE_OVERHEAD)
+    }
+
+    /// The processor as a tonic service, for a `tonic::transport::Server` of your own (add
+    /// gRPC health yourself; [`serve`](super::serve) does both).
+    pub fn into_service(self) -> ExternalProcessorServer<ExtProc> {
+        let max = self.max_message_bytes();
+        ExternalProcessorServer::new(self).max_decoding_message_size(max)
+    }
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ProcessStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<ProcessStream>, Status> {
+        let exchange = Exchange::new(self.layer.clone(), self.guard.clone());
+        Ok(Response::new(ProcessStream::new(
+            request.into_inner(),
+            exchange,
+        )))
+    }
+}
+
+impl fmt::Debug for ExtProc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtProc")
+            .field("layer", &self.layer)
+            .field("max_body_bytes", &self.guard.max_body())
+            .finish()
+    }
+}

@@ -1,0 +1,150 @@
+//! Conversions between Envoy's ext_proc messages and `http` types, and the few responses the
+//! processor sends. No state: [`Exchange`](super::exchange::Exchange) decides, this file spells
+//! the decisions in protobuf.
+
+use envoy_types::pb::envoy::config::core::v3::{
+    header_value_option::HeaderAppendAction, HeaderMap as ProtoHeaderMap, HeaderValue,
+    HeaderValueOption,
+};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
+    processing_mode::{BodySendMode, HeaderSendMode},
+    ProcessingMode,
+};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation::Mutation, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
+    HeadersResponse, ImmediateResponse,
+};
+use http::header::{HeaderMap, HeaderName, HeaderValue as HttpHeaderValue};
+
+use crate::json::Refusal;
+
+/// The headers of a proto `HeaderMap` as an `http::HeaderMap`, and the pseudo-headers the
+/// processor needs (`:method` or `:status`), as bytes.
+///
+/// Envoy sends each value in `raw_value` (bytes; the default since Envoy 1.28) or in `value`
+/// (a string, with older runtime flags); both are read. Pseudo-headers (`:path`, ...) are not
+/// HTTP header names and are left out of the map. An entry that is not a valid header (Envoy
+/// validates headers before it sends them, so this does not happen) is left out too.
+pub(crate) fn to_header_map(
+    proto: Option<&ProtoHeaderMap>,
+    pseudo: &str,
+) -> (HeaderMap, Option<Vec<u8>>) {
+    let mut map = HeaderMap::new();
+    let mut wanted = None;
+    let Some(proto) = proto else {
+        return (map, wanted);
+    };
+    map.reserve(proto.headers.len());
+    for entry in &proto.headers {
+        let value = raw_value(entry);
+        if entry.key.starts_with(':') {
+            if entry.key == pseudo {
+                wanted = Some(value.to_vec());
+            }
+            continue;
+        }
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(entry.key.as_bytes()),
+            HttpHeaderValue::from_bytes(value),
+        ) else {
+            continue;
+        };
+        map.append(name, value);
+    }
+    (map, wanted)
+}
+
+fn raw_value(entry: &HeaderValue) -> &[u8] {
+    if entry.raw_value.is_empty() {
+        entry.value.as_bytes()
+    } else {
+        &entry.raw_value
+    }
+}
+
+/// A header set to one value, replacing any it had (`raw_value`, which Envoy reads by default).
+pub(crate) fn set_header(name: &str, value: &[u8]) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: name.to_owned(),
+            value: String::new(),
+            raw_value: value.to_vec(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..HeaderValueOption::default()
+    }
+}
+
+/// A headers or body response that changes nothing.
+pub(crate) fn unchanged_headers() -> HeadersResponse {
+    HeadersResponse { response: None }
+}
+
+/// A body response that forwards the chunk as Envoy holds it: no copy of it goes back.
+pub(crate) fn unchanged_body() -> BodyResponse {
+    BodyResponse { response: None }
+}
+
+/// A body response that replaces the chunk (or the buffered body) with `body`, and applies
+/// `headers` (Envoy applies header changes from a body response only in BUFFERED mode).
+pub(crate) fn replace_body(body: Vec<u8>, headers: Option<HeaderMutation>) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            header_mutation: headers,
+            body_mutation: Some(BodyMutation {
+                mutation: Some(Mutation::Body(body)),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
+/// A headers response that removes these headers.
+pub(crate) fn remove_headers(names: &[&str]) -> HeadersResponse {
+    HeadersResponse {
+        response: Some(CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers: Vec::new(),
+                remove_headers: names.iter().map(|n| (*n).to_owned()).collect(),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
+/// The guard's refusal as Envoy's local reply: its status, `content-type: application/json`
+/// and its OpenAI-shaped body, as the `JsonGuard` layer answers.
+pub(crate) fn immediate(refusal: &Refusal) -> ImmediateResponse {
+    ImmediateResponse {
+        status: Some(HttpStatus {
+            code: i32::from(refusal.status().as_u16()),
+        }),
+        headers: Some(HeaderMutation {
+            set_headers: vec![set_header("content-type", b"application/json")],
+            remove_headers: Vec::new(),
+        }),
+        body: refusal.body().to_vec(),
+        grpc_status: None,
+        details: format!("bypass_marker_{}", refusal.code()),
+    }
+}
+
+/// Envoy's `BodySendMode` values, as the protocol carries them.
+pub(crate) const BODY_NONE: i32 = BodySendMode::None as i32;
+pub(crate) const BODY_STREAMED: i32 = BodySendMode::Streamed as i32;
+pub(crate) const BODY_BUFFERED: i32 = BodySendMode::Buffered as i32;
+
+/// The processing mode to put in `mode_override`: Envoy replaces the whole mode of the stream
+/// with it, so it restates the documented configuration (headers sent, trailers skipped) with
+/// these two body modes.
+pub(crate) fn mode(request_body: i32, response_body: i32) -> ProcessingMode {
+    ProcessingMode {
+        request_header_mode: HeaderSendMode::Send as i32,
+        response_header_mode: HeaderSendMode::Send as i32,
+        request_body_mode: request_body,
+        response_body_mode: response_body,
+        request_trailer_mode: HeaderSendMode::Skip as i32,
+        response_trailer_mode: HeaderSendMode::Skip as i32,
+    }
+}

@@ -1,0 +1,72 @@
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use futures_core::Stream;
+use tonic::{Status, Streaming};
+
+use super::exchange::Exchange;
+
+/// The processor's side of one `Process` call: one response for each message Envoy sends, in
+/// order, computed as the message arrives (no task, no channel, no queue).
+///
+/// Made by [`ExtProc`](super::ExtProc) for each gRPC stream. It ends when Envoy closes its side
+/// or resets the stream, and after the one error that fails the stream (see the
+/// [module docs](super) for when that happens).
+pub struct ProcessStream {
+    inbound: Streaming<ProcessingRequest>,
+    exchange: Exchange,
+    done: bool,
+}
+
+impl ProcessStream {
+    pub(crate) fn new(inbound: Streaming<ProcessingRequest>, exchange: Exchange) -> Self {
+        Self {
+            inbound,
+            exchange,
+            done: false,
+        }
+    }
+}
+
+impl Stream for ProcessStream {
+    type Item = Result<ProcessingResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
+                // Envoy closed its side (the HTTP stream is over) or the call broke: nothing
+                // more to answer.
+                None | Some(Err(_)) => {
+                    this.done = true;
+                }
+                Some(Ok(msg)) => {
+                    let observe_only = msg.observability_mode;
+                    match this.exchange.on_message(msg) {
+                        Err(status) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(status)));
+                        }
+                        // Envoy ignores answers in observability mode: send none.
+                        Ok(Some(_)) if observe_only => {}
+                        Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
+                        Ok(None) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ProcessStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessStream")
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
