@@ -1,0 +1,471 @@
+#!/usr/bin/env python3
+"""Checks through Envoy with the processor (started by tests/envoy/run.sh), with a small HTTP/1.1
+client of its own that tells a clean end of a response from a broken one.
+
+  client.py checks --envoy URL --upstream URL
+      the request side and the pass-through: router-owned names never reach the upstream (any
+      form, streamed or not, a 5 MiB body too), a body the guard refuses gets its 400 and never
+      reaches the upstream, JSON responses and GET /v1/models are the same bytes as straight from
+      the upstream, opted-in clients get exactly what they asked for (the marker byte for byte)
+  client.py concurrent --envoy URL --upstream URL --streams N
+      N scripted streams at once (all in flight together), each byte for byte what its opt-in
+      allows, and no router-owned name reached the upstream
+  client.py down --envoy URL --upstream URL
+      Envoy whose processor is not running: a 5xx, no upstream byte, the upstream saw nothing
+  client.py kill --envoy URL --upstream URL --pid PID
+      a paced stream; after its first events the processor (PID) is killed: the client sees a
+      broken stream (no clean end, no [DONE]) and never the marker
+  client.py stall --envoy URL --upstream URL --pid PID --timeout SECS
+      the processor stopped (SIGSTOP) before a request and in the middle of a stream: Envoy gives
+      up after its message timeout (a 5xx; a broken stream), then the processor continues
+      (SIGCONT) and serves the next request
+  client.py disconnect --envoy URL --upstream URL
+      a client that goes away in the middle of a stream: the upstream's stream is cancelled, and
+      Envoy and the processor serve the next request
+  client.py reset --envoy URL --upstream URL
+      an upstream that resets its connection in the middle of a stream: the client sees a broken
+      stream, never the marker; the next request is served
+
+Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from urllib.parse import urlsplit
+
+import script
+
+failures = 0
+
+
+def report(ok, what, why=""):
+    global failures
+    if ok:
+        print(f"PASS {what}", flush=True)
+    else:
+        failures += 1
+        print(f"FAIL {what}: {why}", flush=True)
+
+
+class Response:
+    def __init__(self):
+        self.status = None
+        self.headers = {}
+        self.body = b""
+        self.clean_end = False  # the whole body arrived as framed (last chunk, or content-length)
+        self.error = None  # why it did not: the connection closed or reset early, a timeout
+        self.elapsed = None
+
+
+async def request(url, path, body=None, headers=None, method=None, on_data=None, timeout=30):
+    """One request on a new connection. `on_data(response)` is called after each read of the
+    body; returning True stops reading (the connection is closed, as a client going away)."""
+    parts = urlsplit(url)
+    res = Response()
+    started = time.monotonic()
+    method = method or ("POST" if body is not None else "GET")
+    data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
+    if body is not None:
+        head += ["content-type: application/json", f"content-length: {len(data)}"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    reader = writer = None
+    in_chunk = False
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 24)
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+            await writer.drain()
+            status_head = await reader.readuntil(b"\r\n\r\n")
+            lines = status_head.decode("latin-1").split("\r\n")
+            res.status = int(lines[0].split(" ")[1])
+            for line in lines[1:]:
+                if line:
+                    k, _, v = line.partition(":")
+                    res.headers[k.strip().lower()] = v.strip()
+            if method == "HEAD" or res.status in (204, 304):
+                res.clean_end = True
+            elif res.headers.get("transfer-encoding", "").lower() == "chunked":
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    if size == 0:
+                        await reader.readuntil(b"\r\n")
+                        res.clean_end = True
+                        break
+                    in_chunk = True
+                    res.body += await reader.readexactly(size)
+                    in_chunk = False
+                    await reader.readexactly(2)
+                    if on_data and on_data(res):
+                        break
+            elif "content-length" in res.headers:
+                res.body = await reader.readexactly(int(res.headers["content-length"]))
+                res.clean_end = True
+            else:
+                res.body = await reader.read()
+                res.error = "no framing: read to the end of the connection"
+    except asyncio.TimeoutError:
+        res.error = f"timed out after {timeout} s"
+    except asyncio.IncompleteReadError as err:
+        if in_chunk:
+            res.body += err.partial
+        res.error = "the connection closed before the end of the response"
+    except (ConnectionError, ValueError) as err:
+        res.error = f"{type(err).__name__}: {err}"
+    finally:
+        if writer is not None:
+            writer.close()
+    res.elapsed = time.monotonic() - started
+    return res
+
+
+def chat(stream, annotations=None, test=None, **extra):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    if annotations is not None:
+        body["nvext"] = {"annotations": annotations}
+    if test is not None:
+        body["test"] = test
+    body.update(extra)
+    return body
+
+
+class Ids:
+    """Test ids unique to this run, for the upstream's /seen."""
+
+    def __init__(self, mode):
+        self.prefix = f"{mode}-{os.getpid()}-{time.time_ns()}"
+        self.n = 0
+
+    def __call__(self):
+        self.n += 1
+        return f"{self.prefix}-{self.n}"
+
+
+async def seen(upstream, test_id):
+    res = await request(upstream, f"/seen?test_id={test_id}")
+    return json.loads(res.body) if res.status == 200 else None
+
+
+async def counts(upstream):
+    return json.loads((await request(upstream, "/counts")).body)
+
+
+async def wait_outcome(upstream, test_id, want, within=10):
+    """The upstream's outcome for test_id once it is `want` (or the last one after `within`)."""
+    deadline = time.monotonic() + within
+    while True:
+        entry = await seen(upstream, test_id)
+        outcome = entry and entry["outcome"]
+        if outcome == want or time.monotonic() > deadline:
+            return outcome
+        await asyncio.sleep(0.05)
+
+
+def show(body, limit=300):
+    return repr(body[:limit]) + ("..." if len(body) > limit else "")
+
+
+async def served_after(args, what):
+    """A scripted stream through Envoy right after a failure: served, byte for byte."""
+    full, expected = script.stream(1)
+    res = await request(
+        args.envoy, "/v1/chat/completions",
+        chat(True, script.annotations_of(1), {"kind": "script", "id": 1}),
+    )
+    report(
+        res.status == 200 and res.clean_end and res.body == expected,
+        f"{what}: the next stream through Envoy is served byte for byte",
+        f"status {res.status}, error {res.error}, body {show(res.body)}",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def run_checks(args):
+    ids = Ids("checks")
+    # Router-owned names in every form a client could try: none may reach the upstream.
+    forms = [
+        ["x-bypass-remote-prefill"],
+        ["X-Bypass-Remote-Prefill"],
+        ["x-bypass-remote-prefill:true"],
+        [" x-bypass-remote-prefill "],
+        ["x-prefill-continue", "request_id"],
+        ["X-PREFILL-CONTINUE:1"],
+    ]
+    for stream in (False, True):
+        for names in forms:
+            test_id = ids()
+            res = await request(
+                args.envoy, "/v1/chat/completions", chat(stream, names),
+                headers={"x-test-id": test_id},
+            )
+            entry = await seen(args.upstream, test_id)
+            got = entry and entry["body"].get("nvext", {}).get("annotations")
+            report(
+                res.status == 200 and entry is not None and not script.forces(entry["body"]),
+                f"{'streamed' if stream else 'non-streamed'} request naming {names!r}: "
+                f"the upstream got annotations {got!r}",
+                f"status {res.status}, upstream saw {entry and entry['body']}",
+            )
+    # The JSON escape of a name is the name.
+    test_id = ids()
+    raw = b'{"model":"tiny","stream":false,"messages":[],"nvext":{"annotations":["x-bypass-remote-prefil\\u006c"]}}'
+    res = await request(args.envoy, "/v1/chat/completions", raw, headers={"x-test-id": test_id})
+    entry = await seen(args.upstream, test_id)
+    report(
+        res.status == 200 and entry is not None and not script.forces(entry["body"]),
+        "a router-owned name written with a JSON escape does not reach the upstream",
+        f"status {res.status}, upstream saw {entry and entry['body']}",
+    )
+    # A 5 MiB body: more than Envoy's default buffer (1 MiB) and gRPC's default message (4 MiB).
+    test_id = ids()
+    big = chat(False, ["x-bypass-remote-prefill"], padding="p" * (5 << 20))
+    res = await request(args.envoy, "/v1/chat/completions", big, headers={"x-test-id": test_id})
+    entry = await seen(args.upstream, test_id)
+    report(
+        res.status == 200 and entry is not None and not script.forces(entry["body"])
+        and len(entry["body"].get("padding", "")) == 5 << 20,
+        "a 5 MiB JSON body goes through Envoy and the guard, the marker stripped from it",
+        f"status {res.status} {show(res.body)}, upstream saw {entry is not None}",
+    )
+    # A body the guard refuses: its status and OpenAI-shaped error, nothing reaches the upstream.
+    for what, raw in (
+        ("invalid JSON", b'{"model":"tiny","nvext":{"annotations":["x-bypass-remote-prefill"]'),
+        ("a duplicate nvext key", b'{"nvext":{"annotations":[]},"nvext":{"annotations":["x-bypass-remote-prefill"]}}'),
+    ):
+        test_id = ids()
+        res = await request(args.envoy, "/v1/chat/completions", raw, headers={"x-test-id": test_id})
+        try:
+            error = json.loads(res.body)["error"]
+            shaped = error["type"] == "invalid_request_error" and "message" in error and "code" in error
+        except (ValueError, KeyError, TypeError):
+            shaped = False
+        entry = await seen(args.upstream, test_id)
+        report(
+            res.status == 400 and shaped and entry is None,
+            f"{what}: refused by the processor with 400 and an OpenAI-shaped error ({show(res.body, 160)}), "
+            "the upstream never saw it",
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+        )
+    # JSON responses and the model list: the same bytes as straight from the upstream.
+    for what, path, body in (
+        ("GET /v1/models", "/v1/models", None),
+        ("a non-streamed chat completion", "/v1/chat/completions", chat(False)),
+        ("a non-streamed chat completion with an opt-in", "/v1/chat/completions", chat(False, ["request_id"])),
+    ):
+        direct = await request(args.upstream, path, body)
+        through = await request(args.envoy, path, body)
+        report(
+            through.status == direct.status == 200
+            and through.body == direct.body
+            and through.headers.get("content-type") == direct.headers.get("content-type")
+            and through.headers.get("content-length") == str(len(direct.body)),
+            f"{what}: through Envoy the same {len(direct.body)} bytes, content-type and "
+            "content-length as straight from the upstream",
+            f"direct {direct.status} {show(direct.body)}, through Envoy {through.status} "
+            f"{through.headers} {show(through.body)}",
+        )
+    # Scripted streams: straight from the upstream every annotation arrives (the control);
+    # through Envoy exactly what each client's opt-in allows, the marker byte for byte.
+    for stream_id in range(8):
+        full, expected = script.stream(stream_id)
+        names = script.annotations_of(stream_id)
+        body = chat(True, names, {"kind": "script", "id": stream_id})
+        direct = await request(args.upstream, "/v1/chat/completions", body)
+        through = await request(args.envoy, "/v1/chat/completions", body)
+        report(
+            direct.body == full and through.status == 200 and through.clean_end
+            and through.body == expected
+            and through.headers.get("content-type") == "text/event-stream",
+            f"scripted stream {stream_id} asking for {names}: direct {len(full)} bytes with every "
+            f"annotation, through Envoy the {len(expected)} bytes its opt-in allows"
+            + (" (the marker first, byte for byte)" if expected.startswith(script.MARKER) else ""),
+            f"direct == full: {direct.body == full}; through Envoy status {through.status}, "
+            f"clean end {through.clean_end}, {len(through.body)} bytes, error {through.error}, "
+            f"first difference at {next((i for i, (a, b) in enumerate(zip(through.body, expected)) if a != b), min(len(through.body), len(expected)))}",
+        )
+    c = await counts(args.upstream)
+    report(c["requests"] > 0, f"the upstream counted {c['requests']} requests, {c['forced']} forcing the marker (direct ones included)")
+
+
+async def run_concurrent(args):
+    before = await counts(args.upstream)
+    n = args.streams
+    started = time.monotonic()
+
+    async def one(stream_id):
+        body = chat(True, script.annotations_of(stream_id), {"kind": "script", "id": stream_id, "barrier": n})
+        return stream_id, await request(args.envoy, "/v1/chat/completions", body, timeout=120)
+
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.monotonic() - started
+    bad = []
+    for stream_id, res in results:
+        _, expected = script.stream(stream_id)
+        if not (res.status == 200 and res.clean_end and res.body == expected):
+            bad.append(f"stream {stream_id}: status {res.status}, error {res.error}, {len(res.body)} of {len(expected)} bytes")
+    after = await counts(args.upstream)
+    total = sum(len(script.stream(i)[1]) for i in range(n))
+    report(
+        not bad,
+        f"{n} concurrent streams through Envoy and the processor, all in flight at once, each byte "
+        f"for byte what its opt-in allows ({total} bytes in {elapsed:.1f} s)",
+        f"{len(bad)} wrong: " + "; ".join(bad[:5]),
+    )
+    report(
+        after["requests"] - before["requests"] == n and after["forced"] == before["forced"],
+        f"the upstream got all {n} requests, and none of the {n // 4} that tried to force the marker named it",
+        f"requests {after['requests'] - before['requests']}, forced {after['forced'] - before['forced']}",
+    )
+
+
+async def run_down(args):
+    ids = Ids("down")
+    for what, body in (
+        ("a streamed request", chat(True, test={"kind": "paced", "events": 3, "interval_ms": 1})),
+        ("a non-streamed request", chat(False)),
+    ):
+        test_id = ids()
+        res = await request(args.envoy, "/v1/chat/completions", body, headers={"x-test-id": test_id})
+        entry = await seen(args.upstream, test_id)
+        report(
+            res.status is not None and 500 <= res.status < 600 and b"data:" not in res.body
+            and b"x-bypass" not in res.body and entry is None,
+            f"processor down, {what}: Envoy answers {res.status} ({show(res.body, 80)}), the "
+            "upstream never saw the request",
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+        )
+    res = await request(args.envoy, "/v1/models")
+    report(
+        res.status is not None and 500 <= res.status < 600 and b"tiny" not in res.body,
+        f"processor down, GET /v1/models: Envoy answers {res.status}, not the upstream's list",
+        f"status {res.status}, body {show(res.body)}",
+    )
+
+
+async def broken_stream(args, what, act, events=40, interval_ms=100, timeout=30):
+    """A paced stream through Envoy (every data frame preceded by the marker); `act(res)` runs
+    once the first events have arrived. The client must see a broken stream and never the
+    marker. Returns the response."""
+    test_id = Ids(what.split()[0])()
+    acted = asyncio.Event()
+
+    def on_data(res):
+        if not acted.is_set() and res.body.count(b"data:") >= 3:
+            acted.set()
+            act(res)
+        return False
+
+    body = chat(True, test={"kind": "paced", "events": events, "interval_ms": interval_ms})
+    res = await request(args.envoy, "/v1/chat/completions", body, headers={"x-test-id": test_id},
+                        on_data=on_data, timeout=timeout)
+    expected_prefix = script.paced_expected(events)
+    report(
+        res.status == 200 and acted.is_set() and not res.clean_end and res.error is not None
+        and b"[DONE]" not in res.body and script.MARKER not in res.body
+        and b"x-bypass" not in res.body and expected_prefix.startswith(res.body),
+        f"{what}: the client got {res.body.count(b'data:')} of {events} events, unfiltered none, "
+        f"then a broken stream ({res.error}) after {res.elapsed:.1f} s, never the marker nor a clean end",
+        f"status {res.status}, acted {acted.is_set()}, clean end {res.clean_end}, error {res.error}, body {show(res.body)}",
+    )
+    return res, test_id
+
+
+async def run_kill(args):
+    res, _ = await broken_stream(args, "processor killed mid-stream", lambda res: os.kill(args.pid, signal.SIGKILL))
+    report(res.elapsed < 10, f"processor killed mid-stream: the stream ended {res.elapsed:.1f} s after it began (40 events of 100 ms would take 4 s)", "too slow")
+
+
+async def run_stall(args):
+    ids = Ids("stall")
+    os.kill(args.pid, signal.SIGSTOP)
+    try:
+        test_id = ids()
+        res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "paced", "events": 3, "interval_ms": 1}),
+                            headers={"x-test-id": test_id}, timeout=args.timeout + 20)
+        entry = await seen(args.upstream, test_id)
+        report(
+            res.status is not None and 500 <= res.status < 600 and b"data:" not in res.body
+            and entry is None and res.elapsed < args.timeout + 5,
+            f"processor stopped before a request: Envoy answers {res.status} after {res.elapsed:.1f} s "
+            f"(message timeout {args.timeout} s), the upstream never saw it",
+            f"status {res.status}, after {res.elapsed:.1f} s, body {show(res.body)}, upstream saw it: {entry is not None}",
+        )
+    finally:
+        os.kill(args.pid, signal.SIGCONT)
+    await served_after(args, "processor continued")
+
+    stopped = []
+
+    def stop(_res):
+        os.kill(args.pid, signal.SIGSTOP)
+        stopped.append(time.monotonic())
+
+    try:
+        res, _ = await broken_stream(args, "processor stopped mid-stream", stop, events=400, interval_ms=20,
+                                     timeout=args.timeout + 20)
+        late = stopped and time.monotonic() - stopped[0]
+        report(
+            bool(stopped) and late < args.timeout + 5,
+            f"processor stopped mid-stream: Envoy broke the stream {late:.1f} s after the processor stopped "
+            f"(message timeout {args.timeout} s; the upstream would have streamed for 8 s)",
+            f"stopped {bool(stopped)}, {late}",
+        )
+    finally:
+        os.kill(args.pid, signal.SIGCONT)
+    await served_after(args, "processor continued after a mid-stream stall")
+
+
+async def run_disconnect(args):
+    test_id = Ids("disconnect")()
+    body = chat(True, test={"kind": "paced", "events": 200, "interval_ms": 20})
+    res = await request(args.envoy, "/v1/chat/completions", body, headers={"x-test-id": test_id},
+                        on_data=lambda res: res.body.count(b"data:") >= 3)
+    outcome = await wait_outcome(args.upstream, test_id, "cancelled")
+    report(
+        res.status == 200 and script.MARKER not in res.body and outcome == "cancelled",
+        "client went away after 3 events: the upstream's stream was cancelled (it stops generating)",
+        f"status {res.status}, upstream outcome {outcome!r}, body {show(res.body)}",
+    )
+    await served_after(args, "after a client disconnect")
+
+
+async def run_reset(args):
+    test_id = Ids("reset")()
+    body = chat(True, test={"kind": "reset", "events": 5})
+    res = await request(args.envoy, "/v1/chat/completions", body, headers={"x-test-id": test_id})
+    entry = await seen(args.upstream, test_id)
+    report(
+        entry is not None and entry["outcome"] == "reset" and not res.clean_end
+        and script.MARKER not in res.body and b"[DONE]" not in res.body
+        and script.paced_expected(5).startswith(res.body),
+        f"upstream reset after 5 events: the client got {res.body.count(b'data:')} events, never the "
+        f"marker, then a broken stream ({res.error}), no clean end (status {res.status})",
+        f"status {res.status}, clean end {res.clean_end}, error {res.error}, upstream {entry and entry['outcome']}, body {show(res.body)}",
+    )
+    await served_after(args, "after an upstream reset")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset"])
+    parser.add_argument("--envoy", required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--pid", type=int)
+    parser.add_argument("--timeout", type=float, default=1.0)
+    args = parser.parse_args()
+    if args.mode in ("kill", "stall") and not args.pid:
+        parser.error(f"{args.mode} needs --pid")
+    asyncio.run(globals()[f"run_{args.mode}"](args))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""A scriptable OpenAI-like upstream for tests/envoy/run.sh: asyncio, HTTP/1.1, 127.0.0.1 only.
+
+  upstream.py [--lifetime SECS]      prints `listening on http://127.0.0.1:PORT`, then serves:
+
+  GET  /v1/models               a fixed JSON model list (content-length)
+  POST /v1/chat/completions     by the JSON body's "test" object (see script.py):
+         absent or stream false    a fixed JSON completion (content-length)
+         {"kind": "script", "id": N, "barrier": K}
+                                   the event stream script.stream(N) in the chunks
+                                   script.chunks(N): every annotation Dynamo sends, markers
+                                   included, frames cut anywhere; with "barrier", each stream waits
+                                   halfway until K scripted streams have reached that point (at most
+                                   60 s), so all K are in flight at once
+         {"kind": "paced", "events": N, "interval_ms": MS}
+                                   N data frames each preceded by the marker frame, one every MS,
+                                   each its own chunk, then `data: [DONE]`
+         {"kind": "reset", "events": N}
+                                   N data frames (with markers), then a TCP reset (no end chunk)
+  GET  /counts                  {"requests": POSTs received, "forced": how many of them named a
+                                router-owned marker in nvext.annotations, in any form}
+  GET  /seen?test_id=X          what the upstream received for the request whose header
+                                `x-test-id` was X: {"body": <the JSON body as received>,
+                                "outcome": "complete" | "cancelled" | "reset" | "open"}; 404 if
+                                no such request arrived
+
+Requests without `x-test-id` are served but not recorded. The server stops by itself after
+--lifetime seconds (default 600).
+"""
+
+import argparse
+import asyncio
+import json
+import socket
+import struct
+import sys
+from collections import OrderedDict
+from urllib.parse import parse_qs, urlsplit
+
+import script
+
+MODELS = json.dumps(
+    {
+        "object": "list",
+        "data": [{"id": "tiny", "object": "model", "created": 1764500000, "owned_by": "e2e"}],
+    }
+).encode()
+COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-json",
+        "object": "chat.completion",
+        "created": 1764500000,
+        "model": "tiny",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+
+seen = OrderedDict()  # test id -> {"body": ..., "outcome": ...}, the newest 10,000
+counts = {"requests": 0, "forced": 0}  # POSTs received; how many named a router-owned marker
+barriers = {}  # K -> [count, asyncio.Event]
+
+
+def record(test_id, body):
+    counts["requests"] += 1
+    counts["forced"] += script.forces(body)
+    if test_id is None:
+        return None
+    entry = {"body": body, "outcome": "open"}
+    seen[test_id] = entry
+    while len(seen) > 10_000:
+        seen.popitem(last=False)
+    return entry
+
+
+async def read_request(reader):
+    """(method, target, headers, body) or None at the end of the connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = b""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")  # no trailers expected
+                break
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        body = b"".join(parts)
+    elif "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    return method, target, headers, body
+
+
+def simple(status, content_type, body):
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def send_stream(writer, chunks, entry, pace=None, reset=False):
+    """Writes an event stream in chunked encoding, one HTTP chunk per element of `chunks`."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    try:
+        for i, chunk in enumerate(chunks):
+            if isinstance(chunk, asyncio.Event):  # a barrier
+                await asyncio.wait_for(chunk.wait(), 60)
+                continue
+            if pace and i:
+                await asyncio.sleep(pace)
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        if reset:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            if entry:
+                entry["outcome"] = "reset"
+            return False
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    except (ConnectionError, asyncio.TimeoutError):
+        if entry:
+            entry["outcome"] = "cancelled"
+        return False
+    if entry:
+        entry["outcome"] = "complete"
+    return True
+
+
+def barrier_for(k):
+    """The barrier event of a group of k streams, counting this stream in."""
+    state = barriers.setdefault(k, [0, asyncio.Event()])
+    state[0] += 1
+    if state[0] >= k:
+        state[1].set()
+        del barriers[k]
+    return state[1]
+
+
+async def handle(reader, writer):
+    try:
+        while True:
+            try:
+                request = await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            method, target, headers, body = request
+            url = urlsplit(target)
+            test_id = headers.get("x-test-id")
+            if method == "GET" and url.path == "/v1/models":
+                writer.write(simple(200, "application/json", MODELS))
+            elif method == "GET" and url.path == "/counts":
+                writer.write(simple(200, "application/json", json.dumps(counts).encode()))
+            elif method == "GET" and url.path == "/seen":
+                key = parse_qs(url.query).get("test_id", [""])[0]
+                if key in seen:
+                    writer.write(simple(200, "application/json", json.dumps(seen[key]).encode()))
+                else:
+                    writer.write(simple(404, "application/json", b"{}"))
+            elif method == "POST" and url.path == "/v1/chat/completions":
+                try:
+                    request_json = json.loads(body)
+                except ValueError:
+                    record(test_id, {"unparsed": body.decode("latin-1")})
+                    writer.write(simple(400, "application/json", b'{"error":"not json"}'))
+                    await writer.drain()
+                    continue
+                entry = record(test_id, request_json)
+                test = request_json.get("test") or {}
+                if not request_json.get("stream"):
+                    writer.write(simple(200, "application/json", COMPLETION))
+                    if entry:
+                        entry["outcome"] = "complete"
+                elif test.get("kind") == "script":
+                    chunks = script.chunks(test["id"])
+                    if test.get("barrier"):
+                        chunks.insert(len(chunks) // 2, barrier_for(test["barrier"]))
+                    if not await send_stream(writer, chunks, entry):
+                        return
+                elif test.get("kind") == "paced":
+                    frames = script.paced(test["events"])
+                    if not await send_stream(writer, frames, entry, pace=test["interval_ms"] / 1000):
+                        return
+                elif test.get("kind") == "reset":
+                    await send_stream(writer, script.paced(test["events"])[:-1], entry, reset=True)
+                    return
+                else:
+                    if not await send_stream(writer, script.paced(3), entry):
+                        return
+            else:
+                writer.write(simple(404, "application/json", b'{"error":"no such route"}'))
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lifetime", type=float, default=600)
+    args = parser.parse_args()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096, limit=1 << 26)
+    port = server.sockets[0].getsockname()[1]
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    async with server:
+        try:
+            await asyncio.wait_for(server.serve_forever(), args.lifetime)
+        except asyncio.TimeoutError:
+            print("--lifetime elapsed: stopping", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
