@@ -24,7 +24,10 @@
 //!
 //! - **bulk**: 16 connections, each streaming `--bulk-streams` streams (default 20) one after the
 //!   other of 1,000 events written back to back; events per second and CPU per event. Every byte
-//!   is checked.
+//!   is checked. The upstream writes each event with a `write` of its own (`--bulk-writes
+//!   per-event`, the default: a server that flushes every token), or packs them in writes of up to
+//!   64 KiB (`--bulk-writes coalesced`). The difference matters: Envoy forwards what one read
+//!   gives as one buffer, so its cost is per read, while the sidecar's is per event.
 //! - **paced**: 32 connections, each streaming `--paced-streams` streams (default 3) of 200 events
 //!   5 ms apart, each its own chunk, as an LLM emits tokens; CPU per event, and the latency each
 //!   event gets (from the upstream writing it to the client having all of it), also straight to
@@ -39,7 +42,6 @@
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
 //! worker threads; default: Envoy's own default, one per CPU).
 
-use std::convert::Infallible;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -47,9 +49,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::extract::Query;
-use axum::response::IntoResponse;
+use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -71,41 +71,89 @@ fn epoch() -> Instant {
 
 // ---- the upstream -----------------------------------------------------------------------------
 
-#[derive(serde::Deserialize)]
-struct StreamQuery {
-    events: usize,
-    /// Microseconds between events; 0 writes them back to back.
-    pace_us: u64,
+/// How the upstream writes a bulk stream's events to its socket.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Writes {
+    /// One `write` per event (an HTTP/1.1 chunk each), as a server that flushes every token;
+    /// `TCP_NODELAY`, so each leaves as it is written unless the peer falls behind.
+    PerEvent,
+    /// The events in writes of up to 64 KiB, as a server that buffers what it has ready.
+    Coalesced,
 }
 
-/// `events` chat events, one per chunk; paced ones carry the microsecond they were written at.
-async fn stream(Query(q): Query<StreamQuery>) -> impl IntoResponse {
-    let body = if q.pace_us == 0 {
-        let chunks = std::iter::repeat_n(Bytes::from_static(EVENT), q.events);
-        Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, Infallible>)))
-    } else {
-        let mut interval = tokio::time::interval(Duration::from_micros(q.pace_us));
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let events = q.events;
-        Body::from_stream(futures_util::stream::unfold(
-            (0, interval),
-            move |(i, mut interval)| async move {
-                if i == events {
-                    return None;
+/// The upstream's answer to `GET /stream?events=N&pace_us=P&writes=per-event|coalesced`:
+/// N chat events in chunked encoding; paced ones (P > 0) carry the microsecond they were written at
+/// and go one per write, P microseconds apart.
+async fn serve_stream(mut socket: tokio::net::TcpStream) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    socket.set_nodelay(true)?;
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        // One request head (GET, no body) per iteration: keep-alive.
+        let end = loop {
+            if let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+                break end + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = socket.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end);
+        let target = head.split(' ').nth(1).unwrap_or("");
+        let param = |name: &str| -> u64 {
+            target
+                .split(['?', '&'])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let (events, pace_us) = (param("events") as usize, param("pace_us"));
+        let writes = if target.contains("writes=coalesced") {
+            Writes::Coalesced
+        } else {
+            Writes::PerEvent
+        };
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await?;
+        let chunk = |event: &[u8], out: &mut Vec<u8>| {
+            out.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+            out.extend_from_slice(event);
+            out.extend_from_slice(b"\r\n");
+        };
+        let mut out = Vec::with_capacity(64 << 10);
+        if pace_us == 0 {
+            for _ in 0..events {
+                chunk(EVENT, &mut out);
+                if writes == Writes::PerEvent || out.len() + EVENT.len() + 16 > 64 << 10 {
+                    socket.write_all(&out).await?;
+                    out.clear();
                 }
+            }
+        } else {
+            let mut interval = tokio::time::interval(Duration::from_micros(pace_us));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for _ in 0..events {
                 interval.tick().await;
                 let at = epoch().elapsed().as_micros();
                 let event = format!(
                     "data: {{\"t\":{at},\"object\":\"chat.completion.chunk\",\"created\":1764500000,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" token\"}},\"finish_reason\":null}}]}}\n\n"
                 );
-                Some((Ok::<_, Infallible>(Bytes::from(event)), (i + 1, interval)))
-            },
-        ))
-    };
-    ([(http::header::CONTENT_TYPE, "text/event-stream")], body)
+                chunk(event.as_bytes(), &mut out);
+                socket.write_all(&out).await?;
+                out.clear();
+            }
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        socket.write_all(&out).await?;
+    }
 }
 
-/// Serves the upstream on its own thread and runtime; returns its address.
+/// Serves the upstream on its own thread and single-threaded runtime; returns its address.
 fn upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
     let addr = listener.local_addr().unwrap();
@@ -119,8 +167,12 @@ fn upstream() -> SocketAddr {
                 .unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let app = axum::Router::new().route("/stream", axum::routing::get(stream));
-                axum::serve(listener, app).await.unwrap();
+                loop {
+                    let (socket, _) = listener.accept().await.expect("accept");
+                    tokio::spawn(async move {
+                        let _ = serve_stream(socket).await;
+                    });
+                }
             });
         })
         .unwrap();
@@ -228,7 +280,9 @@ fn wait_ready(children: &mut [Child], addr: SocketAddr, admin: Option<u16>, log:
             let mut out = String::new();
             TcpStream::connect(("127.0.0.1", port))
                 .and_then(|mut s| {
-                    s.write_all(b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")?;
+                    s.write_all(
+                        b"GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+                    )?;
                     s.read_to_string(&mut out)
                 })
                 .is_ok()
@@ -279,7 +333,9 @@ impl Setup {
     fn envoy(&self, name: &'static str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
         let listen = free_port();
         let admin = free_port();
-        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy").join(file);
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/envoy")
+            .join(file);
         let shipped = std::fs::read_to_string(&shipped)
             .unwrap_or_else(|err| panic!("{}: {err}", shipped.display()));
         let mut values = vec![
@@ -388,10 +444,16 @@ async fn drive(
     streams: usize,
     events: usize,
     pace_us: u64,
+    writes: Writes,
 ) -> (u64, Vec<u64>) {
-    let url: hyper::Uri = format!("{base}/stream?events={events}&pace_us={pace_us}")
-        .parse()
-        .unwrap();
+    let writes = match writes {
+        Writes::PerEvent => "per-event",
+        Writes::Coalesced => "coalesced",
+    };
+    let url: hyper::Uri =
+        format!("{base}/stream?events={events}&pace_us={pace_us}&writes={writes}")
+            .parse()
+            .unwrap();
     let tasks = (0..connections).map(|_| {
         let client = client.clone();
         let url = url.clone();
@@ -418,7 +480,10 @@ async fn drive(
                             .strip_prefix(b"data: {\"t\":")
                             .and_then(|rest| {
                                 let comma = rest.iter().position(|&b| b == b',')?;
-                                std::str::from_utf8(&rest[..comma]).ok()?.parse::<u64>().ok()
+                                std::str::from_utf8(&rest[..comma])
+                                    .ok()?
+                                    .parse::<u64>()
+                                    .ok()
                             })
                             .expect("a timed event");
                         latencies.push(now.saturating_sub(t));
@@ -442,7 +507,7 @@ async fn drive(
     (bytes, latencies)
 }
 
-async fn bulk(client: &HttpClient, target: &Target, streams: usize) -> Run {
+async fn bulk(client: &HttpClient, target: &Target, streams: usize, writes: Writes) -> Run {
     let cpu = target.cpu();
     let started = Instant::now();
     let (bytes, _) = drive(
@@ -452,6 +517,7 @@ async fn bulk(client: &HttpClient, target: &Target, streams: usize) -> Run {
         streams,
         BULK_EVENTS,
         0,
+        writes,
     )
     .await;
     let wall = started.elapsed();
@@ -469,7 +535,12 @@ async fn bulk(client: &HttpClient, target: &Target, streams: usize) -> Run {
     }
 }
 
-async fn paced(client: &HttpClient, base: &str, target: Option<&Target>, streams: usize) -> (Run, Vec<u64>) {
+async fn paced(
+    client: &HttpClient,
+    base: &str,
+    target: Option<&Target>,
+    streams: usize,
+) -> (Run, Vec<u64>) {
     let cpu = target.map(Target::cpu);
     let started = Instant::now();
     let (_, latencies) = drive(
@@ -479,6 +550,7 @@ async fn paced(client: &HttpClient, base: &str, target: Option<&Target>, streams
         streams,
         PACED_EVENTS,
         PACE.as_micros() as u64,
+        Writes::PerEvent,
     )
     .await;
     let run = Run {
@@ -532,10 +604,13 @@ struct Args {
     paced_streams: usize,
     only: Option<String>,
     envoy_concurrency: Option<String>,
+    writes: Writes,
 }
 
-const USAGE: &str = "usage: envoy_bench --envoy PATH [--proxy PATH] [--ext-proc PATH] [--rounds N] \
-[--bulk-streams N] [--paced-streams N] [--only bulk|paced] [--envoy-concurrency N]";
+const USAGE: &str =
+    "usage: envoy_bench --envoy PATH [--proxy PATH] [--ext-proc PATH] [--rounds N] \
+[--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
+[--envoy-concurrency N]";
 
 fn parse_args() -> Args {
     let exe_dir = std::env::current_exe()
@@ -561,6 +636,7 @@ fn parse_args() -> Args {
         paced_streams: 3,
         only: None,
         envoy_concurrency: None,
+        writes: Writes::PerEvent,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -585,6 +661,16 @@ fn parse_args() -> Args {
             "--paced-streams" => args.paced_streams = number(value()).max(1),
             "--only" => args.only = Some(value()),
             "--envoy-concurrency" => args.envoy_concurrency = Some(value()),
+            "--bulk-writes" => {
+                args.writes = match value().as_str() {
+                    "per-event" => Writes::PerEvent,
+                    "coalesced" => Writes::Coalesced,
+                    other => {
+                        eprintln!("--bulk-writes per-event|coalesced, not {other:?}\n{USAGE}");
+                        std::process::exit(2)
+                    }
+                }
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0)
@@ -620,7 +706,9 @@ fn main() {
         });
     println!(
         "{}",
-        String::from_utf8_lossy(&version.stdout).trim().replace('\n', " ")
+        String::from_utf8_lossy(&version.stdout)
+            .trim()
+            .replace('\n', " ")
     );
 
     let mut targets = vec![setup.envoy_pass_through()];
@@ -650,21 +738,25 @@ fn main() {
             .build_http();
         // Warm-up: every target, its upstream connections and its processor stream.
         for target in &targets {
-            bulk(&client, target, 1).await;
+            bulk(&client, target, 1, args.writes).await;
         }
 
         if run_bulk {
             println!(
-                "\nbulk: {BULK_CONNECTIONS} connections x {} streams x {BULK_EVENTS} events of {} bytes written back to back; {} rounds",
+                "\nbulk: {BULK_CONNECTIONS} connections x {} streams x {BULK_EVENTS} events of {} bytes written back to back ({}); {} rounds",
                 args.bulk_streams,
                 EVENT.len(),
+                match args.writes {
+                    Writes::PerEvent => "one write per event",
+                    Writes::Coalesced => "in writes of up to 64 KiB",
+                },
                 args.rounds
             );
             let mut runs = vec![Vec::new(); n];
             for round in 0..args.rounds {
                 for k in 0..n {
                     let i = (k + round) % n;
-                    runs[i].push(bulk(&client, &targets[i], args.bulk_streams).await);
+                    runs[i].push(bulk(&client, &targets[i], args.bulk_streams, args.writes).await);
                 }
             }
             let base = ns_per_event(&runs[0]);
