@@ -2,7 +2,7 @@
 // The openai-node counterpart of tests/dynamo/client.py's `sdk` mode (started by
 // tests/dynamo/run.sh).
 //
-//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail --label L --version V --replies FILE
+//   node client.mjs --sdk-dir DIR --base-url URL/v1 --expect pass|fail --label L --version V --replies FILE [--via NAME]
 //
 // Loads the openai package installed under DIR and streams chat and completions from the real
 // Dynamo 1.6.1 frontend, each request asking the mocker for a reply of FILE through
@@ -27,6 +27,7 @@ const { values: args } = parseArgs({
     'base-url': { type: 'string' },
     expect: { type: 'string' },
     label: { type: 'string' },
+    via: { type: 'string', default: 'the proxy' },
     version: { type: 'string' },
     replies: { type: 'string' },
   },
@@ -42,7 +43,7 @@ if (!['pass', 'fail'].includes(args.expect)) {
   process.exit(2);
 }
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
-const where = args.expect === 'pass' ? 'through the proxy' : 'direct to Dynamo';
+const where = args.expect === 'pass' ? `through ${args.via}` : 'direct to Dynamo';
 
 let failures = 0;
 function report(ok, what, why = '') {

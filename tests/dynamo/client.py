@@ -16,8 +16,8 @@ not (1.6.1 never reads the opt-in). A client that lists `request_id` gets
   client.py direct --url URL --replies FILE
       The control, a raw HTTP client straight to Dynamo: chat and completion streams start with
       the marker, byte for byte, then stream the reply; with request_id asked for, both frames.
-  client.py proxy --url PROXY --direct-url URL --replies FILE
-      A raw HTTP client through the proxy: plain streams carry no annotation frame and the same
+  client.py proxy --url PROXY --direct-url URL --replies FILE [--via NAME]
+      A raw HTTP client through the proxy (or Envoy with the processor, --via Envoy): plain streams carry no annotation frame and the same
       reply; opted in to the marker, it is the first frame, byte for byte, once; request_id asked
       for gives that frame and not the marker; both asked for give both, as Dynamo sends them.
       Non-streaming chat and completions, and GET /v1/models, are the same as straight to Dynamo.
@@ -189,7 +189,7 @@ def run_direct(args):
 def run_proxy(args):
     replies = json.load(open(args.replies))
     for endpoint in ("chat", "completion"):
-        what = f"through the proxy | {endpoint} stream"
+        what = f"through {args.via} | {endpoint} stream"
         text_ok = lambda body: streamed_text(body, endpoint) == replies[endpoint]  # noqa: E731
 
         body = stream(args.url, endpoint, [replay(endpoint)])
@@ -247,17 +247,17 @@ def run_proxy(args):
         report(
             same and direct[0] == 200,
             f"non-streaming {endpoint}: status, content-type and body (but id and created) "
-            f"the same through the proxy as direct ({proxied[0]}, {proxied[1]}, "
+            f"the same through {args.via} as direct ({proxied[0]}, {proxied[1]}, "
             f"{len(proxied[2])} bytes)",
-            f"direct {direct!r}, through the proxy {proxied!r}",
+            f"direct {direct!r}, through {args.via} {proxied!r}",
         )
     direct = request(args.direct_url + "/v1/models", accept="application/json")
     proxied = request(args.url + "/v1/models", accept="application/json")
     report(
         direct == proxied and direct[0] == 200 and b'"tiny"' in direct[2],
-        f"GET /v1/models: status, content-type and body the same through the proxy as direct "
+        f"GET /v1/models: status, content-type and body the same through {args.via} as direct "
         f"({proxied[2]!r})",
-        f"direct {direct!r}, through the proxy {proxied!r}",
+        f"direct {direct!r}, through {args.via} {proxied!r}",
     )
 
 
@@ -328,15 +328,17 @@ def main():
     proxy.add_argument("--url", required=True)
     proxy.add_argument("--direct-url", required=True)
     proxy.add_argument("--replies", required=True)
+    proxy.add_argument("--via", default="the proxy", help="what --url is, for the messages")
     sdk = sub.add_parser("sdk")
     sdk.add_argument("--base-url", required=True)
     sdk.add_argument("--expect", choices=["pass", "fail"], required=True)
     sdk.add_argument("--label", required=True)
     sdk.add_argument("--version", required=True)
     sdk.add_argument("--replies", required=True)
+    sdk.add_argument("--via", default="the proxy", help="what --base-url is when --expect pass")
     args = parser.parse_args()
     if args.mode == "sdk":
-        args.where = "through the proxy" if args.expect == "pass" else "direct to Dynamo"
+        args.where = f"through {args.via}" if args.expect == "pass" else "direct to Dynamo"
     run = {
         "hold": run_hold,
         "probe": run_probe,

