@@ -396,9 +396,33 @@ async def run_kill(args):
     report(res.elapsed < 10, f"processor killed mid-stream: the stream ended {res.elapsed:.1f} s after it began (40 events of 100 ms would take 4 s)", "too slow")
 
 
+def stopped(pid):
+    """Whether every thread of process pid has stopped (state T in /proc)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for tid in tasks:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+            states.append(stat[stat.rindex(")") + 2])
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return bool(states) and all(state in "tT" for state in states)
+
+
+async def stop_process(pid):
+    """SIGSTOP, then wait until every thread has stopped: on a busy machine a thread may still
+    run for a while after kill() returns, and could answer Envoy meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    for _ in range(200):
+        if stopped(pid):
+            return
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"process {pid} did not stop within 2 s of SIGSTOP")
+
+
 async def run_stall(args):
     ids = Ids("stall")
-    os.kill(args.pid, signal.SIGSTOP)
+    await stop_process(args.pid)
     try:
         test_id = ids()
         res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "paced", "events": 3, "interval_ms": 1}),
@@ -420,23 +444,23 @@ async def run_stall(args):
     # timeout after the upstream's last chunk (or once the chunks held for the processor reach the
     # buffer limit), not a message timeout after the stall.
     events, interval_ms = 100, 20
-    stopped = []
+    stalled_at = []
 
     def stop(res):
         os.kill(args.pid, signal.SIGSTOP)
-        stopped.append(res.body.count(b"data:"))
+        stalled_at.append(res.body.count(b"data:"))
 
     try:
         res, _ = await broken_stream(args, "processor stopped mid-stream", stop, events=events,
                                      interval_ms=interval_ms, timeout=args.timeout + 20)
         upstream_time = events * interval_ms / 1000
-        after = res.body.count(b"data:") - stopped[0] if stopped else None
+        after = res.body.count(b"data:") - stalled_at[0] if stalled_at else None
         report(
-            bool(stopped) and after <= 1 and res.elapsed < upstream_time + args.timeout + 3,
+            bool(stalled_at) and after <= 1 and res.elapsed < upstream_time + args.timeout + 3,
             f"processor stopped mid-stream: {after} events reached the client after the stall; the "
             f"stream broke {res.elapsed:.1f} s after it began (the upstream streams for "
             f"{upstream_time:.0f} s, then Envoy's message timeout of {args.timeout} s)",
-            f"stopped after {stopped} events, {after} more arrived, broken after {res.elapsed:.1f} s",
+            f"stopped after {stalled_at} events, {after} more arrived, broken after {res.elapsed:.1f} s",
         )
     finally:
         os.kill(args.pid, signal.SIGCONT)

@@ -16,7 +16,8 @@
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
          {"kind": "reset", "events": N}
-                                   N data frames (with markers), then a TCP reset (no end chunk)
+                                   N data frames (with markers) 50 ms apart, then after 200 ms a
+                                   TCP reset (no end chunk)
   GET  /counts                  {"requests": POSTs received, "forced": how many of them named a
                                 router-owned marker in nvext.annotations, in any form}
   GET  /seen?test_id=X          what the upstream received for the request whose header
@@ -125,6 +126,7 @@ async def send_stream(writer, chunks, entry, pace=None, reset=False):
             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             await writer.drain()
         if reset:
+            await asyncio.sleep(0.2)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
@@ -197,7 +199,10 @@ async def handle(reader, writer):
                     if not await send_stream(writer, frames, entry, pace=test["interval_ms"] / 1000):
                         return
                 elif test.get("kind") == "reset":
-                    await send_stream(writer, script.paced(test["events"])[:-1], entry, reset=True)
+                    # Paced, and a pause before the reset, so that everything sent before it has
+                    # been read (a reset discards what the peer has not read yet).
+                    chunks = script.paced(test["events"])[:-1]
+                    await send_stream(writer, chunks, entry, pace=0.05, reset=True)
                     return
                 else:
                     if not await send_stream(writer, script.paced(3), entry):
