@@ -37,7 +37,8 @@
 # Environment: DYNAMO_CACHE, SDK_CACHE, ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 # SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache),
 # BYPASS_MARKER_BIN (the bypass-marker binary whose `ext-proc` runs behind Envoy; default: built
-# with `cargo build --release --features cli --bin bypass-marker`), DYNAMO_ENVOY=0 (leave Envoy out).
+# with `cargo build --release --features "$BYPASS_MARKER_FEATURES" --bin bypass-marker`, features
+# cli,envoy by default), DYNAMO_ENVOY=0 (leave Envoy out).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -177,8 +178,8 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
     ext_proc_bin="$BYPASS_MARKER_BIN"
   else
-    (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) ||
-      die "cannot build the bypass-marker binary (feature cli); set BYPASS_MARKER_BIN, or DYNAMO_ENVOY=0 to leave Envoy out"
+    (cd "$root" && cargo build --quiet --release --features "${BYPASS_MARKER_FEATURES:-cli,envoy}" --bin bypass-marker) ||
+      die "cannot build the bypass-marker binary (features ${BYPASS_MARKER_FEATURES:-cli,envoy}); set BYPASS_MARKER_BIN, or DYNAMO_ENVOY=0 to leave Envoy out"
     ext_proc_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
   fi
   "$ext_proc_bin" ext-proc --help >/dev/null 2>&1 ||

@@ -29,7 +29,8 @@
 #
 # Environment:
 #   BYPASS_MARKER_BIN   the bypass-marker binary to test (default: built here with
-#                       `cargo build --release --features cli --bin bypass-marker`)
+#                       `cargo build --release --features "$BYPASS_MARKER_FEATURES" --bin bypass-marker`)
+#   BYPASS_MARKER_FEATURES  the features it is built with (default cli,envoy)
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
@@ -135,9 +136,10 @@ log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]
 if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
   bin="$BYPASS_MARKER_BIN"
 else
-  log "building bypass-marker (cargo build --release --features cli --bin bypass-marker)"
-  (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) ||
-    die "cannot build the bypass-marker binary (feature cli) in $root; set BYPASS_MARKER_BIN to one"
+  features="${BYPASS_MARKER_FEATURES:-cli,envoy}"
+  log "building bypass-marker (cargo build --release --features $features --bin bypass-marker)"
+  (cd "$root" && cargo build --quiet --release --features "$features" --bin bypass-marker) ||
+    die "cannot build the bypass-marker binary (features $features) in $root; set BYPASS_MARKER_BIN to one"
   bin="$target/release/bypass-marker"
 fi
 [[ -x "$bin" ]] || die "no bypass-marker binary at $bin"
