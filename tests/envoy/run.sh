@@ -48,6 +48,17 @@ MESSAGE_TIMEOUT=1
 # without its trap.
 LIFETIME=900
 
+# Envoy holds two descriptors per concurrent stream (client, upstream), the clients and the
+# upstream one each: raise the soft limit for everything started here.
+hard_limit="$(ulimit -Hn)"
+[[ "$hard_limit" == unlimited ]] && hard_limit=65536
+ulimit -n "$hard_limit" 2>/dev/null || true
+if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
+  printf 'envoy: error: %s concurrent streams need %s open files, the limit is %s\n' \
+    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
+  exit 1
+fi
+
 log() { printf 'envoy: %s\n' "$*" >&2; }
 die() {
   log "error: $*"
