@@ -193,6 +193,7 @@ async def served_after(args, what):
 
 async def run_checks(args):
     ids = Ids("checks")
+    before = await counts(args.upstream)
     # Router-owned names in every form a client could try: none may reach the upstream.
     forms = [
         ["x-bypass-remote-prefill"],
@@ -304,8 +305,17 @@ async def run_checks(args):
             f"clean end {through.clean_end}, {len(through.body)} bytes, error {through.error}, "
             f"first difference at {next((i for i, (a, b) in enumerate(zip(through.body, expected)) if a != b), min(len(through.body), len(expected)))}",
         )
-    c = await counts(args.upstream)
-    report(c["requests"] > 0, f"the upstream counted {c['requests']} requests, {c['forced']} forcing the marker (direct ones included)")
+    # The upstream's own count agrees: the only requests that named a router-owned marker are the
+    # scripted ones sent straight to it (the control), none of those through Envoy.
+    after = await counts(args.upstream)
+    direct_forcing = sum(script.forces(chat(True, script.annotations_of(i))) for i in range(8))
+    report(
+        after["forced"] - before["forced"] == direct_forcing,
+        f"the upstream counted {after['forced'] - before['forced']} requests naming a router-owned "
+        f"marker, the {direct_forcing} sent straight to it, none of the "
+        f"{after['requests'] - before['requests'] - 8} through Envoy",
+        f"{after['forced'] - before['forced']} forcing requests, expected {direct_forcing}",
+    )
 
 
 async def run_concurrent(args):
