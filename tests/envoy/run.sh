@@ -24,6 +24,8 @@
 #     that goes away, an upstream that resets, a stalled processor (Envoy's message timeout, before
 #     a request and mid-stream), the processor killed mid-stream (a broken stream, never the
 #     marker, never a clean end);
+#   - Envoy's gRPC health check (grpc.health.v1) finds the processor healthy, and an address where
+#     nothing listens failed;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -199,13 +201,24 @@ start_envoy() {
     -c "$work/$name.yaml"
   wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
   url="http://127.0.0.1:$listen"
+  admin_url="http://127.0.0.1:$admin"
+}
+# Whether Envoy's admin $1 reports the processor's health flags as $2 (its gRPC health check).
+processor_health() {
+  "$python" -c "
+import sys, urllib.request
+lines = urllib.request.urlopen('$1/clusters', timeout=2).read().decode().splitlines()
+flags = [l.rsplit('::', 1)[1] for l in lines if l.startswith('bypass_marker::') and '::health_flags::' in l]
+sys.exit(flags != ['$2'])" 2>/dev/null
 }
 start_envoy envoy-upstream "${upstream##*:}" "$ext_proc_port"
 envoy_upstream="$url"
+envoy_upstream_admin="$admin_url"
 start_envoy envoy-router "${router_behind##*:}" "$ext_proc_port"
 envoy_router="$url"
 start_envoy envoy-down "${upstream##*:}" "$(free_port)"
 envoy_down="$url"
+envoy_down_admin="$admin_url"
 log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down)"
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +264,15 @@ listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
 ok=0
 [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
 count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+
+# Envoy's gRPC health check (grpc.health.v1) of the processor: healthy, and failed where nothing
+# listens.
+ok=0
+processor_health "$envoy_upstream_admin" healthy && ok=1
+count $ok "Envoy's gRPC health check finds the processor healthy (grpc.health.v1 SERVING)"
+ok=0
+processor_health "$envoy_down_admin" /failed_active_hc && ok=1
+count $ok "Envoy's gRPC health check marks a processor address where nothing listens /failed_active_hc"
 
 client=("$python" "$here/client.py")
 run_client "request side, pass-through, opt-ins" "${client[@]}" checks --envoy "$envoy_upstream" --upstream "$upstream"
