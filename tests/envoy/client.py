@@ -66,25 +66,31 @@ class Response:
         self.elapsed = None
 
 
-async def request(url, path, body=None, headers=None, method=None, on_data=None, timeout=30):
+async def request(url, path, body=None, headers=None, method=None, on_data=None, timeout=30,
+                  chunked=False):
     """One request on a new connection. `on_data(response)` is called after each read of the
-    body; returning True stops reading (the connection is closed, as a client going away)."""
+    body; returning True stops reading (the connection is closed, as a client going away).
+    `chunked`: send the body in chunked encoding (no content-length)."""
     parts = urlsplit(url)
     res = Response()
     started = time.monotonic()
     method = method or ("POST" if body is not None else "GET")
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     head = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
-    if body is not None:
+    if body is not None and chunked:
+        head += ["content-type: application/json", "transfer-encoding: chunked"]
+        data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
+    elif body is not None:
         head += ["content-type: application/json", f"content-length: {len(data)}"]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    reader = writer = None
+    reader = writer = sending = None
     in_chunk = False
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 24)
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
-            await writer.drain()
+            # The answer may come before the whole body is sent (a 413): read while writing.
+            sending = asyncio.ensure_future(writer.drain())
             status_head = await reader.readuntil(b"\r\n\r\n")
             lines = status_head.decode("latin-1").split("\r\n")
             res.status = int(lines[0].split(" ")[1])
@@ -122,6 +128,12 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
     except (ConnectionError, ValueError) as err:
         res.error = f"{type(err).__name__}: {err}"
     finally:
+        if sending is not None:
+            sending.cancel()
+            try:
+                await sending
+            except (asyncio.CancelledError, ConnectionError):
+                pass
         if writer is not None:
             writer.close()
     res.elapsed = time.monotonic() - started
@@ -136,6 +148,16 @@ def chat(stream, annotations=None, test=None, **extra):
         body["test"] = test
     body.update(extra)
     return body
+
+
+def sized_body(size, annotations):
+    """A non-streamed chat request of exactly `size` bytes, naming `annotations`."""
+    body = chat(False, annotations, padding="")
+    base = len(json.dumps(body).encode())
+    body["padding"] = "p" * (size - base)
+    data = json.dumps(body).encode()
+    assert len(data) == size
+    return data
 
 
 class Ids:
@@ -239,6 +261,42 @@ async def run_checks(args):
         "a 5 MiB JSON body goes through Envoy and the guard, the marker stripped from it",
         f"status {res.status} {show(res.body)}, upstream saw {entry is not None}",
     )
+    # The limits of the shipped bootstrap and the processor's default --max-body (32 MiB): a body
+    # just under it goes through, chunked or not; one over it gets the processor's 413
+    # (OpenAI-shaped: from content-length at the head, or from the buffered body when chunked) as
+    # long as Envoy's buffer limit (32 MiB + 64 KiB) holds it; a chunked one over Envoy's buffer
+    # limit gets Envoy's own 413. None of the refused ones reaches the upstream.
+    max_body = 32 << 20
+    for what, size, chunked, want in (
+        ("a body of 32 MiB - 1 KiB", max_body - 1024, False, 200),
+        ("a chunked body of 32 MiB - 1 KiB", max_body - 1024, True, 200),
+        ("a body of 32 MiB + 1 KiB (over --max-body)", max_body + 1024, False, "processor 413"),
+        ("a chunked body of 32 MiB + 1 KiB (over --max-body)", max_body + 1024, True, "processor 413"),
+        ("a body of 32 MiB + 128 KiB", max_body + (128 << 10), False, "processor 413"),
+        ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True, "envoy 413"),
+    ):
+        test_id = ids()
+        raw = sized_body(size, ["x-bypass-remote-prefill"])
+        res = await request(args.envoy, "/v1/chat/completions", raw, headers={"x-test-id": test_id},
+                            timeout=60, chunked=chunked)
+        entry = await seen(args.upstream, test_id)
+        if want == 200:
+            ok = res.status == 200 and entry is not None and not script.forces(entry["body"])
+        else:
+            try:
+                shaped = json.loads(res.body)["error"]["type"] == "invalid_request_error"
+            except (ValueError, KeyError, TypeError):
+                shaped = False
+            # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text.
+            ok = res.status == 413 and entry is None and shaped == (want == "processor 413")
+        report(
+            ok,
+            f"{what}: {res.status} ({show(res.body, 100)})"
+            + (", the upstream got it without the marker" if want == 200 else ", the upstream never saw it"),
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+        )
+        entry = None
+
     # A body the guard refuses: its status and OpenAI-shaped error, nothing reaches the upstream.
     for what, raw in (
         ("invalid JSON", b'{"model":"tiny","nvext":{"annotations":["x-bypass-remote-prefill"]'),

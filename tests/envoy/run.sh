@@ -18,7 +18,8 @@
 #     to the router (the control); a raw client's bytes: an opted-in client gets the marker byte
 #     for byte, others neither it nor request_id;
 #   - no router-owned name reaches the upstream in any form; the guard's refusals come back as
-#     its 400s; JSON responses and GET /v1/models are the same bytes as straight to the upstream;
+#     its 400s; the body limits (32 MiB: the processor's 413, Envoy's buffer limit: Envoy's 413);
+#     JSON responses and GET /v1/models are the same bytes as straight to the upstream;
 #   - 1,000 concurrent streams through Envoy, all in flight at once, byte for byte;
 #   - failures: the processor down before a request (5xx, nothing reaches the upstream), a client
 #     that goes away, an upstream that resets, a stalled processor (Envoy's message timeout, before
