@@ -179,6 +179,9 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   install_envoy || die "cannot install Envoy $ENVOY_VERSION"
   if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
     ext_proc_bin="$BYPASS_MARKER_BIN"
+  elif "$proxy_bin" ext-proc --help >/dev/null 2>&1; then
+    # The sidecar's binary has the processor too: no second build.
+    ext_proc_bin="$proxy_bin"
   else
     (cd "$root" && cargo build --quiet --release --features "${BYPASS_MARKER_FEATURES:-cli,envoy}" --bin bypass-marker) ||
       die "cannot build the bypass-marker binary (features ${BYPASS_MARKER_FEATURES:-cli,envoy}); set BYPASS_MARKER_BIN, or DYNAMO_ENVOY=0 to leave Envoy out"
