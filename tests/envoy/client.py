@@ -83,59 +83,62 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
     elif body is not None:
         head += ["content-type: application/json", f"content-length: {len(data)}"]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    reader = writer = sending = None
-    in_chunk = False
+    state = {"writer": None, "sending": None, "in_chunk": False}
+
+    async def exchange():
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 24)
+        state["writer"] = writer
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        # The answer may come before the whole body is sent (a 413): read while writing.
+        state["sending"] = asyncio.ensure_future(writer.drain())
+        status_head = await reader.readuntil(b"\r\n\r\n")
+        lines = status_head.decode("latin-1").split("\r\n")
+        res.status = int(lines[0].split(" ")[1])
+        for line in lines[1:]:
+            if line:
+                k, _, v = line.partition(":")
+                res.headers[k.strip().lower()] = v.strip()
+        if method == "HEAD" or res.status in (204, 304):
+            res.clean_end = True
+        elif res.headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readuntil(b"\r\n")
+                    res.clean_end = True
+                    break
+                state["in_chunk"] = True
+                res.body += await reader.readexactly(size)
+                state["in_chunk"] = False
+                await reader.readexactly(2)
+                if on_data and on_data(res):
+                    break
+        elif "content-length" in res.headers:
+            res.body = await reader.readexactly(int(res.headers["content-length"]))
+            res.clean_end = True
+        else:
+            res.body = await reader.read()
+            res.error = "no framing: read to the end of the connection"
+
     try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 24)
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
-            # The answer may come before the whole body is sent (a 413): read while writing.
-            sending = asyncio.ensure_future(writer.drain())
-            status_head = await reader.readuntil(b"\r\n\r\n")
-            lines = status_head.decode("latin-1").split("\r\n")
-            res.status = int(lines[0].split(" ")[1])
-            for line in lines[1:]:
-                if line:
-                    k, _, v = line.partition(":")
-                    res.headers[k.strip().lower()] = v.strip()
-            if method == "HEAD" or res.status in (204, 304):
-                res.clean_end = True
-            elif res.headers.get("transfer-encoding", "").lower() == "chunked":
-                while True:
-                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                    if size == 0:
-                        await reader.readuntil(b"\r\n")
-                        res.clean_end = True
-                        break
-                    in_chunk = True
-                    res.body += await reader.readexactly(size)
-                    in_chunk = False
-                    await reader.readexactly(2)
-                    if on_data and on_data(res):
-                        break
-            elif "content-length" in res.headers:
-                res.body = await reader.readexactly(int(res.headers["content-length"]))
-                res.clean_end = True
-            else:
-                res.body = await reader.read()
-                res.error = "no framing: read to the end of the connection"
+        await asyncio.wait_for(exchange(), timeout)
     except asyncio.TimeoutError:
         res.error = f"timed out after {timeout} s"
     except asyncio.IncompleteReadError as err:
-        if in_chunk:
+        if state["in_chunk"]:
             res.body += err.partial
         res.error = "the connection closed before the end of the response"
     except (ConnectionError, ValueError) as err:
         res.error = f"{type(err).__name__}: {err}"
     finally:
-        if sending is not None:
-            sending.cancel()
+        if state["sending"] is not None:
+            state["sending"].cancel()
             try:
-                await sending
+                await state["sending"]
             except (asyncio.CancelledError, ConnectionError):
                 pass
-        if writer is not None:
-            writer.close()
+        if state["writer"] is not None:
+            state["writer"].close()
     res.elapsed = time.monotonic() - started
     return res
 
