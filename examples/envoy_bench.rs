@@ -256,14 +256,28 @@ fn process_ticks(pid: u32) -> Duration {
     Duration::from_nanos(ticks * 1_000_000_000 / per_second)
 }
 
-/// Starts `program args`, its output in `log`.
+/// Starts `program args`, its output in `log`. The child is killed when this process ends, even
+/// by a panic (`PR_SET_PDEATHSIG`; the main thread, which spawns every target, lives to the end).
 fn spawn(program: &Path, args: &[String], log: &Path) -> Child {
+    use std::os::unix::process::CommandExt as _;
     let out = std::fs::File::create(log).unwrap();
-    Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
-        .stderr(out)
+        .stderr(out);
+    // SAFETY: prctl is async-signal-safe and touches only the child's own process attributes.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
         .spawn()
         .unwrap_or_else(|err| panic!("cannot start {}: {err}", program.display()))
 }
@@ -711,12 +725,12 @@ fn parse_args() -> Args {
 fn main() {
     let args = parse_args();
     epoch();
-    let dir = std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir(std::env::temp_dir().join(format!("envoy-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
     let setup = Setup {
         envoy: args.envoy.clone(),
         envoy_concurrency: args.envoy_concurrency.clone(),
-        dir: dir.clone(),
+        dir: dir.0.clone(),
         upstream: upstream(),
     };
     let version = Command::new(&setup.envoy)
@@ -873,5 +887,14 @@ fn main() {
         }
     });
     drop(targets);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
+}
+
+/// The rendered bootstraps and the targets' logs; removed at the end, a panic included.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
