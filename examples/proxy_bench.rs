@@ -1,12 +1,12 @@
-//! What the sidecar of `examples/proxy.rs` costs, over loopback, with the layer and the guard
+//! What the sidecar (`bypass-marker proxy`, `tower_bypass_marker::cli`) costs, over loopback, with the layer and the guard
 //! against `--no-layer` (forwarding untouched), measured in one run:
 //!
 //! ```text
-//! cargo run --release --features json --example proxy_bench
+//! cargo run --release --features cli --example proxy_bench
 //! ```
 //!
 //! Three threads, each with its own single-threaded tokio runtime: an upstream that streams
-//! OpenAI `chat.completion.chunk` events, the proxy (its code included from `proxy.rs`), and the
+//! OpenAI `chat.completion.chunk` events, the proxy (the library code the binary runs), and the
 //! clients. The proxy's own CPU time is read on its thread (`CLOCK_THREAD_CPUTIME_ID`), so its
 //! cost per event or per request does not depend on what the other two threads do.
 //!
@@ -38,9 +38,7 @@
 //!
 //! `--events N` sets the events per stream of the throughput runs, in both modes (default 5,000).
 
-#[allow(dead_code)]
-#[path = "proxy.rs"]
-mod proxy;
+use tower_bypass_marker::cli as proxy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -283,7 +281,7 @@ fn start_proxy(name: &str, upstream: SocketAddr, layer: bool) -> Served {
     if !layer {
         args.push("--no-layer".to_owned());
     }
-    let config = proxy::Config::from_args(args).unwrap().unwrap();
+    let config = proxy::ProxyArgs::from_args(args).unwrap();
     Served::start(name, move |listener, stopped| async move {
         proxy::serve(listener, config, async {
             let _ = stopped.await;
@@ -300,22 +298,21 @@ fn start_variant(name: &str, upstream: SocketAddr, filter: bool, guard: bool) ->
     if filter == guard {
         return start_proxy(name, upstream, filter);
     }
-    let config = proxy::Config::from_args(proxy_args(upstream))
-        .unwrap()
-        .unwrap();
+    let config = proxy::ProxyArgs::from_args(proxy_args(upstream)).unwrap();
     Served::start(name, move |listener, stopped| async move {
         let layer = config.layer().unwrap().expect("the layer is on");
-        let json_guard = layer.json_guard().max_body_bytes(config.max_body);
-        let forward = proxy::Forward::new(&config);
+        let json_guard = layer.json_guard().max_body_bytes(config.naming.max_body);
+        let metrics = proxy::proxy::metrics_for(&config).unwrap();
+        let forward = proxy::Forward::new(&config, metrics.clone());
         let stopped = async {
             let _ = stopped.await;
         };
         let served = if filter {
             let stack = ServiceBuilder::new().layer(layer).service(forward);
-            proxy::serve_with(listener, config, stack, stopped).await
+            proxy::serve_with(listener, config, metrics, stack, stopped).await
         } else {
             let stack = ServiceBuilder::new().layer(json_guard).service(forward);
-            proxy::serve_with(listener, config, stack, stopped).await
+            proxy::serve_with(listener, config, metrics, stack, stopped).await
         };
         served.unwrap();
     })

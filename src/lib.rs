@@ -177,10 +177,14 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 pub mod annotations;
 mod body;
+#[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+pub mod cli;
 mod config;
 #[cfg(feature = "envoy")]
 pub mod envoy;

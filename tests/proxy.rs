@@ -1,8 +1,9 @@
-//! The sidecar of `examples/proxy.rs`, served on 127.0.0.1 in front of real upstream servers and
-//! called with real clients (hyper's, and raw TCP where the test needs control of every byte).
+//! The sidecar (`bypass-marker proxy`, `tower_bypass_marker::cli`), served on 127.0.0.1 in front
+//! of real upstream servers and called with real clients (hyper's, and raw TCP where the test
+//! needs control of every byte).
 //!
-//! The proxy's own code is included as a module, so these tests run exactly what the example runs
-//! (its flag parsing, listener, accept loop, timeouts and service), minus `main`'s signal handling.
+//! The tests run the library code the binary runs (its flag parsing, listener, accept loop,
+//! timeouts and service), minus `main`'s signal handling; `tests/cli.rs` runs the binary itself.
 //!
 //! `BYPASS_MARKER_PROXY_STREAMS` sets the number of concurrent streams of the load test (200 by
 //! default, 1,000 in CI):
@@ -11,9 +12,7 @@
 //! BYPASS_MARKER_PROXY_STREAMS=1000 cargo test --test proxy -- --nocapture
 //! ```
 
-#[allow(dead_code)]
-#[path = "../examples/proxy.rs"]
-mod proxy;
+use tower_bypass_marker::cli as proxy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -52,9 +51,7 @@ struct Proxy {
 async fn start_proxy(upstream: &str, args: &[&str]) -> Proxy {
     let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
     all.extend_from_slice(args);
-    let config = proxy::Config::from_args(all)
-        .expect("valid flags")
-        .expect("not --help");
+    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
     let listener = proxy::bind(config.listen, config.backlog).unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -998,6 +995,14 @@ async fn concurrent_streams_through_the_proxy_arrive_byte_for_byte() {
 
 #[test]
 fn the_help_lists_every_flag_and_bad_flags_are_refused() {
+    use clap::CommandFactory as _;
+    let mut cli = proxy::Cli::command();
+    cli.build(); // propagates the global flags to the subcommands
+    let help = cli
+        .find_subcommand_mut("proxy")
+        .expect("a proxy subcommand")
+        .render_long_help()
+        .to_string();
     for flag in [
         "--listen",
         "--upstream",
@@ -1015,38 +1020,287 @@ fn the_help_lists_every_flag_and_bad_flags_are_refused() {
         "--connect-timeout",
         "--response-timeout",
         "--shutdown-grace",
+        "--metrics-listen",
+        "--log-format",
         "--help",
+        "--version",
     ] {
         assert!(
-            proxy::USAGE.contains(flag),
-            "--help does not mention {flag}"
+            help.contains(flag),
+            "--help does not mention {flag}:\n{help}"
         );
+        if !matches!(flag, "--help" | "--version") {
+            let var = format!(
+                "BYPASS_MARKER_{}",
+                flag[2..].replace('-', "_").to_ascii_uppercase()
+            );
+            assert!(
+                help.contains(&var),
+                "--help does not mention {var}:\n{help}"
+            );
+        }
     }
-    assert!(proxy::Config::from_args(["--help"]).unwrap().is_none());
-    let refused = |args: &[&str]| proxy::Config::from_args(args.iter().copied()).unwrap_err();
-    assert!(refused(&[]).contains("--upstream is required"));
+    let refused = |args: &[&str]| proxy::ProxyArgs::from_args(args.iter().copied()).unwrap_err();
+    assert!(refused(&[]).contains("--upstream"));
     assert!(refused(&["--upstream", "https://x"]).contains("https"));
     assert!(refused(&["--upstream", "http://x", "--preset", "vllm"]).contains("--preset"));
     assert!(refused(&["--upstream", "http://x", "--idle-timeout", "0"]).contains("positive"));
-    assert!(refused(&["--upstream", "http://x", "--frobnicate"]).contains("unknown"));
+    assert!(refused(&["--upstream", "http://x", "--frobnicate"]).contains("--frobnicate"));
     assert!(refused(&["--upstream", "http://x", "--opt-in", "a:b"]).contains("--opt-in \"a:b\""));
     assert!(refused(&["--upstream", "http://x", "--never-forward", ""]).contains("--never-forward"));
-    let config = proxy::Config::from_args([
+    let config = proxy::ProxyArgs::from_args([
         "--upstream=http://127.0.0.1:8000",
         "--opt-in",
         "a",
         "--opt-in",
-        "b",
+        "b,c",
         "--body-timeout",
         "0.25",
     ])
-    .unwrap()
     .unwrap();
-    assert_eq!(config.opt_in, ["a", "b"]);
+    assert_eq!(config.naming.opt_in, ["a", "b", "c"]);
     assert_eq!(config.body_timeout, Duration::from_millis(250));
+    // Every default of the example the binary replaced.
     assert_eq!(config.backlog, 1024);
     assert_eq!(
         config.listen,
         "127.0.0.1:3000".parse::<SocketAddr>().unwrap()
     );
+    assert_eq!(config.naming.preset, proxy::Preset::Dynamo);
+    assert_eq!(config.naming.max_body, 32 * 1024 * 1024);
+    assert!(!config.naming.sdk_safe && !config.no_layer);
+    assert_eq!(config.metrics_listen, None);
+    assert_eq!(config.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(config.idle_timeout, Duration::from_secs(60));
+    assert_eq!(config.connect_timeout, Duration::from_secs(5));
+    assert_eq!(config.response_timeout, Duration::from_secs(600));
+    assert_eq!(config.shutdown_grace, Duration::from_secs(30));
+}
+
+#[test]
+fn the_naming_flags_build_the_layer_or_say_which_name_is_wrong() {
+    let naming = |args: &[&str]| {
+        let mut all = vec!["--upstream", "http://x"];
+        all.extend_from_slice(args);
+        // Parse without the name check of `from_args`, as the ext-proc subcommand will.
+        use clap::Parser as _;
+        let mut argv = vec!["bypass-marker", "proxy"];
+        argv.extend(all);
+        #[allow(unreachable_patterns)] // until a second subcommand
+        match proxy::Cli::try_parse_from(argv).unwrap().command {
+            proxy::Command::Proxy(args) => args.naming,
+            _ => unreachable!(),
+        }
+    };
+    let layer = naming(&[
+        "--opt-in",
+        "x-a",
+        "--never-forward",
+        "x-b",
+        "--preset",
+        "none",
+    ])
+    .layer()
+    .unwrap();
+    let names: Vec<&str> = layer.names().collect();
+    assert_eq!(names, ["x-bypass-remote-prefill", "x-a", "x-b"]);
+    let err = naming(&["--router-owned", "bad\nname"])
+        .layer()
+        .unwrap_err();
+    assert_eq!(err.flag(), "--router-owned");
+    assert!(
+        err.to_string()
+            .starts_with("--router-owned \"bad\\nname\": "),
+        "{err}"
+    );
+}
+
+/// The annotations of the JSON body an [`echo`] saw.
+fn echoed_annotations(seen: &serde_json::Value) -> Vec<String> {
+    let body: serde_json::Value =
+        serde_json::from_str(seen["body"].as_str().unwrap()).expect("the upstream got JSON");
+    body["nvext"]["annotations"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_connection_header_cannot_hide_a_json_body_from_the_guard() {
+    // The client's body is JSON, declared `text/plain` (the guard does not read it), and its
+    // `Connection` header names `content-type`: hop by hop, the proxy removes that header, so the
+    // upstream gets a body with no content type, which FastAPI parses as JSON. The guard must
+    // decide on those headers, the upstream's: it reads the body and strips the marker.
+    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let body = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    for connection in [
+        &b"close, content-type"[..],
+        b"close,Content-Type , x-client-hop",
+        // Non-ASCII bytes (obs-text) in the value: its names are still read.
+        b"close, content-type, \xe9t\xe9, x-client-hop",
+        b"\xff, close, content-type",
+    ] {
+        let mut request = Vec::new();
+        request.extend_from_slice(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n");
+        request.extend_from_slice(b"Content-Type: text/plain\r\nX-Client-Hop: secret\r\n");
+        request.extend_from_slice(b"Connection: ");
+        request.extend_from_slice(connection);
+        request.extend_from_slice(b"\r\nConnection: close\r\n");
+        request.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+        request.extend_from_slice(body);
+        let response = raw_exchange(proxy.addr, &request).await;
+        let (head, body) = split_head(&response);
+        let shown = String::from_utf8_lossy(connection);
+        assert!(head.starts_with("HTTP/1.1 200"), "{shown}: {head}");
+        let seen: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert!(
+            echo_header(&seen, "content-type").is_empty(),
+            "{shown}: {seen}"
+        );
+        assert_eq!(echoed_annotations(&seen), ["request_id"], "{shown}: {seen}");
+        if shown.contains("x-client-hop") {
+            assert!(
+                echo_header(&seen, "x-client-hop").is_empty(),
+                "{shown}: {seen}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_non_ascii_connection_header_still_removes_the_headers_it_names() {
+    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\
+        Connection: X-Client-Hop, caf\xc3\xa9\r\nConnection: close\r\n\
+        X-Client-Hop: secret\r\nX-End-To-End: kept\r\n\r\n";
+    let response = raw_exchange(proxy.addr, request).await;
+    let (head, body) = split_head(&response);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let seen: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert!(echo_header(&seen, "x-client-hop").is_empty(), "{seen}");
+    assert_eq!(echo_header(&seen, "x-end-to-end"), ["kept"]);
+}
+
+/// An event stream with the marker; gzip-encoded when the request accepts gzip, as a server
+/// behind a compression middleware sends it.
+async fn compressing(req: Request) -> Response {
+    use std::io::Write as _;
+    let events = format!("{MARKER}data: {{\"x\":1}}\n\n{MARKER}data: [DONE]\n\n");
+    let accepts_gzip = req
+        .headers()
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .any(|v| v.to_str().unwrap_or("").contains("gzip"));
+    if accepts_gzip {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(events.as_bytes()).unwrap();
+        (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CONTENT_ENCODING, "gzip"),
+            ],
+            gz.finish().unwrap(),
+        )
+            .into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "text/event-stream")], events).into_response()
+    }
+}
+
+#[tokio::test]
+async fn the_upstream_is_asked_for_unencoded_event_streams() {
+    use std::io::Read as _;
+    let app = axum::Router::new()
+        .route("/stream", axum::routing::get(compressing))
+        .fallback(echo);
+    let upstream = spawn_upstream(app).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    // What the upstream is asked for.
+    let req = http::Request::get(proxy.url("/v1/models"))
+        .header(header::ACCEPT_ENCODING, "gzip, br")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&send(req).await.unwrap().body).unwrap();
+    assert_eq!(
+        echo_header(&seen, "accept-encoding"),
+        ["identity"],
+        "{seen}"
+    );
+    // A client that accepts gzip gets the stream filtered (and, from this proxy, unencoded).
+    let req = http::Request::get(proxy.url("/stream"))
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(req).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    let body = if reply.headers.get(header::CONTENT_ENCODING).is_some() {
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&reply.body[..])
+            .read_to_end(&mut plain)
+            .unwrap();
+        plain
+    } else {
+        reply.body.to_vec()
+    };
+    assert_eq!(
+        String::from_utf8(body).unwrap(),
+        "data: {\"x\":1}\n\ndata: [DONE]\n\n"
+    );
+}
+
+#[tokio::test]
+async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
+    let forwarded = Arc::new(AtomicUsize::new(0));
+    let counted = forwarded.clone();
+    let app = axum::Router::new().fallback(move |req: Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        echo(req)
+    });
+    let upstream = spawn_upstream(app).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let chunked_body = "5\r\nhello\r\n0\r\n\r\n";
+    // hyper decodes `chunked` as the last coding; a coding before it would reach the upstream
+    // still applied, and no longer named: RFC 9112 section 6.1 says 501.
+    for te in [
+        "gzip, chunked",
+        "x-custom,chunked",
+        "chunked\r\nTransfer-Encoding: chunked, deflate, chunked",
+    ] {
+        let request = format!(
+            "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+             Transfer-Encoding: {te}\r\n\r\n{chunked_body}"
+        );
+        let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let (head, body) = split_head(&response);
+        assert!(head.starts_with("HTTP/1.1 501"), "{te}: {head}");
+        let json = error_json(body);
+        assert_eq!(json["error"]["code"], "unsupported_transfer_coding");
+    }
+    // A last coding other than chunked: hyper itself refuses (400) before the proxy sees it.
+    for te in ["gzip", "chunked, gzip"] {
+        let request = format!(
+            "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+             Transfer-Encoding: {te}\r\n\r\n{chunked_body}"
+        );
+        let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let (head, _) = split_head(&response);
+        assert!(
+            head.starts_with("HTTP/1.1 400") || head.starts_with("HTTP/1.1 501"),
+            "{te}: {head}"
+        );
+    }
+    assert_eq!(forwarded.load(Ordering::SeqCst), 0);
+    // Plain chunked (any case) is forwarded, decoded.
+    let request = format!(
+        "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nConnection: close\r\n\
+         Transfer-Encoding: Chunked\r\n\r\n{chunked_body}"
+    );
+    let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+    let (head, body) = split_head(&response);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let seen: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(seen["body"], "hello");
+    assert_eq!(forwarded.load(Ordering::SeqCst), 1);
 }

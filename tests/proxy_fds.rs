@@ -1,12 +1,11 @@
-//! The sidecar of `examples/proxy.rs` when the process runs out of file descriptors: its accept
+//! The sidecar (`tower_bypass_marker::cli`) when the process runs out of file descriptors: its accept
 //! loop must neither stop (serving resumes once descriptors are free) nor spin.
 //!
 //! Its own test binary, because it lowers the process's limit on open files.
 #![cfg(target_os = "linux")]
 
-#[allow(dead_code)]
-#[path = "../examples/proxy.rs"]
-mod proxy;
+use tower_bypass_marker::cli as proxy;
+use tower_bypass_marker::cli::proxy::ACCEPT_FAILURES;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -61,13 +60,12 @@ async fn running_out_of_file_descriptors_neither_stops_nor_spins_the_accept_loop
     let app = axum::Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let config = proxy::Config::from_args([
+    let config = proxy::ProxyArgs::from_args([
         "--listen",
         "127.0.0.1:0",
         "--upstream",
         &format!("http://{upstream}"),
     ])
-    .unwrap()
     .unwrap();
     let listener = proxy::bind(config.listen, config.backlog).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -95,10 +93,10 @@ async fn running_out_of_file_descriptors_neither_stops_nor_spins_the_accept_loop
     }
     // Give the accept loop time to hit EMFILE, then count its attempts for a second.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = proxy::ACCEPT_FAILURES.load(Ordering::Relaxed);
+    let before = ACCEPT_FAILURES.load(Ordering::Relaxed);
     assert!(before > 0, "accept has not failed yet");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let failures = proxy::ACCEPT_FAILURES.load(Ordering::Relaxed) - before;
+    let failures = ACCEPT_FAILURES.load(Ordering::Relaxed) - before;
     // Backing off from 10 ms to 1 s, doubling, makes at most 8 attempts in a second (fewer once
     // the back-off has grown); a loop that retried at once would make tens of thousands.
     assert!(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
-# (examples/proxy.rs) in front of it. Offline, loopback only.
+# (`bypass-marker proxy`, the binary of the `cli` feature) in front of it. Offline, loopback only.
 #
 #   bash tests/dynamo/run.sh
 #
@@ -162,11 +162,10 @@ source "$root/tests/sdk/sdks.sh"
 install_sdks
 log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
-log "building the proxy example"
+log "building the bypass-marker binary"
 t=$SECONDS
-[[ -f "$root/examples/proxy.rs" ]] || die "examples/proxy.rs is missing"
-(cd "$root" && cargo build --quiet --release --features json --example proxy)
-proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/examples/proxy"
+(cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker)
+proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
 
@@ -246,7 +245,7 @@ done
 bypassing || die "Dynamo did not bypass remote prefill with the holder in flight: $(tail -n 20 "$work/frontend.log")"
 log "the holder occupies the prefill worker: Dynamo is bypassing remote prefill, $((SECONDS - suite)) s after the start"
 
-start proxy "$proxy_bin" --listen 127.0.0.1:0 --upstream "$dynamo"
+start proxy "$proxy_bin" proxy --listen 127.0.0.1:0 --upstream "$dynamo"
 proxy_group=$last_group
 proxy_url() { proxy="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/proxy.log")" && [[ -n "$proxy" ]]; }
 wait_for "$proxy_group" 100 proxy_url || die "the proxy did not print 'listening on': $(cat "$work/proxy.log")"

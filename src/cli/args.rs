@@ -1,0 +1,359 @@
+//! The command line of `bypass-marker`, with clap: every flag also from an environment variable
+//! `BYPASS_MARKER_<FLAG>` (`--upstream` from `BYPASS_MARKER_UPSTREAM`, `--opt-in` from
+//! `BYPASS_MARKER_OPT_IN`, ...). A flag given on the command line wins over its variable.
+//!
+//! Repeatable flags (`--opt-in`, `--router-owned`, `--never-forward`) take a comma-separated list
+//! too, which is how their variables hold several names (`BYPASS_MARKER_OPT_IN=a,b`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use http::uri::Authority;
+use http::{HeaderValue, Uri};
+
+use crate::json::DEFAULT_MAX_BODY_BYTES;
+use crate::{BypassMarkerLayer, InvalidName};
+
+/// `bypass-marker`: removes router-internal annotation frames (such as Dynamo's
+/// `event: x-bypass-remote-prefill`) from event streams unless the client opted in.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bypass-marker", version)]
+#[command(propagate_version = true)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+    /// The format of the log lines on stderr (RUST_LOG sets the levels; default info).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "BYPASS_MARKER_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl Cli {
+    /// Parses the process's command line; prints the help, the version or a usage error and
+    /// exits (code 2 for a usage error) as clap does.
+    pub fn from_env() -> Self {
+        Self::parse()
+    }
+}
+
+/// The subcommands. Each is a variant holding its own `#[derive(Args)]` struct; the naming flags
+/// they share are [`NamingArgs`], flattened into each.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// A streaming reverse proxy for OpenAI-compatible servers (Dynamo, vLLM, SGLang, ...): the
+    /// layer on the responses, the request guard on the requests.
+    Proxy(ProxyArgs),
+    /// An Envoy external processor (`envoy.service.ext_proc.v3`, plain gRPC over HTTP/2): the
+    /// request guard on request bodies and the filter on response bodies, for the Envoy-based
+    /// gateways (examples/envoy/ext-proc.yaml is a bootstrap to start from).
+    ExtProc(ExtProcArgs),
+}
+
+/// The preset a layer starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Dynamo 1.6.1's names: router-owned `x-bypass-remote-prefill` and `x-prefill-continue`,
+    /// opt-in `request_id`, `formatted_prompt` and `token_ids`, never `llm_metrics` and
+    /// `payload_usage`.
+    Dynamo,
+    /// The layer's default: `x-bypass-remote-prefill` only.
+    None,
+}
+
+/// The log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// The flags that name annotations, shared by every subcommand that filters: they build the
+/// [`BypassMarkerLayer`] (see [`NamingArgs::layer`]).
+#[derive(Debug, Clone, Args)]
+pub struct NamingArgs {
+    /// The names the layer starts from.
+    #[arg(long, value_enum, default_value_t = Preset::Dynamo, env = "BYPASS_MARKER_PRESET")]
+    pub preset: Preset,
+    /// Also remove NAME frames unless the client lists NAME in `nvext.annotations` (repeatable).
+    #[arg(
+        long = "opt-in",
+        value_name = "NAME",
+        value_delimiter = ',',
+        env = "BYPASS_MARKER_OPT_IN"
+    )]
+    pub opt_in: Vec<String>,
+    /// Another router-owned marker: removed unless the client opted in, stripped from requests in
+    /// every form (repeatable).
+    #[arg(
+        long = "router-owned",
+        value_name = "NAME",
+        value_delimiter = ',',
+        env = "BYPASS_MARKER_ROUTER_OWNED"
+    )]
+    pub router_owned: Vec<String>,
+    /// Always remove NAME frames, even when asked for (repeatable).
+    #[arg(
+        long = "never-forward",
+        value_name = "NAME",
+        value_delimiter = ',',
+        env = "BYPASS_MARKER_NEVER_FORWARD"
+    )]
+    pub never_forward: Vec<String>,
+    /// Also remove every frame with fields but no `data` line.
+    #[arg(long, env = "BYPASS_MARKER_SDK_SAFE")]
+    pub sdk_safe: bool,
+    /// Largest JSON request body the guard reads; larger ones get a 413 (default 32 MiB: a chat
+    /// request with a 20 MB image, base64-encoded, fits).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES, env = "BYPASS_MARKER_MAX_BODY")]
+    pub max_body: usize,
+}
+
+/// A name given to a naming flag that the layer refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameError {
+    flag: &'static str,
+    source: InvalidName,
+}
+
+impl NameError {
+    /// The flag that gave the name (`--opt-in`, `--router-owned`, `--never-forward`).
+    pub fn flag(&self) -> &str {
+        self.flag
+    }
+}
+
+impl fmt::Display for NameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}: {}", self.flag, self.source.name(), self.source)
+    }
+}
+
+impl std::error::Error for NameError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+impl NamingArgs {
+    /// The response layer these flags describe: the preset, then every added name in order, then
+    /// `--sdk-safe`. An invalid name is an error naming its flag (never a panic).
+    pub fn layer(&self) -> Result<BypassMarkerLayer, NameError> {
+        let mut layer = match self.preset {
+            Preset::Dynamo => BypassMarkerLayer::dynamo(),
+            Preset::None => BypassMarkerLayer::new(),
+        };
+        let err = |flag| move |source| NameError { flag, source };
+        for name in &self.opt_in {
+            layer = layer.try_opt_in(name).map_err(err("--opt-in"))?;
+        }
+        for name in &self.router_owned {
+            layer = layer
+                .try_router_owned(name)
+                .map_err(err("--router-owned"))?;
+        }
+        for name in &self.never_forward {
+            layer = layer
+                .try_never_forward(name)
+                .map_err(err("--never-forward"))?;
+        }
+        Ok(layer.sdk_safe(self.sdk_safe))
+    }
+}
+
+/// The flags of `bypass-marker proxy`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+SECS may have a fraction (0.5). Errors are JSON in OpenAI's shape:
+{\"error\":{\"message\":...,\"type\":...,\"code\":...}}, 502 when the upstream is unreachable or fails
+before its response head, 504 when the head is late.")]
+pub struct ProxyArgs {
+    /// The server to forward to, http://HOST:PORT[/PREFIX].
+    #[arg(long, value_name = "URL", value_parser = Upstream::parse, env = "BYPASS_MARKER_UPSTREAM")]
+    pub upstream: Upstream,
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:3000",
+        env = "BYPASS_MARKER_LISTEN"
+    )]
+    pub listen: SocketAddr,
+    /// The names to filter.
+    #[command(flatten)]
+    pub naming: NamingArgs,
+    /// Forward everything untouched (no guard, no filter): the control.
+    #[arg(long, env = "BYPASS_MARKER_NO_LAYER")]
+    pub no_layer: bool,
+    /// Serve Prometheus metrics at GET /metrics on this address (off by default).
+    #[arg(long, value_name = "ADDR", env = "BYPASS_MARKER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Listen backlog (the kernel caps it at somaxconn).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1024,
+        env = "BYPASS_MARKER_BACKLOG"
+    )]
+    pub backlog: u32,
+    /// Time from a request head's first byte to its end.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "10", env = "BYPASS_MARKER_HEADER_READ_TIMEOUT")]
+    pub header_read_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "60", env = "BYPASS_MARKER_IDLE_TIMEOUT")]
+    pub idle_timeout: Duration,
+    /// Longest pause within a request body before a 408.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_BODY_TIMEOUT")]
+    pub body_timeout: Duration,
+    /// Time to connect to the upstream.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "5", env = "BYPASS_MARKER_CONNECT_TIMEOUT")]
+    pub connect_timeout: Duration,
+    /// Time from sending the request to the upstream's response head, 504 after it (a
+    /// non-streamed completion sends its head only when it is done).
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "600", env = "BYPASS_MARKER_RESPONSE_TIMEOUT")]
+    pub response_timeout: Duration,
+    /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Duration,
+}
+
+impl ProxyArgs {
+    /// Parses the flags of `bypass-marker proxy` (without the program and subcommand names), as
+    /// the binary would (environment variables included), and checks the names.
+    pub fn from_args<I, S>(args: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = ["bypass-marker".into(), "proxy".into()]
+            .into_iter()
+            .chain(args.into_iter().map(Into::into));
+        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let Command::Proxy(args) = cli.command else {
+            unreachable!("parsed as the proxy subcommand")
+        };
+        args.layer().map_err(|err| err.to_string())?;
+        Ok(args)
+    }
+
+    /// The response layer, or `None` with `--no-layer`.
+    pub fn layer(&self) -> Result<Option<BypassMarkerLayer>, NameError> {
+        if self.no_layer {
+            return Ok(None);
+        }
+        self.naming.layer().map(Some)
+    }
+}
+
+/// The flags of `bypass-marker ext-proc`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+Envoy's ext_proc filter must send request headers and the buffered request body, and response
+headers and the streamed response body, with allow_mode_override: true and failure_mode_allow:
+false (see examples/envoy/ext-proc.yaml). gRPC health (grpc.health.v1) is served on the same
+address.")]
+pub struct ExtProcArgs {
+    /// Address to listen on for Envoy's gRPC connections (port 0 picks a free one).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:50051",
+        env = "BYPASS_MARKER_LISTEN"
+    )]
+    pub listen: SocketAddr,
+    /// The names to filter.
+    #[command(flatten)]
+    pub naming: NamingArgs,
+    /// Serve Prometheus metrics at GET /metrics on this address (off by default).
+    #[arg(long, value_name = "ADDR", env = "BYPASS_MARKER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl ExtProcArgs {
+    /// Parses the flags of `bypass-marker ext-proc` (without the program and subcommand names),
+    /// as the binary would (environment variables included), and checks the names.
+    pub fn from_args<I, S>(args: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = ["bypass-marker".into(), "ext-proc".into()]
+            .into_iter()
+            .chain(args.into_iter().map(Into::into));
+        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let Command::ExtProc(args) = cli.command else {
+            unreachable!("parsed as the ext-proc subcommand")
+        };
+        args.naming.layer().map_err(|err| err.to_string())?;
+        Ok(args)
+    }
+}
+
+/// Where requests go: `http://authority` plus an optional path prefix.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub(crate) authority: Authority,
+    pub(crate) host: HeaderValue,
+    pub(crate) prefix: String,
+}
+
+impl Upstream {
+    /// Parses `http://HOST:PORT[/PREFIX]`.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|err| format!("{err}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(
+                    "https is not supported; run the proxy next to the server and \
+                            forward over http"
+                        .to_owned(),
+                )
+            }
+            _ => return Err("the upstream must start with http://".to_owned()),
+        }
+        let authority = uri.authority().cloned().ok_or("the upstream has no host")?;
+        if uri.query().is_some() {
+            return Err("the upstream must not have a query".to_owned());
+        }
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|err| format!("{err}"))?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(Self {
+            authority,
+            host,
+            prefix,
+        })
+    }
+
+    pub(crate) fn uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.prefix, path_and_query))
+            .build()
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// A positive number of seconds, with a fraction allowed.
+fn secs(value: &str) -> Result<Duration, String> {
+    let secs: f64 = value.parse().map_err(|err| format!("{err}"))?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err("a positive number of seconds".to_owned()),
+    }
+}

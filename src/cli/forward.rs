@@ -1,0 +1,258 @@
+//! The service at the bottom of the proxy's stack: forwards a request to the upstream and answers
+//! the upstream's failures with JSON errors in OpenAI's shape.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::Service;
+
+use crate::cli::args::{ProxyArgs, Upstream};
+use crate::cli::conn::BodyStalled;
+use crate::cli::metrics::{Metrics, UpstreamError};
+use crate::BoxError;
+
+/// The body of a response [`Forward`] gives: the upstream's, or the proxy's own JSON error.
+pub type UpstreamBody = Either<Incoming, Full<Bytes>>;
+
+/// Put in the extensions of every response [`Forward`] gives, so that the proxy tells a response
+/// that went through the whole stack from one a layer above answered itself (a refusal).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FromForward;
+
+/// A JSON error in OpenAI's shape.
+pub(crate) fn error(
+    status: StatusCode,
+    kind: &str,
+    code: &str,
+    message: String,
+) -> Response<UpstreamBody> {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": kind, "param": null, "code": code }
+    });
+    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    *res.status_mut() = status;
+    res.extensions_mut().insert(FromForward);
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// The service at the bottom of the stack: forwards every request to the upstream.
+#[derive(Clone)]
+pub struct Forward(Arc<Forwarding>);
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forward")
+            .field("upstream", &self.0.upstream)
+            .field("response_timeout", &self.0.response_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Forward`] needs: the upstream and its client.
+struct Forwarding {
+    upstream: Upstream,
+    client: Client<HttpConnector, UnsyncBoxBody<Bytes, BoxError>>,
+    response_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Forward {
+    /// Forwards to `config.upstream`, with `config`'s timeouts; counts the upstream's failures
+    /// in `metrics`.
+    pub fn new(config: &ProxyArgs, metrics: Arc<Metrics>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self(Arc::new(Forwarding {
+            upstream: config.upstream.clone(),
+            client,
+            response_timeout: config.response_timeout,
+            metrics,
+        }))
+    }
+}
+
+impl<B> Service<Request<B>> for Forward
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<UpstreamBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let forwarding = self.0.clone();
+        let req = req.map(|body| body.map_err(Into::into).boxed_unsync());
+        Box::pin(async move { Ok(forward(&forwarding, req).await) })
+    }
+}
+
+/// Removes the hop-by-hop headers of RFC 9110 section 7.6.1: those `Connection` names, and the
+/// ones that are hop-by-hop wherever they appear.
+///
+/// `Connection` values are read as bytes: a value with non-ASCII bytes (obs-text) still has its
+/// ASCII names removed. The proxy calls this on a request before the guard reads its headers, so
+/// that the guard decides on the headers the upstream will receive.
+pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // The common case, no `Connection` header, allocates nothing.
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .filter_map(|name| HeaderName::from_bytes(trim_ows(name)).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TRAILER,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// Without the optional whitespace (space, tab) around a list element.
+pub(crate) fn trim_ows(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = bytes {
+        bytes = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = bytes {
+        bytes = rest;
+    }
+    bytes
+}
+
+async fn forward(
+    forward: &Forwarding,
+    req: Request<UnsyncBoxBody<Bytes, BoxError>>,
+) -> Response<UpstreamBody> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    parts.uri = match forward.upstream.uri(path) {
+        Ok(uri) => uri,
+        Err(err) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_path",
+                format!("cannot forward {path:?}: {err}"),
+            )
+        }
+    };
+    parts.version = Version::HTTP_11;
+    // Hop-by-hop headers are gone already (`remove_hop_by_hop`, before the guard).
+    // The proxy answered any `Expect: 100-continue` itself.
+    parts.headers.remove(header::EXPECT);
+    parts
+        .headers
+        .insert(header::HOST, forward.upstream.host.clone());
+    // An encoded event stream is passed through unfiltered by the layer: ask the upstream for
+    // unencoded responses, so that every event stream can be filtered.
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    let request = forward.client.request(Request::from_parts(parts, body));
+    let mut res = match tokio::time::timeout(forward.response_timeout, request).await {
+        Ok(Ok(res)) => res.map(Either::Left),
+        Ok(Err(err)) => return upstream_error(forward, err),
+        Err(_) => {
+            forward.metrics.upstream_error(UpstreamError::Timeout);
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                "upstream_timeout",
+                format!(
+                    "no response head from the upstream {} within {:?}",
+                    forward.upstream, forward.response_timeout
+                ),
+            );
+        }
+    };
+    remove_hop_by_hop(res.headers_mut());
+    res.extensions_mut().insert(FromForward);
+    res
+}
+
+pub(crate) fn stalled() -> Response<UpstreamBody> {
+    error(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "request_body_timeout",
+        "the request body stopped arriving".to_owned(),
+    )
+}
+
+pub(crate) fn source_is<E: std::error::Error + 'static>(
+    err: &(dyn std::error::Error + 'static),
+) -> bool {
+    let mut err = Some(err);
+    while let Some(e) = err {
+        if e.is::<E>() {
+            return true;
+        }
+        err = e.source();
+    }
+    false
+}
+
+fn upstream_error(
+    forward: &Forwarding,
+    err: hyper_util::client::legacy::Error,
+) -> Response<UpstreamBody> {
+    if source_is::<BodyStalled>(&err) {
+        return stalled();
+    }
+    let upstream = &forward.upstream;
+    let (code, what) = if err.is_connect() {
+        forward.metrics.upstream_error(UpstreamError::Connect);
+        ("upstream_unreachable", "cannot reach the upstream")
+    } else {
+        forward.metrics.upstream_error(UpstreamError::BeforeHead);
+        (
+            "upstream_failed",
+            "the upstream failed before its response head",
+        )
+    };
+    let mut message = format!("{what} {upstream}: {err}");
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    error(StatusCode::BAD_GATEWAY, "upstream_error", code, message)
+}

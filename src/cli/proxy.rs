@@ -1,0 +1,385 @@
+//! The sidecar: a streaming reverse proxy for any OpenAI-compatible server (Dynamo, vLLM, SGLang,
+//! ...) that applies [`BypassMarkerLayer`](crate::BypassMarkerLayer) to the responses and the
+//! request guard to the requests. `bypass-marker proxy` runs it; [`serve`] is the same code for
+//! tests and embedders.
+//!
+//! What it does, in the order a request meets it:
+//!
+//! - **Accepting.** It listens with a backlog of `--backlog` (1024 by default; tokio's
+//!   `TcpListener::bind` uses 128, which bursts of new connections overflow). When the process
+//!   runs out of file descriptors, the accept loop backs off (10 ms, doubling to 1 s) instead of
+//!   spinning or stopping, and serves again once descriptors are free.
+//! - **Reading the request.** HTTP/1.1. A connection that is idle between requests is closed after
+//!   `--idle-timeout`; one that has started a request head must finish it within
+//!   `--header-read-timeout`; a request body that stops arriving for `--body-timeout` ends the
+//!   request with a 408. A request whose `Transfer-Encoding` names a coding other than `chunked`
+//!   gets a 501 (RFC 9112 section 6.1: the proxy would otherwise forward the still-encoded body as
+//!   if it were plain).
+//! - **Hop-by-hop headers** (RFC 9110 section 7.6.1: `Connection` and every header it names,
+//!   `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`, `Upgrade`, `Trailer`) are
+//!   removed from the request *before* the guard reads it, so the guard decides on exactly the
+//!   headers the upstream receives (a `Connection: content-type` cannot hide a JSON body from the
+//!   guard and then show it to the upstream). `Connection` is read as bytes: a value with
+//!   non-ASCII bytes still has its names removed. They are removed from responses too.
+//! - **The request guard** ([`JsonGuardLayer`](crate::JsonGuardLayer)). A JSON request body is
+//!   read (at most `--max-body` bytes, else 413), the router-owned names are stripped from its
+//!   `nvext.annotations`, and the names the client may see become its opt-in for the response
+//!   layer. Other bodies stream through unread.
+//! - **Forwarding.** `Host` is set to the upstream's, `accept-encoding: identity` replaces the
+//!   client's (an encoded event stream could not be filtered, so the upstream is asked not to
+//!   encode; the proxy does not compress for the client), and the request streams to the upstream.
+//!   Connecting may take `--connect-timeout`, the response head `--response-timeout` (504 when it
+//!   fires). An upstream that is unreachable or fails before its head gives a 502. Errors are
+//!   JSON in OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
+//! - **The response** streams back: each frame is written as soon as it is complete, nothing is
+//!   buffered beyond the frame being read. A client that goes away drops the upstream request, so
+//!   the upstream stops generating.
+//! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
+//!   response ends ([`logs`](crate::cli::logs)).
+//! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,
+//!   lets the requests in flight finish for up to `--shutdown-grace`, then returns.
+//!
+//! `--no-layer` forwards everything untouched (no guard, no filter): the control for benchmarks
+//! and for showing the bug.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap};
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use pin_project_lite::pin_project;
+use tokio::net::{TcpListener, TcpSocket};
+use tower::{Service, ServiceBuilder, ServiceExt as _};
+
+use crate::cli::args::ProxyArgs;
+use crate::cli::conn::{Busy, StallTimeout, Watch, Watched};
+use crate::cli::forward::{error, remove_hop_by_hop, stalled, trim_ows, FromForward};
+use crate::cli::logs::Exchange;
+use crate::cli::metrics::{removed_on_this_thread, Metrics, UpstreamError};
+use crate::cli::{Forward, UpstreamBody};
+use crate::BoxError;
+
+/// Listens on `addr` with a queue of `backlog` connections.
+pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // A restarted proxy can bind while connections of the old one are in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+/// Whether an `accept` error is about one connection (go on at once) rather than the process
+/// (out of file descriptors or memory: back off).
+fn is_connection_error(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// How many times `accept` has failed for want of file descriptors or memory, in this process.
+pub static ACCEPT_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// The metrics for `config`: a series for each of its layer's names (none with `--no-layer`).
+pub fn metrics_for(config: &ProxyArgs) -> Result<Arc<Metrics>, crate::cli::NameError> {
+    let metrics = match config.layer()? {
+        Some(layer) => Metrics::new(layer.names(), config.naming.sdk_safe),
+        None => Metrics::new([], false),
+    };
+    Ok(Arc::new(metrics))
+}
+
+/// Serves `config` on `listener` until `shutdown` completes, then lets the requests in flight
+/// finish for up to `config.shutdown_grace`. Counts in metrics of its own; see [`serve_metered`].
+pub async fn serve<F>(listener: TcpListener, config: ProxyArgs, shutdown: F) -> io::Result<()>
+where
+    F: Future<Output = ()>,
+{
+    let metrics = metrics_for(&config).map_err(invalid_input)?;
+    serve_metered(listener, config, metrics, shutdown).await
+}
+
+fn invalid_input(err: crate::cli::NameError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, err)
+}
+
+/// [`serve`], counting in `metrics` (made by [`metrics_for`]).
+pub async fn serve_metered<F>(
+    listener: TcpListener,
+    config: ProxyArgs,
+    metrics: Arc<Metrics>,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()>,
+{
+    let forward = Forward::new(&config, metrics.clone());
+    match config.layer().map_err(invalid_input)? {
+        Some(layer) => {
+            let layer = layer.observe(metrics.clone());
+            // The guard reads the request first; the response layer finds the opt-in it granted.
+            let guard = layer.json_guard().max_body_bytes(config.naming.max_body);
+            let stack = ServiceBuilder::new()
+                .layer(guard)
+                .layer(layer)
+                .service(forward);
+            serve_with(listener, config, metrics, stack, shutdown).await
+        }
+        None => serve_with(listener, config, metrics, forward, shutdown).await,
+    }
+}
+
+/// The request body every service of the proxy gets: hyper's, with the `--body-timeout`.
+pub type RequestBody = StallTimeout<Incoming>;
+
+/// The body of the proxy's responses: the service's, or the proxy's own error.
+type Answer<B> = Either<B, UpstreamBody>;
+
+/// [`serve_metered`] with the service that answers each request (`service` is cloned for each
+/// one): the proxy's own stack, or another for a benchmark. The proxy strips hop-by-hop headers
+/// and refuses unsupported transfer codings before `service` sees a request. Its response bodies
+/// are served as they are, with no boxing, so each frame costs no more calls through a pointer
+/// than the stack makes.
+pub async fn serve_with<S, B, F>(
+    listener: TcpListener,
+    config: ProxyArgs,
+    metrics: Arc<Metrics>,
+    service: S,
+    shutdown: F,
+) -> io::Result<()>
+where
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    F: Future<Output = ()>,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    // The header timeout is the proxy's own (see `Watch`): hyper's also runs while a keep-alive
+    // connection waits for its next request, which would cut idle connections short.
+    http.header_read_timeout(None).keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    let (idle, header, body) = (
+        config.idle_timeout,
+        config.header_read_timeout,
+        config.body_timeout,
+    );
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::ZERO;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff = Duration::ZERO;
+                stream
+            }
+            Err(err) if is_connection_error(&err) => continue,
+            Err(err) => {
+                // Out of file descriptors (EMFILE, ENFILE) or memory: the connection waits in the
+                // queue. Retrying at once would spin; stopping would end the service.
+                if backoff.is_zero() {
+                    tracing::warn!("accept failed, backing off: {err}");
+                }
+                ACCEPT_FAILURES.fetch_add(1, Ordering::Relaxed);
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => continue,
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let watch = Watch::new();
+        let stack = service.clone();
+        let service_watch = watch.clone();
+        let metrics = metrics.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let busy = service_watch.begin();
+            let mut exchange =
+                Exchange::begin(metrics.clone(), req.method().clone(), req.uri().clone());
+            // Decided on the request as the client sent it; then the hop-by-hop headers go, before
+            // the guard reads any header.
+            let unsupported = unsupported_transfer_coding(req.headers());
+            remove_hop_by_hop(req.headers_mut());
+            let req = req.map(|b| StallTimeout::new(b, body, service_watch.clone()));
+            let stack = stack.clone();
+            let watch = service_watch.clone();
+            async move {
+                let res: Response<Answer<B>> = if unsupported {
+                    not_implemented().map(Either::Right)
+                } else {
+                    let res = stack.oneshot(req).await?;
+                    // The guard answers a body that failed with a 400; this one only stopped
+                    // arriving.
+                    if res.status() == StatusCode::BAD_REQUEST
+                        && watch.stalled.load(Ordering::Acquire)
+                    {
+                        stalled().map(Either::Right)
+                    } else {
+                        res.map(Either::Left)
+                    }
+                };
+                let refused = res.extensions().get::<FromForward>().is_none()
+                    || (res.status() == StatusCode::REQUEST_TIMEOUT
+                        && watch.stalled.load(Ordering::Acquire));
+                if refused {
+                    exchange.metrics().refused(res.status());
+                }
+                exchange.status(res.status());
+                Ok::<_, Infallible>(res.map(|body| Tracked::new(body, busy, exchange)))
+            }
+        });
+        let io = TokioIo::new(Watched {
+            io: stream,
+            watch: watch.clone(),
+        });
+        let conn = graceful.watch(http.serve_connection(io, service));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = conn => {}
+                () = watch.expired(idle, header) => {}
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(config.shutdown_grace) => {
+            tracing::warn!("requests still in flight after {:?}, stopping", config.shutdown_grace);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a `Transfer-Encoding` of the request names a coding other than `chunked` (any case,
+/// empty list elements ignored). hyper has decoded `chunked` (and refuses a request whose last
+/// coding is not `chunked`); any other coding would reach the upstream still applied, unnamed.
+fn unsupported_transfer_coding(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(trim_ows)
+        .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"))
+}
+
+fn not_implemented() -> Response<UpstreamBody> {
+    let mut res = error(
+        StatusCode::NOT_IMPLEMENTED,
+        "invalid_request_error",
+        "unsupported_transfer_coding",
+        "the request has a transfer coding other than chunked; send the body unencoded or \
+         chunked only"
+            .to_owned(),
+    );
+    // Answered by the proxy itself: not counted as forwarded.
+    res.extensions_mut().remove::<FromForward>();
+    // The body was not read: the connection cannot be reused.
+    res.headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    res
+}
+
+pin_project! {
+    /// A response body that keeps its connection busy and its request's [`Exchange`] open until
+    /// it is dropped, counting the bytes it yields and the frames the layer removed for it.
+    ///
+    /// Per frame it does no more than that: two reads of a thread-local counter and an addition.
+    /// Whether the body completed is read once, when it is dropped.
+    struct Tracked<B: Body> {
+        #[pin]
+        body: B,
+        busy: Busy,
+        exchange: Exchange,
+    }
+
+    impl<B: Body> PinnedDrop for Tracked<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // hyper stops polling a body once `is_end_stream` is true, without polling it to
+            // `None`.
+            if this.body.is_end_stream() {
+                this.exchange.complete = true;
+            }
+        }
+    }
+}
+
+impl<B: Body> Tracked<B> {
+    fn new(body: B, busy: Busy, exchange: Exchange) -> Self {
+        Self {
+            body,
+            busy,
+            exchange,
+        }
+    }
+}
+
+impl<B> Body for Tracked<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        // The layer's observer runs within this call, on this thread.
+        let before = removed_on_this_thread();
+        let poll = this.body.as_mut().poll_frame(cx);
+        let exchange = this.exchange;
+        exchange.frames_removed += removed_on_this_thread() - before;
+        match &poll {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    exchange.bytes += data.len() as u64;
+                }
+            }
+            // The proxy's layer forwards an oversized frame (`Overflow::Forward`) rather than
+            // failing: an error here is the upstream's body failing.
+            Poll::Ready(Some(Err(_))) => exchange.metrics().upstream_error(UpstreamError::Body),
+            Poll::Ready(None) => exchange.complete = true,
+            Poll::Pending => {}
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

@@ -1,0 +1,428 @@
+//! The `bypass-marker` binary itself, run as a process (`CARGO_BIN_EXE_bypass-marker`): help,
+//! version, usage errors and their exit code, configuration from environment variables, the log
+//! line per request, and a graceful stop on SIGTERM. `tests/proxy.rs` tests the proxy's behaviour
+//! in process.
+#![cfg(unix)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::TcpListener;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bypass-marker");
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs the binary with `args` and no `BYPASS_MARKER_*` variables but those in `env`.
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env_remove("RUST_LOG");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().copied());
+    command.output().expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn help_and_version() {
+    let out = run(&["--version"], &[]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("bypass-marker {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = run(&["--help"], &[]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    assert!(help.contains("proxy"), "{help}");
+    assert!(help.contains("--log-format"), "{help}");
+    let out = run(&["proxy", "--help"], &[]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for needle in [
+        "--upstream <URL>",
+        "BYPASS_MARKER_UPSTREAM",
+        "--metrics-listen <ADDR>",
+        "BYPASS_MARKER_METRICS_LISTEN",
+        "[default: 127.0.0.1:3000]",
+        "[default: dynamo]",
+        "[default: 1024]",
+        "[default: 600]",
+    ] {
+        assert!(help.contains(needle), "no {needle:?} in:\n{help}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
+    for (args, env, says) in [
+        (&["proxy"][..], &[][..], "--upstream <URL>"),
+        (
+            &["proxy", "--upstream", "http://127.0.0.1:1", "--frobnicate"],
+            &[],
+            "--frobnicate",
+        ),
+        (
+            &["proxy", "--upstream", "https://x"],
+            &[],
+            "https is not supported",
+        ),
+        (
+            &["proxy", "--upstream", "http://x", "--idle-timeout", "0"],
+            &[],
+            "--idle-timeout <SECS>': a positive number of seconds",
+        ),
+        (
+            &["proxy", "--upstream", "http://x", "--opt-in", "a:b"],
+            &[],
+            "--opt-in \"a:b\": annotation name \"a:b\" contains ':'",
+        ),
+        // From the environment, the same checks.
+        (
+            &["proxy"],
+            &[("BYPASS_MARKER_UPSTREAM", "ftp://x")],
+            "http://",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_PRESET", "vllm")],
+            "vllm",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_NEVER_FORWARD", "ok,bad\tname")],
+            "--never-forward",
+        ),
+        (&["frobnicate"], &[], "frobnicate"),
+    ] {
+        let out = run(args, env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{args:?} {env:?}: {says:?} not in {stderr}"
+        );
+        assert!(stderr.starts_with("error:"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_port_in_use_exits_with_code_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run(
+        &[
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--listen",
+            &addr,
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot listen"));
+}
+
+/// 20 events 50 ms apart, each after an annotation frame named `x-custom`.
+async fn slow_stream() -> impl IntoResponse {
+    let stream = futures_util::stream::unfold(0u32, |i| async move {
+        if i == 20 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let frame = format!("event: x-custom\ndata: hidden\n\ndata: {i}\n\n");
+        Some((Ok::<_, Infallible>(Bytes::from(frame)), i + 1))
+    });
+    (
+        [(http::header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+}
+
+async fn spawn_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/stream", axum::routing::get(slow_stream));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn expected_stream() -> String {
+    (0..20).map(|i| format!("data: {i}\n\n")).collect()
+}
+
+async fn get(url: String) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let res = client.request(req).await?;
+    Ok(res.into_body().collect().await?.to_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_from_the_environment_it_filters_logs_and_stops_gracefully_on_sigterm() {
+    let upstream = spawn_upstream().await;
+    let upstream_url = format!("http://{upstream}");
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    // Every setting from the environment: the command line only names the subcommand.
+    let mut child = command
+        .arg("proxy")
+        .env("BYPASS_MARKER_UPSTREAM", &upstream_url)
+        .env("BYPASS_MARKER_LISTEN", "127.0.0.1:0")
+        .env("BYPASS_MARKER_PRESET", "none")
+        .env("BYPASS_MARKER_OPT_IN", "x-other,x-custom")
+        .env("BYPASS_MARKER_SHUTDOWN_GRACE", "20")
+        .env("BYPASS_MARKER_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("listening on http://") {
+                return url.to_owned();
+            }
+        }
+        panic!("the proxy exited without listening");
+    })
+    .await
+    .expect("the proxy listens");
+    let stderr = child.stderr.take().unwrap();
+    let logs = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+
+    // The opt-in name from BYPASS_MARKER_OPT_IN is removed.
+    let body = tokio::time::timeout(PATIENCE, get(format!("http://{addr}/stream")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(body, expected_stream());
+
+    // A stream in flight when SIGTERM comes is finished; the process then exits with 0, and no
+    // longer accepts.
+    let in_flight = tokio::spawn(get(format!("http://{addr}/stream")));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = child.id().unwrap() as libc::pid_t;
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let stopping = Instant::now();
+    let body = tokio::time::timeout(PATIENCE, in_flight)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the stream in flight completes");
+    assert_eq!(body, expected_stream());
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("the proxy exits after its streams end")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "it waited for the grace"
+    );
+    assert!(std::net::TcpStream::connect(&addr).is_err());
+
+    // One JSON line per request, at info, with the fields of the docs.
+    let logs = logs.await.unwrap();
+    let access: Vec<serde_json::Value> = logs
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|json| json["target"] == "bypass_marker::access")
+        .collect();
+    assert_eq!(access.len(), 2, "{logs:#?}");
+    for line in &access {
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["method"], "GET");
+        assert_eq!(line["path"], "/stream");
+        assert_eq!(line["status"], 200);
+        assert_eq!(line["bytes"], expected_stream().len());
+        assert_eq!(line["frames_removed"], 20, "{line}");
+        assert_eq!(line["complete"], true);
+        assert!(line["duration_ms"].as_f64().unwrap() >= 1000.0, "{line}");
+    }
+    assert!(
+        logs.iter().any(|l| l.contains("SIGTERM")),
+        "no line about the signal: {logs:#?}"
+    );
+}
+
+#[tokio::test]
+async fn text_logs_and_rust_log_filtering() {
+    let upstream = spawn_upstream().await;
+    for (rust_log, logged) in [
+        (None, true),
+        (Some("warn"), false),
+        (Some("bypass_marker=info"), true),
+    ] {
+        let mut command = tokio::process::Command::new(BIN);
+        command
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+            .arg(format!("http://{upstream}"))
+            .args(["--shutdown-grace", "5", "--log-format", "text"])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(filter) = rust_log {
+            command.env("RUST_LOG", filter);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = tokio::time::timeout(PATIENCE, stdout.next_line())
+                .await
+                .unwrap()
+                .unwrap()
+                .expect("listening on");
+            if let Some(url) = line.strip_prefix("listening on http://") {
+                break url.to_owned();
+            }
+        };
+        let body = get(format!("http://{addr}/nowhere?secret=1"))
+            .await
+            .unwrap();
+        assert!(body.is_empty());
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+        }
+        let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success());
+        let stderr = text(&out.stderr);
+        let line = stderr.lines().find(|l| l.contains("bypass_marker::access"));
+        assert_eq!(line.is_some(), logged, "RUST_LOG={rust_log:?}: {stderr}");
+        if let Some(line) = line {
+            assert!(line.contains(" INFO "), "{line}");
+            for field in [
+                "method=GET",
+                "path=/nowhere ",
+                "status=404",
+                "bytes=0",
+                "frames_removed=0",
+                "complete=true",
+                "duration_ms=",
+            ] {
+                assert!(line.contains(field), "{field} not in {line}");
+            }
+            assert!(!line.contains("secret"), "the query is not logged: {line}");
+        }
+    }
+}
+
+/// `bypass-marker ext-proc`, configured from the environment: gRPC health says SERVING for the
+/// processor, `/metrics` has a series per configured name, and SIGTERM stops it with exit code 0
+/// after health has turned NOT_SERVING. (tests/envoy/run.sh drives it through a real Envoy.)
+#[tokio::test]
+async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .arg("ext-proc")
+        .env("BYPASS_MARKER_LISTEN", "127.0.0.1:0")
+        .env("BYPASS_MARKER_METRICS_LISTEN", "127.0.0.1:0")
+        .env("BYPASS_MARKER_NEVER_FORWARD", "x-internal")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (grpc, metrics) = tokio::time::timeout(PATIENCE, async {
+        let (mut grpc, mut metrics) = (None, None);
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("metrics on ") {
+                metrics = Some(url.to_owned());
+            }
+            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
+                grpc = Some(rest.split(' ').next().unwrap().to_owned());
+            }
+            if let (Some(grpc), Some(metrics)) = (&grpc, &metrics) {
+                return (grpc.clone(), metrics.clone());
+            }
+        }
+        panic!("the processor exited without listening");
+    })
+    .await
+    .expect("the processor listens");
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        assert_eq!(status, ServingStatus::Serving, "{service:?}");
+    }
+    let text = String::from_utf8(get(metrics).await.unwrap().to_vec()).unwrap();
+    for name in ["x-bypass-remote-prefill", "request_id", "x-internal"] {
+        let series = format!("bypass_marker_frames_removed_total{{annotation=\"{name}\"}} 0");
+        assert!(text.contains(&series), "no {series} in:\n{text}");
+    }
+
+    let pid = child.id().unwrap() as libc::pid_t;
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("the processor exits")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(std::net::TcpStream::connect(&grpc).is_err());
+}
