@@ -32,6 +32,13 @@
 //! tower-bypass-marker = { version = "0.1", features = ["json"] }
 //! ```
 //!
+//! The other features: `envoy` adds `envoy::ExtProc`, an Envoy external processor over tonic that
+//! drives the same guard and filter inside Envoy's `ext_proc` filter; `cli` adds the
+//! `bypass-marker` binary (`bypass-marker proxy`, a sidecar in front of a server you cannot
+//! rebuild, and `bypass-marker ext-proc`) and its library half, the `cli` module; `tracing` logs
+//! every removed frame at `debug`. None is on by default: a middleware's users compile none of
+//! tokio, hyper or tonic through this crate.
+//!
 //! # Example
 //!
 //! ```
