@@ -149,6 +149,15 @@ fn headers_msg(pairs: &[(&str, &[u8])], end_of_stream: bool, raw: bool) -> HttpH
     }
 }
 
+/// A message with no protocol configuration (as a stream's later messages, or an Envoy older than
+/// 1.34, send it).
+fn msg(request: Msg) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(request),
+        ..ProcessingRequest::default()
+    }
+}
+
 fn body_msg(body: &[u8], end_of_stream: bool) -> HttpBody {
     HttpBody {
         body: body.to_vec(),
@@ -577,7 +586,8 @@ async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
             matches!(answer.response, Some(Answer::ResponseHeaders(h)) if h.response.is_none())
         );
     }
-    // An event stream to a client that did not opt in is filtered: no override.
+    // An event stream to a client that did not opt in is filtered: its body is asked for
+    // STREAMED, whatever mode Envoy announced (or none, as Envoy before 1.34).
     let answer = stream
         .call(Msg::ResponseHeaders(headers_msg(
             &[
@@ -590,7 +600,8 @@ async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
         )))
         .await
         .unwrap();
-    assert!(answer.mode_override.is_none());
+    let mode = answer.mode_override.expect("STREAMED asked for");
+    assert_eq!(mode.response_body_mode, BodySendMode::Streamed as i32);
     let Some(Answer::ResponseHeaders(h)) = answer.response else {
         panic!()
     };
@@ -1094,7 +1105,7 @@ async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
         )))
         .await
         .unwrap();
-    assert!(answer.mode_override.is_none());
+    assert!(answer.mode_override.is_some());
     let answer = stream
         .call(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))
         .await
@@ -1308,8 +1319,8 @@ async fn a_request_body_larger_than_grpcs_default_message_limit_is_judged() {
 
 #[tokio::test]
 async fn messages_that_need_no_answer_get_none() {
-    // A message without an HTTP part, and one in observability mode, are not answered: the next
-    // answer on the stream is the one for the next real message.
+    // A message without an HTTP part is not answered: the next answer on the stream is the one
+    // for the next real message.
     let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
     let mut client = server.client().await;
     let (tx, rx) = mpsc::channel(4);
@@ -1319,17 +1330,6 @@ async fn messages_that_need_no_answer_get_none() {
         .unwrap()
         .into_inner();
     tx.send(ProcessingRequest::default()).await.unwrap();
-    tx.send(ProcessingRequest {
-        observability_mode: true,
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
     tx.send(ProcessingRequest {
         request: Some(Msg::ResponseHeaders(headers_msg(
             &[(":status", b"200"), ("content-type", b"application/json")],
@@ -1354,6 +1354,130 @@ async fn messages_that_need_no_answer_get_none() {
         .await
         .unwrap();
     assert!(matches!(end, Ok(None)), "{end:?}");
+    server.stop().await;
+}
+
+/// Message sequences the processor cannot judge fail the stream (Envoy, with
+/// `failure_mode_allow: false`, then answers 500 or resets the HTTP stream) rather than let a byte
+/// through unjudged: observability mode (answers are ignored), a request body before its headers
+/// (request headers skipped), a response body before its headers (response headers skipped), and
+/// a second headers message.
+#[tokio::test]
+async fn sequences_that_cannot_be_judged_fail_the_stream() {
+    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
+    let request_headers = || {
+        Msg::RequestHeaders(headers_msg(
+            &[(":method", b"POST"), ("content-type", b"application/json")],
+            false,
+            true,
+        ))
+    };
+    let response_headers = || {
+        Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+            false,
+            true,
+        ))
+    };
+    let observed = ProcessingRequest {
+        observability_mode: true,
+        request: Some(request_headers()),
+        ..ProcessingRequest::default()
+    };
+    let cases: Vec<(&str, Vec<ProcessingRequest>)> = vec![
+        ("observability mode", vec![observed]),
+        (
+            "request body first",
+            vec![msg(Msg::RequestBody(body_msg(
+                br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#,
+                true,
+            )))],
+        ),
+        (
+            "response body first",
+            vec![msg(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))],
+        ),
+        (
+            "request headers twice",
+            vec![msg(request_headers()), msg(request_headers())],
+        ),
+        (
+            "response headers twice",
+            vec![msg(response_headers()), msg(response_headers())],
+        ),
+    ];
+    for (case, messages) in cases {
+        let mut client = server.client().await;
+        let (tx, rx) = mpsc::channel(4);
+        let mut inbound = client
+            .process(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        for m in messages {
+            tx.send(m).await.unwrap();
+        }
+        let failed = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return None,
+                    Err(status) => return Some(status),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let status = failed.unwrap_or_else(|| panic!("{case}: the stream ended cleanly"));
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{case}");
+    }
+    server.stop().await;
+}
+
+/// Every request that goes on asks the upstream for an unencoded response: an encoded event
+/// stream passes through the layer unfiltered, so an upstream that compresses for a client that
+/// sent `accept-encoding: gzip` would carry the marker past the processor.
+#[tokio::test]
+async fn requests_that_go_on_ask_the_upstream_for_identity_encoding() {
+    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
+    for (headers, end_of_stream) in [
+        // Skipped by the guard (no body), read by the guard, and JSON with no body.
+        (
+            &[(":method", &b"GET"[..]), ("accept-encoding", b"gzip, br")][..],
+            true,
+        ),
+        (
+            &[
+                (":method", b"POST"),
+                ("content-type", b"application/json"),
+                ("accept-encoding", b"gzip"),
+            ],
+            false,
+        ),
+        (
+            &[(":method", b"POST"), ("content-type", b"application/json")],
+            true,
+        ),
+    ] {
+        let mut client = server.client().await;
+        let mut stream = Stream::open(&mut client).await;
+        let answer = stream
+            .call(Msg::RequestHeaders(headers_msg(
+                headers,
+                end_of_stream,
+                true,
+            )))
+            .await
+            .unwrap();
+        let Some(Answer::RequestHeaders(h)) = answer.response else {
+            panic!("{answer:?}")
+        };
+        let set = h.response.unwrap().header_mutation.unwrap().set_headers;
+        assert_eq!(set.len(), 1, "{set:?}");
+        let header = set[0].header.as_ref().unwrap();
+        assert_eq!(header.key, "accept-encoding");
+        assert_eq!(header.raw_value, b"identity");
+    }
     server.stop().await;
 }
 

@@ -657,3 +657,17 @@ async fn the_request_guard_decides_as_the_middleware_does() {
         }
     }
 }
+
+/// Only the body says it is empty: a `content-length: 0` (or `+0`) header in front of a JSON body
+/// with the marker does not get the body past the guard unread (a middleware may have rewritten
+/// the body, or a host may not check the header against it).
+#[tokio::test]
+async fn a_content_length_of_zero_does_not_skip_a_body_that_has_bytes() {
+    for length in ["0", "+0"] {
+        let mut req = json(WITH_MARKER);
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static(length));
+        let (_, _, seen) = through(bypass().json_guard(), req).await;
+        assert_eq!(seen.unwrap().body(), STRIPPED, "content-length: {length}");
+    }
+}

@@ -6,11 +6,13 @@ fn features() -> Vec<String> {
     let mut in_features = false;
     let mut names = Vec::new();
     for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
+        if line.starts_with("[") && !line.starts_with("[\"") {
             in_features = line == "[features]";
-        } else if in_features && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split('=').next().unwrap().trim();
-            names.push(name.to_owned());
+        } else if in_features && !line.starts_with('#') {
+            // `name = [...]`, on one line or continued on the next ones (which hold no `=`).
+            if let Some((name, _)) = line.split_once('=') {
+                names.push(name.trim().to_owned());
+            }
         }
     }
     names

@@ -276,6 +276,9 @@ pub struct ExtProcArgs {
     /// Serve Prometheus metrics at GET /metrics on this address (off by default).
     #[arg(long, value_name = "ADDR", env = "BYPASS_MARKER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// After Ctrl-C or SIGTERM, how long the streams in flight may finish before they are cut.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Duration,
 }
 
 impl ExtProcArgs {

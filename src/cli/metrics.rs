@@ -133,6 +133,17 @@ impl Metrics {
     /// [`BypassMarkerLayer::names`](crate::BypassMarkerLayer::names)), and for `annotation=""`
     /// when `sdk_safe`.
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool) -> Self {
+        Self::build(names, sdk_safe, true)
+    }
+
+    /// Metrics for `bypass-marker ext-proc`: only the frame series (as [`Metrics::new`] makes
+    /// them). Envoy answers and times the requests itself, so the proxy's request, upstream and
+    /// stream series would only ever read 0 there, and are left out.
+    pub fn frames_only<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool) -> Self {
+        Self::build(names, sdk_safe, false)
+    }
+
+    fn build<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool, proxy: bool) -> Self {
         let mut registry = Registry::with_prefix("bypass_marker");
         let removed_family = Family::<AnnotationLabel, Counter>::default();
         let forwarded_family = Family::<AnnotationLabel, Counter>::default();
@@ -165,8 +176,15 @@ impl Metrics {
             .collect();
         // Only a layer in SDK-safe mode removes frames of no name.
         let removed_unnamed = sdk_safe.then(|| series(&removed_family, ""));
+        // The proxy's own series: registered only for the proxy.
+        let mut proxy_registry = Registry::default();
+        let proxy_series = if proxy {
+            &mut registry
+        } else {
+            &mut proxy_registry
+        };
         let refused = Family::<StatusLabel, Counter>::default();
-        registry.register(
+        proxy_series.register(
             "requests_refused",
             "Requests the proxy answered itself without forwarding them, per status",
             refused.clone(),
@@ -177,7 +195,7 @@ impl Metrics {
             }));
         }
         let errors = Family::<KindLabel, Counter>::default();
-        registry.register(
+        proxy_series.register(
             "upstream_errors",
             "Failures of the upstream, per kind",
             errors.clone(),
@@ -190,14 +208,14 @@ impl Metrics {
                 .clone()
         });
         let streams_active = Gauge::<i64, AtomicI64>::default();
-        registry.register(
+        proxy_series.register(
             "streams_active",
             "Requests in flight, until their response body has been sent or dropped",
             streams_active.clone(),
         );
         // 5 ms to about 11 minutes (beyond the default --response-timeout of 600 s).
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 18));
-        registry.register(
+        proxy_series.register(
             "request_duration_seconds",
             "Time from the request head to the end of the response body",
             duration.clone(),

@@ -37,6 +37,8 @@ pub(crate) struct Exchange {
     response_body_mode: i32,
     /// The response's filter, between response headers and the end of the body.
     filter: Option<EventStreamFilter>,
+    /// Response headers have been judged (a body message before them is refused).
+    response_headers: bool,
 }
 
 impl Exchange {
@@ -50,6 +52,7 @@ impl Exchange {
             request_body_mode: proto::BODY_BUFFERED,
             response_body_mode: proto::BODY_STREAMED,
             filter: None,
+            response_headers: false,
         }
     }
 
@@ -91,6 +94,11 @@ impl Exchange {
         &mut self,
         h: HttpHeaders,
     ) -> Result<(Response, Option<ProcessingMode>), Status> {
+        if !matches!(self.request, RequestState::Start) {
+            return Err(Status::failed_precondition(
+                "a second request headers message on one stream",
+            ));
+        }
         let (headers, method) = proto::to_header_map(h.headers.as_ref(), ":method");
         if let Some(method) = method {
             self.method = Method::from_bytes(&method)
@@ -106,7 +114,7 @@ impl Exchange {
                         self.request_body_mode = proto::BODY_NONE;
                         proto::mode(proto::BODY_NONE, self.response_body_mode)
                     });
-                Ok((Response::RequestHeaders(proto::unchanged_headers()), mode))
+                Ok((Response::RequestHeaders(proto::identity_encoding()), mode))
             }
             HeadDecision::Refuse(refusal) => Ok((refuse(&refusal), None)),
             HeadDecision::Read if h.end_of_stream => {
@@ -115,7 +123,7 @@ impl Exchange {
                 match self.guard.check_body(Bytes::new()) {
                     BodyDecision::Forward { granted } => {
                         self.granted = granted;
-                        Ok((Response::RequestHeaders(proto::unchanged_headers()), None))
+                        Ok((Response::RequestHeaders(proto::identity_encoding()), None))
                     }
                     BodyDecision::Refuse(refusal) => Ok((refuse(&refusal), None)),
                     BodyDecision::Splice { .. } => Err(Status::internal(
@@ -134,15 +142,23 @@ impl Exchange {
                 self.request = RequestState::ReadBody {
                     has_length: headers.contains_key(header::CONTENT_LENGTH),
                 };
-                Ok((Response::RequestHeaders(proto::unchanged_headers()), None))
+                Ok((Response::RequestHeaders(proto::identity_encoding()), None))
             }
         }
     }
 
     fn request_body(&mut self, b: HttpBody) -> Result<Response, Status> {
-        let RequestState::ReadBody { has_length } = self.request else {
+        let has_length = match self.request {
+            RequestState::ReadBody { has_length } => has_length,
             // A body the guard does not read (Envoy sends it when the mode was not overridden).
-            return Ok(Response::RequestBody(proto::unchanged_body()));
+            RequestState::Done => return Ok(Response::RequestBody(proto::unchanged_body())),
+            // A body whose headers were never judged (request headers not sent to the
+            // processor): it cannot be judged as a whole, so it must not reach the upstream.
+            RequestState::Start => {
+                return Err(Status::failed_precondition(
+                    "a request body before its headers: request_header_mode must be SEND",
+                ))
+            }
         };
         // BUFFERED: this message holds the whole body (end_of_stream is false only when
         // trailers follow it). A body over the guard's cap is refused with 413.
@@ -174,6 +190,12 @@ impl Exchange {
         &mut self,
         h: HttpHeaders,
     ) -> Result<(Response, Option<ProcessingMode>), Status> {
+        if self.response_headers {
+            return Err(Status::failed_precondition(
+                "a second response headers message on one stream",
+            ));
+        }
+        self.response_headers = true;
         let (headers, status) = proto::to_header_map(h.headers.as_ref(), ":status");
         let status = status
             .and_then(|s| StatusCode::from_bytes(&s).ok())
@@ -192,15 +214,13 @@ impl Exchange {
                 } else {
                     proto::unchanged_headers()
                 };
-                // The body must come to the processor: under a mode that would not send it (NONE,
-                // or one whose answers differ), ask for STREAMED.
-                let mode = (self.response_body_mode != proto::BODY_STREAMED
-                    && self.response_body_mode != proto::BODY_BUFFERED)
-                    .then(|| {
-                        self.response_body_mode = proto::BODY_STREAMED;
-                        proto::mode(self.request_body_mode, proto::BODY_STREAMED)
-                    });
-                Ok((Response::ResponseHeaders(response), mode))
+                // The body must come to the processor, chunk by chunk: STREAMED is asked for on
+                // every filtered response, whatever mode Envoy announced (an Envoy older than
+                // 1.34 announces none, and a configuration with NONE would send no body). It rides
+                // on this answer, so it costs no message.
+                self.response_body_mode = proto::BODY_STREAMED;
+                let mode = proto::mode(self.request_body_mode, proto::BODY_STREAMED);
+                Ok((Response::ResponseHeaders(response), Some(mode)))
             }
             None => {
                 // Passed through untouched: stop the body messages (one message per response).
@@ -215,6 +235,14 @@ impl Exchange {
 
     fn response_body(&mut self, b: HttpBody) -> Result<BodyResponse, Status> {
         let Some(filter) = self.filter.as_mut() else {
+            if !self.response_headers {
+                // A body whose headers were never judged (response headers not sent to the
+                // processor): whether it is an event stream is unknown, so nothing of it may
+                // reach the client unjudged.
+                return Err(Status::failed_precondition(
+                    "a response body before its headers: response_header_mode must be SEND",
+                ));
+            }
             return Ok(proto::unchanged_body());
         };
         let input = Bytes::from(b.body);

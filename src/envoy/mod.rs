@@ -6,16 +6,23 @@
 //! so Envoy, the `BypassMarkerLayer` and the `JsonGuard` layer cannot disagree:
 //!
 //! - **Request headers and body**: the JSON guard's rules
-//!   ([`RequestGuard`](crate::json::RequestGuard)). A request the guard does not read goes on
-//!   untouched (and Envoy is told not to send its body); a refused one gets the guard's status, `content-type: application/json` and its
-//!   OpenAI-shaped error as Envoy's local reply (`immediate_response`); a body whose
+//!   ([`RequestGuard`](crate::json::RequestGuard)). Every request that goes on asks the upstream
+//!   for `accept-encoding: identity`, as the sidecar does: an encoded event stream cannot be
+//!   filtered (the layer passes it through), so a compressing upstream would carry annotations
+//!   past the processor (put Envoy's compressor filter before `ext_proc` in the chain to compress
+//!   for clients). A request the guard does not read goes on otherwise untouched (and Envoy is
+//!   told not to send its body); a refused one gets the guard's status,
+//!   `content-type: application/json` and its OpenAI-shaped error as Envoy's local reply
+//!   (`immediate_response`); a body whose
 //!   `nvext.annotations` named a router-owned name is replaced by the spliced body (and its
 //!   `content-length`, if it had one, updated). The client's opt-in is kept for the response.
 //! - **Response headers**:
 //!   [`BypassMarkerLayer::response_filter`](crate::BypassMarkerLayer::response_filter) decides,
 //!   as the tower layer does. A response it passes through (JSON, gRPC, encoded
 //!   streams, nothing to remove for this client) is answered with a `mode_override` that stops
-//!   Envoy sending its body: one message per response. A filtered one loses `content-length`.
+//!   Envoy sending its body: one message per response. A filtered one loses `content-length`,
+//!   and its answer carries a `mode_override` to `STREAMED`, whatever body mode Envoy announced
+//!   (Envoy before 1.34 announces none).
 //! - **Response body**: every chunk through an [`EventStreamFilter`](crate::EventStreamFilter).
 //!   A chunk the filter forwards as it is gets an answer without a body mutation (Envoy forwards
 //!   the chunk it holds; nothing is copied back); otherwise the answer carries the bytes to
@@ -108,6 +115,11 @@
 //! - **A request the guard must read, with `request_body_mode` other than `BUFFERED`**: the gRPC
 //!   stream fails with `FAILED_PRECONDITION` (Envoy answers 500): the guard never lets a body it
 //!   has not judged through.
+//! - **Message sequences it cannot judge** fail the gRPC stream with `FAILED_PRECONDITION`
+//!   (Envoy answers 500, or resets a response in flight) rather than let a byte through unjudged:
+//!   `observability_mode` (Envoy ignores every answer there, so nothing would be stripped or
+//!   filtered), a request body before its headers or a response body before its headers
+//!   (`request_header_mode` or `response_header_mode` set to `SKIP`), a second headers message.
 //! - **Response trailers**: Envoy does not tell the processor that a body ended when trailers
 //!   end it. Bytes held for a frame still open at that point (a stream that ends in the middle of
 //!   a frame, then sends trailers) are dropped rather than judged; complete frames are never held.

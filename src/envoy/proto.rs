@@ -100,6 +100,21 @@ pub(crate) fn replace_body(body: Vec<u8>, headers: Option<HeaderMutation>) -> Bo
     }
 }
 
+/// A request headers response that asks the upstream for an unencoded response
+/// (`accept-encoding: identity`): an encoded event stream cannot be filtered, and the layer passes
+/// it through untouched, so a compressing upstream would carry annotations past the processor.
+pub(crate) fn identity_encoding() -> HeadersResponse {
+    HeadersResponse {
+        response: Some(CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers: vec![set_header("accept-encoding", b"identity")],
+                remove_headers: Vec::new(),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
 /// A headers response that removes these headers.
 pub(crate) fn remove_headers(names: &[&str]) -> HeadersResponse {
     HeadersResponse {

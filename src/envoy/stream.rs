@@ -45,19 +45,22 @@ impl Stream for ProcessStream {
                 None | Some(Err(_)) => {
                     this.done = true;
                 }
-                Some(Ok(msg)) => {
-                    let observe_only = msg.observability_mode;
-                    match this.exchange.on_message(msg) {
-                        Err(status) => {
-                            this.done = true;
-                            return Poll::Ready(Some(Err(status)));
-                        }
-                        // Envoy ignores answers in observability mode: send none.
-                        Ok(Some(_)) if observe_only => {}
-                        Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
-                        Ok(None) => {}
-                    }
+                // Envoy ignores answers in observability mode, so nothing would be stripped or
+                // filtered: refuse the stream rather than look as if it protected anything.
+                Some(Ok(msg)) if msg.observability_mode => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(Status::failed_precondition(
+                        "observability_mode cannot change requests or responses: turn it off",
+                    ))));
                 }
+                Some(Ok(msg)) => match this.exchange.on_message(msg) {
+                    Err(status) => {
+                        this.done = true;
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                    Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
+                    Ok(None) => {}
+                },
             }
         }
     }

@@ -217,16 +217,17 @@ impl RequestGuard {
     }
 
     /// Decides from the request's head. `body_empty`: the request is known to have no body (an
-    /// HTTP/2 `END_STREAM` on the headers, a `content-length: 0`).
+    /// HTTP/2 `END_STREAM` on the headers, a body whose own size is 0); a `content-length` header
+    /// alone does not make it so.
     ///
     /// The body is read when it may be non-empty and its content type is JSON as lenient servers
     /// read it (see the [module docs](crate::json)); it is refused first when it has a
     /// `content-encoding` other than `identity` (415) or a `content-length` over the cap (413).
     pub fn check_head(&self, headers: &HeaderMap, body_empty: bool) -> HeadDecision {
+        // Only the body itself says it is empty: a `content-length: 0` that does not match the
+        // bytes behind it (a body rewritten by a middleware, a host that does not check) must not
+        // let a body past unread.
         if body_empty || !reads_content_type(headers) {
-            return HeadDecision::Skip;
-        }
-        if declared_length(headers) == Some(0) {
             return HeadDecision::Skip;
         }
         if !identity_only(headers) {
@@ -388,12 +389,14 @@ fn identity_only(headers: &HeaderMap) -> bool {
     })
 }
 
-/// The `content-length` header, if it parses.
+/// The `content-length` header, if it is a number (digits only, as RFC 9110 writes it; `+0` is
+/// not one).
 pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    let value = trim_ows(headers.get(CONTENT_LENGTH)?.as_bytes());
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
 fn trim_ows(mut bytes: &[u8]) -> &[u8] {

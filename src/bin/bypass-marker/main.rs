@@ -67,6 +67,10 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     println!("ext_proc listening on {addr} (gRPC)");
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
     if let Some(server) = metrics_server {
+        // It stops with a signal; serving that failed without one stops it here.
+        if served.is_err() {
+            server.abort();
+        }
         let _ = server.await;
     }
     match served {
@@ -157,6 +161,10 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
     println!("listening on http://{addr}");
     let served = cli::serve_metered(listener, args, metrics, until_stopped(stopped)).await;
     if let Some(server) = metrics_server {
+        // It stops with a signal; serving that failed without one stops it here.
+        if served.is_err() {
+            server.abort();
+        }
         let _ = server.await;
     }
     match served {
