@@ -243,6 +243,23 @@ async def run_checks(args):
                 f"the upstream got annotations {got!r}",
                 f"status {res.status}, upstream saw {entry and entry['body']}",
             )
+    # A client that accepts gzip (the OpenAI SDKs do): the upstream, which compresses for such
+    # clients, is asked for identity by the processor, so the stream is filtered, not passed
+    # through encoded with the marker in it.
+    test_id = ids()
+    res = await request(
+        args.envoy, "/v1/chat/completions", chat(True),
+        headers={"x-test-id": test_id, "accept-encoding": "gzip, deflate, br"},
+    )
+    entry = await seen(args.upstream, test_id)
+    report(
+        res.status == 200 and res.clean_end and "content-encoding" not in res.headers
+        and script.MARKER not in res.body and b"data:" in res.body
+        and entry is not None and entry.get("accept_encoding") == "identity",
+        "a client that accepts gzip gets the stream filtered (the upstream was asked for identity)",
+        f"status {res.status}, headers {res.headers}, body {show(res.body)}, "
+        f"upstream saw accept-encoding {entry and entry.get('accept_encoding')!r}",
+    )
     # The JSON escape of a name is the name.
     test_id = ids()
     raw = b'{"model":"tiny","stream":false,"messages":[],"nvext":{"annotations":["x-bypass-remote-prefil\\u006c"]}}'

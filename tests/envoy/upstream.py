@@ -35,6 +35,7 @@ import json
 import socket
 import struct
 import sys
+import zlib
 from collections import OrderedDict
 from urllib.parse import parse_qs, urlsplit
 
@@ -110,12 +111,18 @@ def simple(status, content_type, body):
     ).encode() + body
 
 
-async def send_stream(writer, chunks, entry, pace=None, reset=False):
-    """Writes an event stream in chunked encoding, one HTTP chunk per element of `chunks`."""
+async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False):
+    """Writes an event stream in chunked encoding, one HTTP chunk per element of `chunks`;
+    `gzip`: compressed (`content-encoding: gzip`), as a server does for a client that accepts it."""
     writer.write(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-        b"transfer-encoding: chunked\r\n\r\n"
+        + (b"content-encoding: gzip\r\n" if gzip else b"")
+        + b"transfer-encoding: chunked\r\n\r\n"
     )
+    if gzip:
+        packer = zlib.compressobj(wbits=31)
+        chunks = [c if isinstance(c, asyncio.Event) else packer.compress(c) + packer.flush(zlib.Z_SYNC_FLUSH)
+                  for c in chunks] + [packer.flush()]
     try:
         for i, chunk in enumerate(chunks):
             if isinstance(chunk, asyncio.Event):  # a barrier
@@ -183,6 +190,10 @@ async def handle(reader, writer):
                     await writer.drain()
                     continue
                 entry = record(test_id, request_json)
+                if entry is not None:
+                    entry["accept_encoding"] = headers.get("accept-encoding")
+                # Compresses for a client that accepts gzip, as web servers do.
+                gzip = "gzip" in headers.get("accept-encoding", "")
                 test = request_json.get("test") or {}
                 if not request_json.get("stream"):
                     writer.write(simple(200, "application/json", COMPLETION))
@@ -205,7 +216,7 @@ async def handle(reader, writer):
                     await send_stream(writer, chunks, entry, pace=0.05, reset=True)
                     return
                 else:
-                    if not await send_stream(writer, script.paced(3), entry):
+                    if not await send_stream(writer, script.paced(3), entry, gzip=gzip):
                         return
             else:
                 writer.write(simple(404, "application/json", b'{"error":"no such route"}'))
