@@ -426,3 +426,90 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
     assert!(status.success(), "{status}");
     assert!(std::net::TcpStream::connect(&grpc).is_err());
 }
+
+/// `bypass-marker ext-proc --listen unix:PATH --threads 1`: the processor on a Unix domain socket
+/// (Envoy's `pipe` address, examples/envoy/ext-proc-unix.yaml) on a current-thread runtime. A
+/// socket file left by a process that is gone is replaced; health says SERVING through the socket;
+/// SIGTERM stops it with exit code 0 and removes the socket file.
+#[tokio::test]
+async fn ext_proc_listens_on_a_unix_socket() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let dir = std::env::temp_dir().join(format!("bypass-marker-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ext-proc.sock");
+    // A stale socket file: bound, then its listener gone.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .args(["ext-proc", "--threads", "1", "--listen"])
+        .arg(format!("unix:{}", path.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grpc = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
+                return rest.split(' ').next().unwrap().to_owned();
+            }
+        }
+        panic!("the processor exited without listening");
+    })
+    .await
+    .expect("the processor listens");
+    assert_eq!(grpc, format!("unix:{}", path.display()));
+
+    // A second processor on the same socket is refused: the first one still listens.
+    let second = std::process::Command::new(BIN)
+        .args(["ext-proc", "--listen"])
+        .arg(&grpc)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(second.code(), Some(1), "{second}");
+
+    let channel = tonic::transport::Endpoint::from_shared(grpc)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        assert_eq!(status, ServingStatus::Serving, "{service:?}");
+    }
+    drop(health);
+
+    let pid = child.id().unwrap() as libc::pid_t;
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("the processor exits")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!path.exists(), "the socket file is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,7 +17,23 @@ fn main() -> ExitCode {
         eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // The proxy: one worker per CPU. The processor: --threads (one by default: each message is
+    // answered on the thread that read it, with no cross-thread wake-up).
+    let threads = match &cli.command {
+        Command::ExtProc(args) => Some(args.threads),
+        Command::Proxy(_) => None,
+    };
+    let runtime = match threads {
+        None => tokio::runtime::Runtime::new(),
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("bypass-marker: cannot start the runtime: {err}");
@@ -37,14 +53,16 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit(),
     };
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let listener = match cli::ext_proc::Listener::bind(&args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
             eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
-    let addr = listener.local_addr().unwrap_or(args.listen);
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| args.listen.clone());
     let (stop, stopped) = watch::channel(false);
     let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
         Ok(server) => server,
@@ -66,6 +84,10 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     });
     println!("ext_proc listening on {addr} (gRPC)");
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
+    if let cli::Listen::Unix(path) = &args.listen {
+        // The socket file goes with the process that made it.
+        let _ = std::fs::remove_file(path);
+    }
     if let Some(server) = metrics_server {
         let _ = server.await;
     }
