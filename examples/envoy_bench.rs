@@ -44,7 +44,10 @@
 //! paced; the proxy (layer and guard on) at most 1.0x in bulk and 0.7x paced.
 //!
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
-//! worker threads; default: Envoy's own default, one per CPU).
+//! worker threads; default: Envoy's own default, one per CPU), `--ext-proc-variant FLAGS`
+//! (repeatable: one more Envoy + processor row whose processor gets these flags, such as
+//! `--ext-proc-variant "--threads 2"`, measured in the same rounds), `--no-proxy` (no proxy rows).
+//! The Envoy + processor rows also show the processor's own part of the CPU per event.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -357,12 +360,7 @@ struct Setup {
 }
 
 impl Setup {
-    fn envoy(
-        &self,
-        name: &str,
-        file: &str,
-        ext_proc: Option<(&'static str, String)>,
-    ) -> (Child, SocketAddr) {
+    fn envoy(&self, name: &str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
         let listen = free_port();
         let admin = free_port();
         let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -375,7 +373,9 @@ impl Setup {
             ("ADMIN_PORT", admin.to_string()),
             ("UPSTREAM_PORT", self.upstream.port().to_string()),
         ];
-        values.extend(ext_proc);
+        if let Some(port) = ext_proc {
+            values.push(("EXT_PROC_PORT", port.to_string()));
+        }
         let config = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&config, render(&shipped, &values)).unwrap();
         let mut args = vec![
@@ -405,55 +405,20 @@ impl Setup {
         }
     }
 
-    /// Envoy with `bin ext-proc` and `extra` flags (a variant when `extra` is not empty). The
-    /// word `unix` among them puts the processor on a Unix domain socket, with
-    /// `examples/envoy/ext-proc-unix.yaml`.
+    /// Envoy with `bin ext-proc` and `extra` flags (a variant when `extra` is not empty).
     fn envoy_ext_proc(&self, bin: &Path, extra: &str, k: usize) -> Target {
+        let port = free_port();
         let log = self.dir.join(format!("processor{k}.log"));
-        let unix = extra.split_whitespace().any(|w| w == "unix");
-        let (listen, template) = if unix {
-            let path = self.dir.join(format!("processor{k}.sock"));
-            (
-                format!("unix:{}", path.display()),
-                ("EXT_PROC_SOCKET", path.display().to_string()),
-            )
-        } else {
-            let port = free_port();
-            (
-                format!("127.0.0.1:{port}"),
-                ("EXT_PROC_PORT", port.to_string()),
-            )
-        };
-        let mut args = vec!["ext-proc".to_owned(), "--listen".to_owned(), listen];
-        args.extend(
-            extra
-                .split_whitespace()
-                .filter(|w| *w != "unix")
-                .map(str::to_owned),
-        );
+        let mut args = vec![
+            "ext-proc".to_owned(),
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+        ];
+        args.extend(extra.split_whitespace().map(str::to_owned));
         let mut processor = [spawn(bin, &args, &log)];
-        if unix {
-            let path = PathBuf::from(&template.1);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while std::os::unix::net::UnixStream::connect(&path).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "the processor is not listening on {}",
-                    path.display()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        } else {
-            let port = template.1.parse().unwrap();
-            wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
-        }
+        wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
         let [processor] = processor;
-        let file = if unix {
-            "ext-proc-unix.yaml"
-        } else {
-            "ext-proc.yaml"
-        };
-        let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), file, Some(template));
+        let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), "ext-proc.yaml", Some(port));
         let name = if extra.is_empty() {
             "Envoy + processor".to_owned()
         } else {

@@ -262,16 +262,14 @@ headers and the streamed response body, with allow_mode_override: true and failu
 false (see examples/envoy/ext-proc.yaml). gRPC health (grpc.health.v1) is served on the same
 address.")]
 pub struct ExtProcArgs {
-    /// Address to listen on for Envoy's gRPC connections (port 0 picks a free one), or
-    /// `unix:PATH` for a Unix domain socket beside Envoy (a `pipe` address in Envoy's cluster;
-    /// cheaper per message than loopback TCP).
+    /// Address to listen on for Envoy's gRPC connections (port 0 picks a free one).
     #[arg(
         long,
         value_name = "ADDR",
         default_value = "127.0.0.1:50051",
         env = "BYPASS_MARKER_LISTEN"
     )]
-    pub listen: Listen,
+    pub listen: SocketAddr,
     /// The names to filter.
     #[command(flatten)]
     pub naming: NamingArgs,
@@ -280,7 +278,7 @@ pub struct ExtProcArgs {
     pub metrics_listen: Option<SocketAddr>,
     /// Threads that serve Envoy's streams. 1 (the default) runs everything on one thread: a
     /// message is read, processed and answered with no cross-thread wake-up, which costs the
-    /// least CPU per message (a 30% smaller share of Envoy + processor's CPU per paced event,
+    /// least CPU per message (about a third less per paced event than two worker threads; see
     /// BENCHMARKS.md). More threads spread the work over more cores, for a processor that needs
     /// more than one, or so that a large request body under the guard (a 32 MiB one takes 10 to
     /// 50 ms) delays fewer of the other streams.
@@ -311,40 +309,6 @@ impl ExtProcArgs {
         };
         args.naming.layer().map_err(|err| err.to_string())?;
         Ok(args)
-    }
-}
-
-/// Where `bypass-marker ext-proc` listens: a TCP address, or `unix:PATH`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listen {
-    /// A TCP address (`127.0.0.1:50051`).
-    Tcp(SocketAddr),
-    /// A Unix domain socket (`unix:/run/bypass-marker.sock`).
-    Unix(std::path::PathBuf),
-}
-
-impl std::str::FromStr for Listen {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err("unix: needs a path".to_owned());
-            }
-            return Ok(Self::Unix(path.into()));
-        }
-        s.parse()
-            .map(Self::Tcp)
-            .map_err(|_| format!("not an address (IP:PORT) nor unix:PATH: {s:?}"))
-    }
-}
-
-impl fmt::Display for Listen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Tcp(addr) => addr.fmt(f),
-            Self::Unix(path) => write!(f, "unix:{}", path.display()),
-        }
     }
 }
 

@@ -24,8 +24,7 @@ pub mod metrics;
 pub mod proxy;
 
 pub use args::{
-    Cli, Command, ExtProcArgs, Listen, LogFormat, NameError, NamingArgs, Preset, ProxyArgs,
-    Upstream,
+    Cli, Command, ExtProcArgs, LogFormat, NameError, NamingArgs, Preset, ProxyArgs, Upstream,
 };
 pub use conn::StallTimeout;
 pub use forward::{Forward, UpstreamBody};

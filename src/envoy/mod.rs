@@ -125,8 +125,6 @@
 //! - [`ExtProc::new`]`(layer)`, [`ExtProc::max_body_bytes`]`(n)`: the processor.
 //! - [`serve`]`(listener, processor, shutdown)`: the processor and `grpc.health.v1` on a
 //!   `tokio::net::TcpListener`, until `shutdown` completes; returns `tonic::transport::Error`.
-//! - [`serve_unix`]`(listener, processor, shutdown)`: the same on a `tokio::net::UnixListener`
-//!   (Envoy's cluster then has a `pipe` address).
 //! - [`ExtProc::into_service`]: the `ExternalProcessorServer` alone.
 
 mod exchange;
@@ -137,6 +135,4 @@ mod stream;
 
 pub use processor::ExtProc;
 pub use serve::serve;
-#[cfg(unix)]
-pub use serve::serve_unix;
 pub use stream::ProcessStream;

@@ -53,16 +53,14 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit(),
     };
-    let listener = match cli::ext_proc::Listener::bind(&args.listen).await {
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
             eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|_| args.listen.clone());
+    let addr = listener.local_addr().unwrap_or(args.listen);
     let (stop, stopped) = watch::channel(false);
     let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
         Ok(server) => server,
@@ -84,10 +82,6 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     });
     println!("ext_proc listening on {addr} (gRPC)");
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
-    if let cli::Listen::Unix(path) = &args.listen {
-        // The socket file goes with the process that made it.
-        let _ = std::fs::remove_file(path);
-    }
     if let Some(server) = metrics_server {
         let _ = server.await;
     }
