@@ -227,6 +227,16 @@ impl Target {
             .sum()
     }
 
+    /// Per process of the target (Envoy, then its processor): the voluntary context switches
+    /// of every thread so far (each one a wait for I/O or for another thread: a wake-up).
+    fn switches(&self) -> [u64; 2] {
+        let mut out = [0; 2];
+        for (slot, child) in out.iter_mut().zip(&self.children) {
+            *slot = process_switches(child.id());
+        }
+        out
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -252,6 +262,22 @@ fn process_cpu(pid: u32) -> Duration {
             .unwrap_or(0);
     }
     Duration::from_nanos(ns)
+}
+
+/// The voluntary context switches of the threads of process `pid` (`/proc/PID/task/*/status`).
+fn process_switches(pid: u32) -> u64 {
+    let mut switches = 0;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            switches += status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    switches
 }
 
 /// utime + stime of process `pid` (every thread, exited ones included), from `/proc/PID/stat`.
@@ -472,6 +498,8 @@ struct Run {
     cpu: Duration,
     /// The part of `cpu` spent by the processor (Envoy + processor only).
     helper: Duration,
+    /// What [`Target::switches`] grew by during the run.
+    switches: [u64; 2],
 }
 
 /// `connections` tasks, each streaming `streams` streams of `events` one after the other; returns
@@ -549,6 +577,7 @@ async fn drive(
 async fn bulk(client: &HttpClient, target: &Target, streams: usize, writes: Writes) -> Run {
     let cpu = target.cpu();
     let helper = target.helper_cpu();
+    let switches = target.switches();
     let started = Instant::now();
     let (bytes, _) = drive(
         client,
@@ -573,6 +602,7 @@ async fn bulk(client: &HttpClient, target: &Target, streams: usize, writes: Writ
         wall,
         cpu: target.cpu() - cpu,
         helper: target.helper_cpu() - helper,
+        switches: since(target.switches(), switches),
     }
 }
 
@@ -583,6 +613,7 @@ async fn paced(
     streams: usize,
 ) -> (Run, Vec<u64>) {
     let cpu = target.map(|t| (t.cpu(), t.helper_cpu()));
+    let switches = target.map(Target::switches);
     let started = Instant::now();
     let (_, latencies) = drive(
         client,
@@ -605,6 +636,10 @@ async fn paced(
             (Some(t), Some((_, h))) => t.helper_cpu() - h,
             _ => Duration::ZERO,
         },
+        switches: match (target, switches) {
+            (Some(t), Some(c)) => since(t.switches(), c),
+            _ => [0; 2],
+        },
     };
     (run, latencies)
 }
@@ -617,6 +652,23 @@ fn ns_per_event(runs: &[Run]) -> f64 {
     let cpu: Duration = runs.iter().map(|r| r.cpu).sum();
     let events: u64 = runs.iter().map(|r| r.events).sum();
     cpu.as_nanos() as f64 / events as f64
+}
+
+fn since(now: [u64; 2], then: [u64; 2]) -> [u64; 2] {
+    [
+        now[0].saturating_sub(then[0]),
+        now[1].saturating_sub(then[1]),
+    ]
+}
+
+/// Voluntary context switches per event, of Envoy and (if any) the processor.
+fn switches_per_event(runs: &[Run]) -> String {
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    let per = |p: usize| runs.iter().map(|r| r.switches[p]).sum::<u64>() as f64 / events as f64;
+    if runs.iter().all(|r| r.switches[1] == 0) {
+        return format!("Envoy {:.3}", per(0));
+    }
+    format!("Envoy {:.3}, processor {:.3}", per(0), per(1))
 }
 
 /// The processor's part of the CPU per event, in the same unit, or blank for a single process.
@@ -874,6 +926,10 @@ fn main() {
                     helper_per_event(&runs[i])
                 );
             }
+            println!("  voluntary context switches (wake-ups) per event:");
+            for i in 0..n {
+                println!("  {:<34} {}", targets[i].name, switches_per_event(&runs[i]));
+            }
         }
 
         if run_paced {
@@ -935,6 +991,10 @@ fn main() {
                     verdict(cpu / base, goals(&targets[i].name).map(|g| g.1)),
                     helper_per_event(&runs[i])
                 );
+            }
+            println!("  voluntary context switches (wake-ups) per event:");
+            for i in 0..n {
+                println!("  {:<34} {}", targets[i].name, switches_per_event(&runs[i]));
             }
         }
     });
