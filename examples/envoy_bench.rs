@@ -46,7 +46,9 @@
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
 //! worker threads; default: Envoy's own default, one per CPU), `--ext-proc-variant FLAGS`
 //! (repeatable: one more Envoy + processor row whose processor gets these flags, such as
-//! `--ext-proc-variant "--threads 2"`, measured in the same rounds), `--no-proxy` (no proxy rows).
+//! `--ext-proc-variant "--threads 2"`, measured in the same rounds; a word `bootstrap=PATH` runs
+//! that Envoy with PATH, templated as the shipped bootstrap, instead of
+//! `examples/envoy/ext-proc.yaml`), `--no-proxy` (no proxy rows).
 //! The Envoy + processor rows also show the processor's own part of the CPU per event.
 
 use std::io::{Read as _, Write as _};
@@ -399,8 +401,12 @@ impl Setup {
             ("ADMIN_PORT", admin.to_string()),
             ("UPSTREAM_PORT", self.upstream.port().to_string()),
         ];
+        let mut shipped = shipped;
         if let Some(port) = ext_proc {
             values.push(("EXT_PROC_PORT", port.to_string()));
+            // A bootstrap of one's own may also name the port inside a value (a `google_grpc`
+            // `target_uri: "127.0.0.1:@EXT_PROC_PORT@"`).
+            shipped = shipped.replace("@EXT_PROC_PORT@", &port.to_string());
         }
         let config = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&config, render(&shipped, &values)).unwrap();
@@ -440,11 +446,19 @@ impl Setup {
             "--listen".to_owned(),
             format!("127.0.0.1:{port}"),
         ];
-        args.extend(extra.split_whitespace().map(str::to_owned));
+        // `bootstrap=PATH`: Envoy's bootstrap (templated as the shipped one) instead of
+        // examples/envoy/ext-proc.yaml; every other word is a flag of the processor.
+        let mut file = "ext-proc.yaml".to_owned();
+        for word in extra.split_whitespace() {
+            match word.strip_prefix("bootstrap=") {
+                Some(path) => file = path.to_owned(),
+                None => args.push(word.to_owned()),
+            }
+        }
         let mut processor = [spawn(bin, &args, &log)];
         wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
         let [processor] = processor;
-        let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), "ext-proc.yaml", Some(port));
+        let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), &file, Some(port));
         let name = if extra.is_empty() {
             "Envoy + processor".to_owned()
         } else {
