@@ -44,7 +44,12 @@
 //! paced; the proxy (layer and guard on) at most 1.0x in bulk and 0.7x paced.
 //!
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
-//! worker threads; default: Envoy's own default, one per CPU).
+//! worker threads; default: Envoy's own default, one per CPU), `--ext-proc-variant FLAGS`
+//! (repeatable: one more Envoy + processor row whose processor gets these flags, such as
+//! `--ext-proc-variant "--threads 2"`, measured in the same rounds; a word `bootstrap=PATH` runs
+//! that Envoy with PATH, templated as the shipped bootstrap, instead of
+//! `examples/envoy/ext-proc.yaml`), `--no-proxy` (no proxy rows).
+//! The Envoy + processor rows also show the processor's own part of the CPU per event.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -195,7 +200,7 @@ fn free_port() -> u16 {
 
 /// A target: the processes that carry the traffic, killed on drop.
 struct Target {
-    name: &'static str,
+    name: String,
     addr: SocketAddr,
     children: Vec<Child>,
 }
@@ -213,6 +218,25 @@ impl Target {
     /// CPU time of all the target's processes so far, every thread.
     fn cpu(&self) -> Duration {
         self.children.iter().map(|c| process_cpu(c.id())).sum()
+    }
+
+    /// CPU time so far of the target's processes after the first (Envoy's processor).
+    fn helper_cpu(&self) -> Duration {
+        self.children
+            .iter()
+            .skip(1)
+            .map(|c| process_cpu(c.id()))
+            .sum()
+    }
+
+    /// Per process of the target (Envoy, then its processor): the voluntary context switches
+    /// of every thread so far (each one a wait for I/O or for another thread: a wake-up).
+    fn switches(&self) -> [u64; 2] {
+        let mut out = [0; 2];
+        for (slot, child) in out.iter_mut().zip(&self.children) {
+            *slot = process_switches(child.id());
+        }
+        out
     }
 
     fn url(&self, path: &str) -> String {
@@ -240,6 +264,22 @@ fn process_cpu(pid: u32) -> Duration {
             .unwrap_or(0);
     }
     Duration::from_nanos(ns)
+}
+
+/// The voluntary context switches of the threads of process `pid` (`/proc/PID/task/*/status`).
+fn process_switches(pid: u32) -> u64 {
+    let mut switches = 0;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            switches += status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    switches
 }
 
 /// utime + stime of process `pid` (every thread, exited ones included), from `/proc/PID/stat`.
@@ -348,7 +388,7 @@ struct Setup {
 }
 
 impl Setup {
-    fn envoy(&self, name: &'static str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
+    fn envoy(&self, name: &str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
         let listen = free_port();
         let admin = free_port();
         let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -361,8 +401,12 @@ impl Setup {
             ("ADMIN_PORT", admin.to_string()),
             ("UPSTREAM_PORT", self.upstream.port().to_string()),
         ];
+        let mut shipped = shipped;
         if let Some(port) = ext_proc {
             values.push(("EXT_PROC_PORT", port.to_string()));
+            // A bootstrap of one's own may also name the port inside a value (a `google_grpc`
+            // `target_uri: "127.0.0.1:@EXT_PROC_PORT@"`).
+            shipped = shipped.replace("@EXT_PROC_PORT@", &port.to_string());
         }
         let config = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&config, render(&shipped, &values)).unwrap();
@@ -387,26 +431,41 @@ impl Setup {
     fn envoy_pass_through(&self) -> Target {
         let (child, addr) = self.envoy("envoy", "pass-through.yaml", None);
         Target {
-            name: "Envoy pass-through",
+            name: "Envoy pass-through".to_owned(),
             addr,
             children: vec![child],
         }
     }
 
-    fn envoy_ext_proc(&self, bin: &Path) -> Target {
+    /// Envoy with `bin ext-proc` and `extra` flags (a variant when `extra` is not empty).
+    fn envoy_ext_proc(&self, bin: &Path, extra: &str, k: usize) -> Target {
         let port = free_port();
-        let log = self.dir.join("processor.log");
-        let args = [
+        let log = self.dir.join(format!("processor{k}.log"));
+        let mut args = vec![
             "ext-proc".to_owned(),
             "--listen".to_owned(),
             format!("127.0.0.1:{port}"),
         ];
+        // `bootstrap=PATH`: Envoy's bootstrap (templated as the shipped one) instead of
+        // examples/envoy/ext-proc.yaml; every other word is a flag of the processor.
+        let mut file = "ext-proc.yaml".to_owned();
+        for word in extra.split_whitespace() {
+            match word.strip_prefix("bootstrap=") {
+                Some(path) => file = path.to_owned(),
+                None => args.push(word.to_owned()),
+            }
+        }
         let mut processor = [spawn(bin, &args, &log)];
         wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
         let [processor] = processor;
-        let (envoy, addr) = self.envoy("envoy-ext-proc", "ext-proc.yaml", Some(port));
+        let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), &file, Some(port));
+        let name = if extra.is_empty() {
+            "Envoy + processor".to_owned()
+        } else {
+            format!("Envoy + processor {extra}")
+        };
         Target {
-            name: "Envoy + processor",
+            name,
             addr,
             children: vec![envoy, processor],
         }
@@ -434,7 +493,7 @@ impl Setup {
         wait_ready(&mut child, addr, None, &log);
         let [child] = child;
         Target {
-            name,
+            name: name.to_owned(),
             addr,
             children: vec![child],
         }
@@ -451,6 +510,10 @@ struct Run {
     events: u64,
     wall: Duration,
     cpu: Duration,
+    /// The part of `cpu` spent by the processor (Envoy + processor only).
+    helper: Duration,
+    /// What [`Target::switches`] grew by during the run.
+    switches: [u64; 2],
 }
 
 /// `connections` tasks, each streaming `streams` streams of `events` one after the other; returns
@@ -527,6 +590,8 @@ async fn drive(
 
 async fn bulk(client: &HttpClient, target: &Target, streams: usize, writes: Writes) -> Run {
     let cpu = target.cpu();
+    let helper = target.helper_cpu();
+    let switches = target.switches();
     let started = Instant::now();
     let (bytes, _) = drive(
         client,
@@ -550,6 +615,8 @@ async fn bulk(client: &HttpClient, target: &Target, streams: usize, writes: Writ
         events,
         wall,
         cpu: target.cpu() - cpu,
+        helper: target.helper_cpu() - helper,
+        switches: since(target.switches(), switches),
     }
 }
 
@@ -559,7 +626,8 @@ async fn paced(
     target: Option<&Target>,
     streams: usize,
 ) -> (Run, Vec<u64>) {
-    let cpu = target.map(Target::cpu);
+    let cpu = target.map(|t| (t.cpu(), t.helper_cpu()));
+    let switches = target.map(Target::switches);
     let started = Instant::now();
     let (_, latencies) = drive(
         client,
@@ -575,8 +643,16 @@ async fn paced(
         events: latencies.len() as u64,
         wall: started.elapsed(),
         cpu: match (target, cpu) {
-            (Some(t), Some(c)) => t.cpu() - c,
+            (Some(t), Some((c, _))) => t.cpu() - c,
             _ => Duration::ZERO,
+        },
+        helper: match (target, cpu) {
+            (Some(t), Some((_, h))) => t.helper_cpu() - h,
+            _ => Duration::ZERO,
+        },
+        switches: match (target, switches) {
+            (Some(t), Some(c)) => since(t.switches(), c),
+            _ => [0; 2],
         },
     };
     (run, latencies)
@@ -592,6 +668,36 @@ fn ns_per_event(runs: &[Run]) -> f64 {
     cpu.as_nanos() as f64 / events as f64
 }
 
+fn since(now: [u64; 2], then: [u64; 2]) -> [u64; 2] {
+    [
+        now[0].saturating_sub(then[0]),
+        now[1].saturating_sub(then[1]),
+    ]
+}
+
+/// Voluntary context switches per event, of Envoy and (if any) the processor.
+fn switches_per_event(runs: &[Run]) -> String {
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    let per = |p: usize| runs.iter().map(|r| r.switches[p]).sum::<u64>() as f64 / events as f64;
+    if runs.iter().all(|r| r.switches[1] == 0) {
+        return format!("Envoy {:.3}", per(0));
+    }
+    format!("Envoy {:.3}, processor {:.3}", per(0), per(1))
+}
+
+/// The processor's part of the CPU per event, in the same unit, or blank for a single process.
+fn helper_per_event(runs: &[Run]) -> String {
+    let helper: Duration = runs.iter().map(|r| r.helper).sum();
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    if helper.is_zero() {
+        return String::new();
+    }
+    format!(
+        "(processor {:.2} us)",
+        helper.as_nanos() as f64 / events as f64 / 1000.0
+    )
+}
+
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     values.fold((f64::INFINITY, 0.0), |(lo, hi), v| (lo.min(v), hi.max(v)))
 }
@@ -599,7 +705,7 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 /// The issues' goals for a target, as (bulk, paced) CPU per event relative to Envoy pass-through.
 fn goals(name: &str) -> Option<(f64, f64)> {
     match name {
-        "Envoy + processor" => Some((1.5, 2.0)),
+        n if n.starts_with("Envoy + processor") => Some((1.5, 2.0)),
         "proxy" => Some((1.0, 0.7)),
         _ => None,
     }
@@ -617,6 +723,8 @@ struct Args {
     envoy: PathBuf,
     proxy: Option<PathBuf>,
     ext_proc: Option<PathBuf>,
+    /// Flags of further processor rows (`--ext-proc-variant "--threads 1"`), beside the default.
+    variants: Vec<String>,
     rounds: usize,
     bulk_streams: usize,
     paced_streams: usize,
@@ -626,7 +734,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--ext-proc PATH | --no-ext-proc] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--no-proxy] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
 
@@ -668,6 +776,7 @@ fn parse_args() -> Args {
         ext_proc: exe_dir
             .map(|d| d.join("../bypass-marker"))
             .filter(|p| has_ext_proc(p)),
+        variants: Vec::new(),
         rounds: 3,
         bulk_streams: 20,
         paced_streams: 3,
@@ -694,6 +803,8 @@ fn parse_args() -> Args {
             "--proxy" => args.proxy = Some(value().into()),
             "--ext-proc" => args.ext_proc = Some(value().into()),
             "--no-ext-proc" => args.ext_proc = None,
+            "--ext-proc-variant" => args.variants.push(value()),
+            "--no-proxy" => args.proxy = None,
             "--rounds" => args.rounds = number(value()).max(1),
             "--bulk-streams" => args.bulk_streams = number(value()).max(1),
             "--paced-streams" => args.paced_streams = number(value()).max(1),
@@ -751,7 +862,12 @@ fn main() {
 
     let mut targets = vec![setup.envoy_pass_through()];
     match &args.ext_proc {
-        Some(bin) => targets.push(setup.envoy_ext_proc(bin)),
+        Some(bin) => {
+            targets.push(setup.envoy_ext_proc(bin, "", 0));
+            for (k, extra) in args.variants.iter().enumerate() {
+                targets.push(setup.envoy_ext_proc(bin, extra, k + 1));
+            }
+        }
         None => println!("(no --ext-proc BIN: the Envoy + processor row is left out)"),
     }
     match &args.proxy {
@@ -799,7 +915,7 @@ fn main() {
             }
             let base = ns_per_event(&runs[0]);
             println!(
-                "  {:<20} {:>12} {:>12} {:>10} {:>16}",
+                "  {:<34} {:>12} {:>12} {:>10} {:>16}",
                 "target", "events/s", "CPU/event", "vs Envoy", "rounds"
             );
             for i in 0..n {
@@ -813,15 +929,20 @@ fn main() {
                         .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
                 );
                 println!(
-                    "  {:<20} {:>12.0} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {}",
+                    "  {:<34} {:>12.0} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {} {}",
                     targets[i].name,
                     rate,
                     cpu / 1000.0,
                     cpu / base,
                     lo,
                     hi,
-                    verdict(cpu / base, goals(targets[i].name).map(|g| g.0))
+                    verdict(cpu / base, goals(&targets[i].name).map(|g| g.0)),
+                    helper_per_event(&runs[i])
                 );
+            }
+            println!("  voluntary context switches (wake-ups) per event:");
+            for i in 0..n {
+                println!("  {:<34} {}", targets[i].name, switches_per_event(&runs[i]));
             }
         }
 
@@ -855,7 +976,7 @@ fn main() {
                 "  straight to the upstream: latency p50 {d50} us, p99 {d99} us (the baseline)"
             );
             println!(
-                "  {:<20} {:>12} {:>10} {:>16} {:>24}",
+                "  {:<34} {:>12} {:>10} {:>16} {:>24}",
                 "target", "CPU/event", "vs Envoy", "rounds", "latency added p50/p99"
             );
             let base = ns_per_event(&runs[0]);
@@ -873,7 +994,7 @@ fn main() {
                         .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
                 );
                 println!(
-                    "  {:<20} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {:>+9} us / {:>+6} us  {}",
+                    "  {:<34} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {:>+9} us / {:>+6} us  {} {}",
                     targets[i].name,
                     cpu / 1000.0,
                     cpu / base,
@@ -881,8 +1002,13 @@ fn main() {
                     hi,
                     p50 as i64 - d50 as i64,
                     p99 as i64 - d99 as i64,
-                    verdict(cpu / base, goals(targets[i].name).map(|g| g.1))
+                    verdict(cpu / base, goals(&targets[i].name).map(|g| g.1)),
+                    helper_per_event(&runs[i])
                 );
+            }
+            println!("  voluntary context switches (wake-ups) per event:");
+            for i in 0..n {
+                println!("  {:<34} {}", targets[i].name, switches_per_event(&runs[i]));
             }
         }
     });

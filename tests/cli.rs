@@ -426,3 +426,19 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
     assert!(status.success(), "{status}");
     assert!(std::net::TcpStream::connect(&grpc).is_err());
 }
+
+/// `bypass-marker ext-proc --threads`: one thread by default (the least CPU per message), any
+/// positive number, never 0.
+#[test]
+fn ext_proc_threads_default_to_one() {
+    use tower_bypass_marker::cli::ExtProcArgs;
+
+    if std::env::var_os("BYPASS_MARKER_THREADS").is_none() {
+        let args = ExtProcArgs::from_args(std::iter::empty::<&str>()).unwrap();
+        assert_eq!(args.threads, 1);
+    }
+    let args = ExtProcArgs::from_args(["--threads", "4"]).unwrap();
+    assert_eq!(args.threads, 4);
+    let err = ExtProcArgs::from_args(["--threads", "0"]).unwrap_err();
+    assert!(err.contains("--threads"), "{err}");
+}

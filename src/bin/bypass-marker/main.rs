@@ -17,7 +17,23 @@ fn main() -> ExitCode {
         eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // The proxy: one worker per CPU. The processor: --threads (one by default: each message is
+    // answered on the thread that read it, with no cross-thread wake-up).
+    let threads = match &cli.command {
+        Command::ExtProc(args) => Some(args.threads),
+        Command::Proxy(_) => None,
+    };
+    let runtime = match threads {
+        None => tokio::runtime::Runtime::new(),
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("bypass-marker: cannot start the runtime: {err}");
