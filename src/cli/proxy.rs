@@ -85,6 +85,85 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
+/// Listens on `addr` `n` times, one listener for each serving thread of [`serve_threads`], with a
+/// queue of `backlog` connections each. With `n` above 1 every listener has `SO_REUSEPORT`, so
+/// that the kernel spreads new connections over them (when `addr`'s port is 0, the others take
+/// the first one's port); with 1 it is [`bind`]'s. Call it within a tokio runtime: the listeners
+/// come back deregistered from it, for each thread's runtime to take.
+pub fn bind_each(
+    addr: SocketAddr,
+    backlog: u32,
+    n: usize,
+) -> io::Result<Vec<std::net::TcpListener>> {
+    if n <= 1 {
+        return Ok(vec![bind(addr, backlog)?.into_std()?]);
+    }
+    let mut addr = addr;
+    let mut listeners = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(backlog)?;
+        addr = listener.local_addr()?;
+        listeners.push(listener.into_std()?);
+    }
+    Ok(listeners)
+}
+
+/// [`serve_metered`] on each of `listeners` (from [`bind_each`]), each on a thread of its own with
+/// a single-threaded tokio runtime, until the future `shutdown` makes for it completes.
+///
+/// A connection, its requests to the upstream and the upstream connections they use (each
+/// thread has its own client and pool) stay on the thread that accepted it: a frame goes from the
+/// upstream's socket to the client's without waking another thread, and no task is stolen. The
+/// metrics are shared. Returns when every thread has stopped, or at the first that fails.
+pub async fn serve_threads<F, Fut>(
+    listeners: Vec<std::net::TcpListener>,
+    config: ProxyArgs,
+    metrics: Arc<Metrics>,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (done, mut results) = tokio::sync::mpsc::unbounded_channel();
+    let n = listeners.len();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let (config, metrics, shutdown, done) =
+            (config.clone(), metrics.clone(), shutdown(), done.clone());
+        std::thread::Builder::new()
+            .name(format!("bypass-marker-{i}"))
+            .spawn(move || {
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .and_then(|runtime| {
+                        runtime.block_on(async move {
+                            let listener = TcpListener::from_std(listener)?;
+                            serve_metered(listener, config, metrics, shutdown).await
+                        })
+                    });
+                let _ = done.send(served);
+            })?;
+    }
+    drop(done);
+    for _ in 0..n {
+        match results.recv().await {
+            Some(Ok(())) => {}
+            Some(Err(err)) => return Err(err),
+            None => return Err(io::Error::other("a serving thread panicked")),
+        }
+    }
+    Ok(())
+}
+
 /// Whether an `accept` error is about one connection (go on at once) rather than the process
 /// (out of file descriptors or memory: back off).
 fn is_connection_error(err: &io::Error) -> bool {

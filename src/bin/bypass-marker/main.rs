@@ -17,7 +17,15 @@ fn main() -> ExitCode {
         eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // The proxy serves on threads of its own (`--threads`), each with a single-threaded runtime;
+    // this thread's runs the signals and the metrics. The processor serves on this runtime.
+    let runtime = match &cli.command {
+        Command::Proxy(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::ExtProc(_) => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("bypass-marker: cannot start the runtime: {err}");
@@ -120,14 +128,18 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit(),
     };
-    let listener = match cli::bind(args.listen, args.backlog) {
-        Ok(listener) => listener,
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n.get(),
+    );
+    let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
+        Ok(listeners) => listeners,
         Err(err) => {
             eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
-    let addr = match listener.local_addr() {
+    let addr = match listeners[0].local_addr() {
         Ok(addr) => addr,
         Err(err) => {
             eprintln!("bypass-marker: {err}");
@@ -154,8 +166,10 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         signalled.await;
         let _ = stop.send(true);
     });
+    tracing::info!("serving on {threads} threads");
     println!("listening on http://{addr}");
-    let served = cli::serve_metered(listener, args, metrics, until_stopped(stopped)).await;
+    let served =
+        cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
     if let Some(server) = metrics_server {
         let _ = server.await;
     }
