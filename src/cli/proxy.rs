@@ -32,7 +32,13 @@
 //!   fires). An upstream that is unreachable or fails before its head gives a 502. Errors are
 //!   JSON in OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
 //! - **The response** streams back: each frame is written as soon as it is complete, nothing is
-//!   buffered beyond the frame being read. A client that goes away drops the upstream request, so
+//!   buffered beyond the frame being read. Frames that are ready together (several events in one
+//!   read from the upstream) go out in one write: before writing, the connection lets the
+//!   upstream connection's task decode what it already has, and writes as soon as a turn brings
+//!   nothing new; it never waits for bytes that have not arrived.
+//! - **Threads** ([`serve_threads`], `--threads`): the binary serves on one single-threaded
+//!   runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own upstream client,
+//!   so a stream and its upstream connection stay on the thread that accepted it. A client that goes away drops the upstream request, so
 //!   the upstream stops generating.
 //! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
 //!   response ends ([`logs`](crate::cli::logs)).
