@@ -48,6 +48,8 @@ impl Cli {
 /// The subcommands. Each is a variant holding its own `#[derive(Args)]` struct; the naming flags
 /// they share are [`NamingArgs`], flattened into each.
 #[derive(Debug, Clone, Subcommand)]
+// Made once per process; boxing `ProxyArgs` would only make every match on it longer.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// A streaming reverse proxy for OpenAI-compatible servers (Dynamo, vLLM, SGLang, ...): the
     /// layer on the responses, the request guard on the requests.
