@@ -11,6 +11,8 @@
 //! to choose); the sidecar and the processor from the `bypass-marker` binary of the same build
 //! (`--proxy PATH`, `--ext-proc PATH`; `--no-ext-proc` leaves the processor row out, as does a
 //! binary without the `ext-proc` subcommand). `--proxy` also takes `examples/proxy.rs`'s binary.
+//! `--baseline PATH` adds a row for another build of the sidecar (layer and guard on), to compare
+//! two builds in one run.
 //!
 //! The targets, each a process (or two) of its own on 127.0.0.1:
 //!
@@ -472,6 +474,11 @@ impl Setup {
     }
 
     fn proxy(&self, bin: &Path, layer: bool) -> Target {
+        let name = if layer { "proxy" } else { "proxy --no-layer" };
+        self.proxy_named(bin, layer, name)
+    }
+
+    fn proxy_named(&self, bin: &Path, layer: bool, name: &'static str) -> Target {
         let port = free_port();
         let mut args = Vec::new();
         if bin.file_name().is_some_and(|n| n == "bypass-marker") {
@@ -486,8 +493,9 @@ impl Setup {
         if !layer {
             args.push("--no-layer".to_owned());
         }
-        let name = if layer { "proxy" } else { "proxy --no-layer" };
-        let log = self.dir.join(format!("{}.log", name.replace(' ', "")));
+        let log = self
+            .dir
+            .join(format!("{}.log", name.replace([' ', '(', ')'], "")));
         let mut child = [spawn(bin, &args, &log)];
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         wait_ready(&mut child, addr, None, &log);
@@ -722,6 +730,7 @@ fn verdict(ratio: f64, goal: Option<f64>) -> String {
 struct Args {
     envoy: PathBuf,
     proxy: Option<PathBuf>,
+    baseline: Option<PathBuf>,
     ext_proc: Option<PathBuf>,
     /// Flags of further processor rows (`--ext-proc-variant "--threads 1"`), beside the default.
     variants: Vec<String>,
@@ -734,7 +743,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--no-proxy] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--no-proxy] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
 
@@ -772,6 +781,7 @@ fn parse_args() -> Args {
                 .into_iter()
                 .find(|p| p.exists())
         }),
+        baseline: None,
         // The same bypass-marker, if it has the ext-proc subcommand.
         ext_proc: exe_dir
             .map(|d| d.join("../bypass-marker"))
@@ -801,6 +811,7 @@ fn parse_args() -> Args {
         match arg.as_str() {
             "--envoy" => args.envoy = value().into(),
             "--proxy" => args.proxy = Some(value().into()),
+            "--baseline" => args.baseline = Some(value().into()),
             "--ext-proc" => args.ext_proc = Some(value().into()),
             "--no-ext-proc" => args.ext_proc = None,
             "--ext-proc-variant" => args.variants.push(value()),
@@ -877,6 +888,10 @@ fn main() {
             targets.push(setup.proxy(bin, true));
         }
         None => println!("(no --proxy BIN: the proxy rows are left out)"),
+    }
+    if let Some(bin) = &args.baseline {
+        println!("baseline: {}", bin.display());
+        targets.push(setup.proxy_named(bin, true, "proxy (baseline)"));
     }
     let n = targets.len();
     let run_bulk = args.only.as_deref() != Some("paced");

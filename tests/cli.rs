@@ -63,6 +63,8 @@ fn help_and_version() {
         "[default: dynamo]",
         "[default: 1024]",
         "[default: 600]",
+        "--threads <N>",
+        "BYPASS_MARKER_THREADS",
     ] {
         assert!(help.contains(needle), "no {needle:?} in:\n{help}");
     }
@@ -107,6 +109,16 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             &["proxy", "--upstream", "http://x"],
             &[("BYPASS_MARKER_NEVER_FORWARD", "ok,bad\tname")],
             "--never-forward",
+        ),
+        (
+            &["proxy", "--upstream", "http://x", "--threads", "0"],
+            &[],
+            "--threads <N>",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_THREADS", "many")],
+            "--threads <N>",
         ),
         (&["frobnicate"], &[], "frobnicate"),
     ] {
@@ -441,4 +453,91 @@ fn ext_proc_threads_default_to_one() {
     assert_eq!(args.threads, 4);
     let err = ExtProcArgs::from_args(["--threads", "0"]).unwrap_err();
     assert!(err.contains("--threads"), "{err}");
+}
+
+/// Starts `bypass-marker proxy` with `args` and `env` (and no other `BYPASS_MARKER_*`), on a port
+/// of its own; returns the child and the address it listens on.
+async fn spawn_proxy(args: &[&str], env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .arg("proxy")
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("listening on http://") {
+                return url.to_owned();
+            }
+        }
+        panic!("the proxy exited without listening");
+    })
+    .await
+    .expect("the proxy listens");
+    (child, addr)
+}
+
+/// `--threads N` (or `BYPASS_MARKER_THREADS`): N listeners on one port (port 0: the first one's
+/// for the others), each thread filtering what it accepts; SIGTERM stops every thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_share_one_port_and_each_filters_and_stops() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    for (args, env, threads) in [
+        (&["--threads", "3"][..], &[][..], 3),
+        (&[][..], &[("BYPASS_MARKER_THREADS", "2")][..], 2),
+        (&["--threads", "1"][..], &[][..], 1),
+    ] {
+        let mut all = vec![
+            "--upstream",
+            &upstream,
+            "--listen",
+            "127.0.0.1:0",
+            "--preset",
+            "none",
+            "--opt-in",
+            "x-custom",
+        ];
+        all.extend_from_slice(args);
+        let (mut child, addr) = spawn_proxy(&all, env).await;
+        // Enough connections at once that the kernel hands some to each listener.
+        let streams: Vec<_> = (0..12)
+            .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+            .collect();
+        for stream in streams {
+            let body = tokio::time::timeout(PATIENCE, stream)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(body, expected_stream(), "{args:?} {env:?}");
+        }
+        let pid = child.id().unwrap() as libc::pid_t;
+        // The serving threads, by name (`bypass-marker-N`, 15 bytes: not truncated).
+        let serving = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("bypass-marker-"))
+            .count();
+        assert_eq!(serving, threads, "{args:?} {env:?}");
+        // SAFETY: kill only sends a signal to the process we spawned.
+        #[allow(unsafe_code)]
+        let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(sent, 0);
+        let status = tokio::time::timeout(PATIENCE, child.wait())
+            .await
+            .expect("every thread stops")
+            .unwrap();
+        assert!(status.success(), "{args:?} {env:?}: {status}");
+        assert!(std::net::TcpStream::connect(&addr).is_err());
+    }
 }

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -47,6 +48,8 @@ impl Cli {
 /// The subcommands. Each is a variant holding its own `#[derive(Args)]` struct; the naming flags
 /// they share are [`NamingArgs`], flattened into each.
 #[derive(Debug, Clone, Subcommand)]
+// Made once per process; boxing `ProxyArgs` would only make every match on it longer.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// A streaming reverse proxy for OpenAI-compatible servers (Dynamo, vLLM, SGLang, ...): the
     /// layer on the responses, the request guard on the requests.
@@ -224,6 +227,11 @@ pub struct ProxyArgs {
     /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
+    /// Threads that serve connections, each with its own listener on `--listen` (SO_REUSEPORT:
+    /// the kernel spreads new connections over them) and its own upstream connections, so a
+    /// stream stays on one thread (default: one per CPU).
+    #[arg(long, value_name = "N", env = "BYPASS_MARKER_THREADS")]
+    pub threads: Option<NonZeroUsize>,
 }
 
 impl ProxyArgs {

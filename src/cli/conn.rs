@@ -193,12 +193,50 @@ impl Drop for Busy {
     }
 }
 
+/// Up to this many bytes are gathered into one write (see [`Watched`]).
+const GATHER_MAX: usize = 32 * 1024;
+
 pin_project! {
-    /// A connection that tells its [`Watch`] when bytes arrive.
+    /// A connection that tells its [`Watch`] when bytes arrive, and gathers the frames that are
+    /// ready into one write.
+    ///
+    /// hyper writes as soon as the response body has no frame ready; the upstream's body hands
+    /// over one frame at a time (hyper's client decodes one chunk, then waits for it to be
+    /// taken), so every event would cost a `write` of its own even when many arrived in one read.
+    /// When hyper asks to write more bytes than the last time, the write yields once instead:
+    /// the task is woken at once and runs again after the tasks already ready on this thread,
+    /// among them the upstream connection's, which decodes the next chunk if it has one (from
+    /// its buffer, or from a read that does not wait). The write happens as soon as a turn
+    /// brings nothing new (nothing more is ready: nothing waits for data that has not arrived),
+    /// or `GATHER_MAX` bytes are waiting.
     pub(crate) struct Watched {
         #[pin]
         pub(crate) io: TcpStream,
         pub(crate) watch: Arc<Watch>,
+        // The length of the write that last yielded; 0 after a write.
+        pub(crate) gathered: usize,
+    }
+}
+
+impl Watched {
+    pub(crate) fn new(io: TcpStream, watch: Arc<Watch>) -> Self {
+        Self {
+            io,
+            watch,
+            gathered: 0,
+        }
+    }
+}
+
+/// Whether a write of `len` bytes yields once more (see [`Watched`]).
+fn gather(gathered: &mut usize, len: usize, cx: &Context<'_>) -> bool {
+    if len > *gathered && len < GATHER_MAX {
+        *gathered = len;
+        cx.waker().wake_by_ref();
+        true
+    } else {
+        *gathered = 0;
+        false
     }
 }
 
@@ -224,7 +262,11 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.project().io.poll_write(cx, buf)
+        let this = self.project();
+        if gather(this.gathered, buf.len(), cx) {
+            return Poll::Pending;
+        }
+        this.io.poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -240,7 +282,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.project().io.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let len = bufs.iter().map(|b| b.len()).sum();
+        if gather(this.gathered, len, cx) {
+            return Poll::Pending;
+        }
+        this.io.poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -29,4 +29,4 @@ pub use args::{
 pub use conn::StallTimeout;
 pub use forward::{Forward, UpstreamBody};
 pub use metrics::Metrics;
-pub use proxy::{bind, serve, serve_metered, serve_with, RequestBody};
+pub use proxy::{bind, bind_each, serve, serve_metered, serve_threads, serve_with, RequestBody};

@@ -17,19 +17,21 @@ fn main() -> ExitCode {
         eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
     }
-    // The proxy: one worker per CPU. The processor: --threads (one by default: each message is
-    // answered on the thread that read it, with no cross-thread wake-up).
-    let threads = match &cli.command {
-        Command::ExtProc(args) => Some(args.threads),
-        Command::Proxy(_) => None,
-    };
-    let runtime = match threads {
-        None => tokio::runtime::Runtime::new(),
-        Some(1) => tokio::runtime::Builder::new_current_thread()
+    // The proxy serves on threads of its own (`--threads`), each with a single-threaded runtime;
+    // this thread's runs the signals and the metrics. The processor serves on this runtime, with
+    // `--threads` workers (one by default: each message is answered on the thread that read it,
+    // with no cross-thread wake-up).
+    let runtime = match &cli.command {
+        Command::Proxy(_) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        Some(n) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(usize::from(n))
+        Command::ExtProc(args) if args.threads == 1 => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        Command::ExtProc(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
             .enable_all()
             .build(),
     };
@@ -140,14 +142,18 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit(),
     };
-    let listener = match cli::bind(args.listen, args.backlog) {
-        Ok(listener) => listener,
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n.get(),
+    );
+    let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
+        Ok(listeners) => listeners,
         Err(err) => {
             eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
-    let addr = match listener.local_addr() {
+    let addr = match listeners[0].local_addr() {
         Ok(addr) => addr,
         Err(err) => {
             eprintln!("bypass-marker: {err}");
@@ -174,8 +180,10 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         signalled.await;
         let _ = stop.send(true);
     });
+    tracing::info!("serving on {threads} threads");
     println!("listening on http://{addr}");
-    let served = cli::serve_metered(listener, args, metrics, until_stopped(stopped)).await;
+    let served =
+        cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
     if let Some(server) = metrics_server {
         // It stops with a signal; serving that failed without one stops it here.
         if served.is_err() {
