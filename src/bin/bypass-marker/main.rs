@@ -84,8 +84,16 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     });
     println!("ext_proc listening on {addr} (gRPC)");
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
+    stopped_with(served, metrics_server).await
+}
+
+/// The exit code once serving has returned, after the metrics server has stopped too (with the
+/// signal; serving that failed without one stops it here).
+async fn stopped_with<E: std::fmt::Display>(
+    served: Result<(), E>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
+) -> ExitCode {
     if let Some(server) = metrics_server {
-        // It stops with a signal; serving that failed without one stops it here.
         if served.is_err() {
             server.abort();
         }
@@ -184,23 +192,7 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
     println!("listening on http://{addr}");
     let served =
         cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
-    if let Some(server) = metrics_server {
-        // It stops with a signal; serving that failed without one stops it here.
-        if served.is_err() {
-            server.abort();
-        }
-        let _ = server.await;
-    }
-    match served {
-        Ok(()) => {
-            tracing::info!("stopped");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("bypass-marker: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    stopped_with(served, metrics_server).await
 }
 
 /// A future that completes on Ctrl-C or SIGTERM. The handlers are installed before it returns,
