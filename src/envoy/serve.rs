@@ -1,8 +1,13 @@
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
+use futures_core::Stream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
 use tonic::transport::Server;
 
 use super::ExtProc;
@@ -15,6 +20,10 @@ use super::ExtProc;
 /// both turn `NOT_SERVING`, the listener stops accepting, open connections are told to go away
 /// (HTTP/2 GOAWAY) and the function returns once the streams in flight have ended: requests that
 /// Envoy already sent through the processor finish normally.
+///
+/// When the process runs out of file descriptors (or memory), accepting backs off (10 ms,
+/// doubling to 1 s) instead of retrying at once, and serves again once they are free; the
+/// connections wait in the listen queue meanwhile.
 pub async fn serve(
     listener: TcpListener,
     processor: ExtProc,
@@ -39,6 +48,64 @@ pub async fn serve(
     Server::builder()
         .add_service(health)
         .add_service(processor.into_service())
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), signal)
+        .serve_with_incoming_shutdown(Accepting::new(listener), signal)
         .await
+}
+
+/// The listener's connections, with `TCP_NODELAY` (answers are small and must not wait), and a
+/// back-off when accepting fails for want of resources. tonic's own loop retries such a failure
+/// at once, which spins a core for as long as the descriptors are gone.
+struct Accepting {
+    listener: TcpListener,
+    backoff: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Accepting {
+    fn new(listener: TcpListener) -> Self {
+        Self {
+            listener,
+            backoff: Duration::ZERO,
+            sleep: None,
+        }
+    }
+}
+
+impl Stream for Accepting {
+    type Item = io::Result<TcpStream>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            match ready!(self.listener.poll_accept(cx)) {
+                Ok((stream, _)) => {
+                    self.backoff = Duration::ZERO;
+                    // Only a socket option: a connection that cannot take it is served anyway.
+                    let _ = stream.set_nodelay(true);
+                    return Poll::Ready(Some(Ok(stream)));
+                }
+                // That one connection went away before it was accepted: take the next.
+                Err(err) if is_connection_error(&err) => {}
+                // Out of file descriptors (EMFILE, ENFILE) or memory: wait before trying again.
+                Err(_) => {
+                    self.backoff =
+                        (self.backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    self.sleep = Some(Box::pin(tokio::time::sleep(self.backoff)));
+                }
+            }
+        }
+    }
+}
+
+/// An accept error about one connection, not about the process.
+fn is_connection_error(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
 }
