@@ -77,55 +77,8 @@ die() {
 
 mkdir -p "$cache" "$sdk_cache"
 work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-dynamo.XXXXXX")"
-# The process groups started here, each led by its own `timeout`: servers, and clients.
-groups=()
-clients=()
-stop_all() {
-  local g i
-  for g in "${clients[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
-  for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null || true; done
-  for ((i = 0; i < 50; i++)); do
-    alive=0
-    for g in "${groups[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.1
-  done
-  for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
-  for g in "${groups[@]}"; do wait "$g" 2>/dev/null || true; done
-}
-cleanup() {
-  stop_all
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# Starts "$@" in a process group of its own, output to $work/$name.log; the group's id goes in
-# `groups` and `last_group`. (Not called in a command substitution: that subshell would keep the
-# id from the cleanup.)
-start() {
-  local name="$1"
-  shift
-  : >"$work/$name.log"
-  setsid timeout -s TERM "$LIFETIME" "$@" >"$work/$name.log" 2>&1 &
-  last_group=$!
-  groups+=("$last_group")
-}
-
-# Waits up to $2 tenths of a second for "$3" to succeed; fails if the group's leader $1 has
-# ended. (The leader's pid, not the group: right after `start` the child may not have called
-# setsid yet, and the group does not exist until it has.)
-wait_for() {
-  local group="$1" tries="$2" i
-  shift 2
-  for ((i = 0; i < tries; i++)); do
-    "$@" && return 0
-    kill -0 "$group" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+# shellcheck source=tests/support/procs.sh
+source "$here/../support/procs.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Installs
@@ -196,9 +149,6 @@ fi
 
 suite=$SECONDS
 "$dynpy" "$here/model.py" "$work" >&2
-free_port() {
-  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 start broker "$dynpy" "$here/broker.py"
 broker_group=$last_group
