@@ -6,11 +6,12 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use http_body::{Body, Frame, SizeHint};
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -205,16 +206,27 @@ pin_project! {
     /// taken), so every event would cost a `write` of its own even when many arrived in one read.
     /// When hyper asks to write more bytes than the last time, the write yields once instead:
     /// the task is woken at once and runs again after the tasks already ready on this thread,
-    /// among them the upstream connection's, which decodes the next chunk if it has one (from
-    /// its buffer, or from a read that does not wait). The write happens as soon as a turn
-    /// brings nothing new (nothing more is ready: nothing waits for data that has not arrived),
-    /// or `GATHER_MAX` bytes are waiting.
+    /// among them the upstream connection's, which decodes the next chunk if it already has it
+    /// in its buffer. While a write is gathering, the upstream connections of this thread do not
+    /// read their sockets (see [`Gate`]): a complete frame is written before the next read. The
+    /// write happens as soon as a turn brings nothing new (nothing waits for data that has not
+    /// arrived), or `GATHER_MAX` bytes are waiting.
     pub(crate) struct Watched {
         #[pin]
         pub(crate) io: TcpStream,
         pub(crate) watch: Arc<Watch>,
         // The length of the write that last yielded; 0 after a write.
-        pub(crate) gathered: usize,
+        gathered: usize,
+        // The gate this connection holds closed while it gathers.
+        closed: Option<Arc<Gate>>,
+    }
+
+    impl PinnedDrop for Watched {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(gate) = this.project().closed.take() {
+                gate.open();
+            }
+        }
     }
 }
 
@@ -224,19 +236,158 @@ impl Watched {
             io,
             watch,
             gathered: 0,
+            closed: None,
         }
     }
 }
 
-/// Whether a write of `len` bytes yields once more (see [`Watched`]).
-fn gather(gathered: &mut usize, len: usize, cx: &Context<'_>) -> bool {
+/// Whether a write of `len` bytes yields once more (see [`Watched`]). While it does, the gate of
+/// this thread is held closed; it opens before the write.
+fn gather(
+    gathered: &mut usize,
+    closed: &mut Option<Arc<Gate>>,
+    len: usize,
+    cx: &Context<'_>,
+) -> bool {
     if len > *gathered && len < GATHER_MAX {
         *gathered = len;
+        if closed.is_none() {
+            *closed = Some(Gate::close_current());
+        }
         cx.waker().wake_by_ref();
         true
     } else {
         *gathered = 0;
+        if let Some(gate) = closed.take() {
+            gate.open();
+        }
         false
+    }
+}
+
+/// Keeps the upstream connections of a thread from reading while a client connection of that
+/// thread gathers frames for a write (see [`Watched`]), so that a frame that is complete is
+/// written before the upstream's socket is read again.
+///
+/// One per thread. A gathering connection closes the gate of the thread it runs on and keeps it
+/// (tasks may move between threads on a multi-threaded runtime: it opens the gate it closed);
+/// an upstream connection asks the gate of the thread it runs on, and when that is closed it
+/// waits (its waker is kept) until the last connection that closed it writes, or is dropped.
+#[derive(Default)]
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Connections gathering.
+    closed_by: usize,
+    /// Upstream reads waiting for the gate to open.
+    waiting: Vec<Waker>,
+}
+
+thread_local! {
+    static GATE: Arc<Gate> = Arc::default();
+}
+
+impl Gate {
+    /// Closes this thread's gate once more; returns it, to [`open`](Self::open) it later.
+    fn close_current() -> Arc<Gate> {
+        let gate = GATE.with(Arc::clone);
+        gate.lock().closed_by += 1;
+        gate
+    }
+
+    /// Ends one closing: when it was the last, the waiting reads are woken.
+    fn open(&self) {
+        let waiting = {
+            let mut state = self.lock();
+            state.closed_by -= 1;
+            if state.closed_by > 0 {
+                return;
+            }
+            std::mem::take(&mut state.waiting)
+        };
+        for waker in waiting {
+            waker.wake();
+        }
+    }
+
+    /// Whether a read may go ahead on this thread now; if not, `cx` is woken when it may.
+    fn ready(cx: &Context<'_>) -> bool {
+        GATE.with(|gate| {
+            let mut state = gate.lock();
+            if state.closed_by == 0 {
+                return true;
+            }
+            if !state.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                state.waiting.push(cx.waker().clone());
+            }
+            false
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // The state stays consistent whatever panicked while holding it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An upstream connection that reads only while its thread's [`Gate`] is open.
+pub(crate) struct Gated<T>(T);
+
+impl<T> Gated<T> {
+    pub(crate) fn new(io: T) -> Self {
+        Self(io)
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Gated<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !Gate::ready(cx) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Gated<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl<T: Connection> Connection for Gated<T> {
+    fn connected(&self) -> Connected {
+        self.0.connected()
     }
 }
 
@@ -263,7 +414,7 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        if gather(this.gathered, buf.len(), cx) {
+        if gather(this.gathered, this.closed, buf.len(), cx) {
             return Poll::Pending;
         }
         this.io.poll_write(cx, buf)
@@ -274,7 +425,12 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().io.poll_shutdown(cx)
+        let this = self.project();
+        if let Some(gate) = this.closed.take() {
+            *this.gathered = 0;
+            gate.open();
+        }
+        this.io.poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -284,7 +440,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let len = bufs.iter().map(|b| b.len()).sum();
-        if gather(this.gathered, len, cx) {
+        if gather(this.gathered, this.closed, len, cx) {
             return Poll::Pending;
         }
         this.io.poll_write_vectored(cx, bufs)
@@ -292,5 +448,164 @@ impl AsyncWrite for Watched {
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    use hyper_util::rt::TokioIo;
+    use tokio::io::AsyncWriteExt as _;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Count {
+        fn woken(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Both ends of a connection on 127.0.0.1.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap());
+        let (near, far) = tokio::join!(near, listener.accept());
+        (near.unwrap(), far.unwrap().0)
+    }
+
+    /// A client connection that gathers, and an upstream connection with bytes waiting to be read.
+    async fn setup() -> (Watched, TcpStream, Gated<TokioIo<TcpStream>>) {
+        let (client_near, client_far) = pair().await;
+        let (mut upstream_far, upstream_near) = pair().await;
+        upstream_far.write_all(b"data: 2\n\n").await.unwrap();
+        // Let the bytes reach the upstream connection's socket.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        (
+            Watched::new(client_far, Watch::new()),
+            client_near,
+            Gated::new(TokioIo::new(upstream_near)),
+        )
+    }
+
+    fn read(gated: &mut Gated<TokioIo<TcpStream>>, cx: &mut Context<'_>) -> Poll<usize> {
+        let mut storage = [0u8; 64];
+        let mut buf = hyper::rt::ReadBuf::new(&mut storage);
+        match hyper::rt::Read::poll_read(Pin::new(gated), cx, buf.unfilled()) {
+            Poll::Ready(read) => {
+                read.unwrap();
+                Poll::Ready(buf.filled().len())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn write(watched: &mut Watched, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<usize> {
+        Pin::new(watched)
+            .poll_write(cx, bytes)
+            .map(|written| written.unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_upstream_is_not_read_while_a_complete_frame_waits_to_be_written() {
+        let (mut watched, _client, mut upstream) = setup().await;
+        let (writer, reader) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let writer_waker = Waker::from(writer.clone());
+        let reader_waker = Waker::from(reader.clone());
+        let (mut wcx, mut rcx) = (
+            Context::from_waker(&writer_waker),
+            Context::from_waker(&reader_waker),
+        );
+
+        // The first attempt to write a frame yields once (its task is woken at once) ...
+        assert!(write(&mut watched, &mut wcx, b"data: 1\n\n").is_pending());
+        assert_eq!(writer.woken(), 1);
+        // ... and until it has written, the upstream's bytes stay in its socket.
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        assert_eq!(reader.woken(), 0);
+        // The next turn brings nothing new: the frame is written, and the read may go ahead.
+        assert_eq!(
+            write(&mut watched, &mut wcx, b"data: 1\n\n"),
+            Poll::Ready(9)
+        );
+        assert_eq!(reader.woken(), 1);
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn a_write_that_grew_yields_again_and_one_that_did_not_is_written() {
+        let (mut watched, _client, _upstream) = setup().await;
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n").is_pending());
+        assert_eq!(
+            write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n"),
+            Poll::Ready(18)
+        );
+        // After a write, the next one gathers again.
+        assert!(write(&mut watched, &mut cx, b"data: 3\n\n").is_pending());
+        assert_eq!(count.woken(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_write_of_the_gathering_limit_is_not_held() {
+        let (mut watched, _client, mut upstream) = setup().await;
+        let waker = Waker::from(Arc::new(Count::default()));
+        let mut cx = Context::from_waker(&waker);
+        let big = vec![b'x'; GATHER_MAX];
+        assert!(matches!(write(&mut watched, &mut cx, &big), Poll::Ready(n) if n > 0));
+        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn a_connection_dropped_while_gathering_lets_the_upstream_read() {
+        let (mut watched, _client, mut upstream) = setup().await;
+        let reader = Arc::new(Count::default());
+        let reader_waker = Waker::from(reader.clone());
+        let waker = Waker::from(Arc::new(Count::default()));
+        let (mut cx, mut rcx) = (
+            Context::from_waker(&waker),
+            Context::from_waker(&reader_waker),
+        );
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        drop(watched);
+        assert_eq!(reader.woken(), 1);
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn the_gate_stays_closed_until_every_gathering_connection_has_written() {
+        let (mut first, _c1, mut upstream) = setup().await;
+        let (mut second, _c2, _u2) = setup().await;
+        let reader = Arc::new(Count::default());
+        let reader_waker = Waker::from(reader.clone());
+        let waker = Waker::from(Arc::new(Count::default()));
+        let (mut cx, mut rcx) = (
+            Context::from_waker(&waker),
+            Context::from_waker(&reader_waker),
+        );
+        assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
+        assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        assert_eq!(reader.woken(), 0);
+        assert_eq!(write(&mut second, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert_eq!(reader.woken(), 1);
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Either, Full};
@@ -21,7 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
 use crate::cli::args::{ProxyArgs, Upstream};
-use crate::cli::conn::BodyStalled;
+use crate::cli::conn::{BodyStalled, Gated};
 use crate::cli::metrics::{Metrics, UpstreamError};
 use crate::BoxError;
 
@@ -69,7 +69,7 @@ impl std::fmt::Debug for Forward {
 /// What [`Forward`] needs: the upstream and its client.
 struct Forwarding {
     upstream: Upstream,
-    client: Client<HttpConnector, UnsyncBoxBody<Bytes, BoxError>>,
+    client: Client<GatedConnector, UnsyncBoxBody<Bytes, BoxError>>,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
 }
@@ -83,13 +83,33 @@ impl Forward {
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+            .build(GatedConnector(connector));
         Self(Arc::new(Forwarding {
             upstream: config.upstream.clone(),
             client,
             response_timeout: config.response_timeout,
             metrics,
         }))
+    }
+}
+
+/// Connects to the upstream; its connections read only while their thread's gate is open (see
+/// [`Watched`](crate::cli::conn::Watched)).
+#[derive(Clone)]
+pub(crate) struct GatedConnector(HttpConnector);
+
+impl Service<Uri> for GatedConnector {
+    type Response = Gated<<HttpConnector as Service<Uri>>::Response>;
+    type Error = <HttpConnector as Service<Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move { connecting.await.map(Gated::new) })
     }
 }
 
