@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -282,6 +283,8 @@ pub(crate) struct Gate {
 struct GateState {
     /// Connections gathering.
     closed_by: usize,
+    /// How many times the gate has opened.
+    opened: u64,
     /// Upstream reads waiting for the gate to open.
     waiting: Vec<Waker>,
 }
@@ -306,6 +309,7 @@ impl Gate {
             if state.closed_by > 0 {
                 return;
             }
+            state.opened += 1;
             std::mem::take(&mut state.waiting)
         };
         for waker in waiting {
@@ -314,12 +318,33 @@ impl Gate {
     }
 
     /// Whether a read may go ahead on this thread now; if not, `cx` is woken when it may.
-    fn ready(cx: &Context<'_>) -> bool {
+    ///
+    /// A read that waited goes ahead once the gate has opened since, even if another connection
+    /// has closed it again in the meantime: every connection that had taken a frame of this
+    /// upstream had closed the gate before the read was first tried (hyper's client reads only
+    /// once its last frame has been taken, and the connection that took it closes the gate in
+    /// the same poll), so all of them have written. Without that, one read could wait for many
+    /// unrelated writes, each needing another poll of its connection.
+    ///
+    /// `empty` tells whether the socket has nothing to read yet (and if so, arranges for `cx` to
+    /// be woken when it has): such a read waits for the socket, as it would anyway, not for the
+    /// gate (which would cost one more poll of its connection when the gate opens).
+    fn ready(
+        waited: &mut Option<u64>,
+        cx: &mut Context<'_>,
+        empty: impl FnOnce(&mut Context<'_>) -> bool,
+    ) -> bool {
         GATE.with(|gate| {
             let mut state = gate.lock();
-            if state.closed_by == 0 {
+            let opened_since = matches!(*waited, Some(at) if state.opened > at);
+            if state.closed_by == 0 || opened_since {
+                *waited = None;
                 return true;
             }
+            if waited.is_none() && empty(cx) {
+                return false;
+            }
+            *waited = Some(state.opened);
             if !state.waiting.iter().any(|w| w.will_wake(cx.waker())) {
                 state.waiting.push(cx.waker().clone());
             }
@@ -333,47 +358,56 @@ impl Gate {
     }
 }
 
-/// An upstream connection that reads only while its thread's [`Gate`] is open.
-pub(crate) struct Gated<T>(T);
+/// An upstream connection that reads only while its thread's [`Gate`] is open (or has opened
+/// since its read was put off).
+pub(crate) struct Gated {
+    io: TokioIo<TcpStream>,
+    /// When a read was put off: the gate's count of openings then.
+    waited: Option<u64>,
+}
 
-impl<T> Gated<T> {
-    pub(crate) fn new(io: T) -> Self {
-        Self(io)
+impl Gated {
+    pub(crate) fn new(io: TokioIo<TcpStream>) -> Self {
+        Self { io, waited: None }
     }
 }
 
-impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Gated<T> {
+impl hyper::rt::Read for Gated {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        if !Gate::ready(cx) {
+        let this = &mut *self;
+        let socket = this.io.inner();
+        if !Gate::ready(&mut this.waited, cx, |cx| {
+            socket.poll_read_ready(cx).is_pending()
+        }) {
             return Poll::Pending;
         }
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
-impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Gated<T> {
+impl hyper::rt::Write for Gated {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_write_vectored(
@@ -381,13 +415,13 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Gated<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 }
 
-impl<T: Connection> Connection for Gated<T> {
+impl Connection for Gated {
     fn connected(&self) -> Connected {
-        self.0.connected()
+        self.io.connected()
     }
 }
 
@@ -456,7 +490,6 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::task::Wake;
 
-    use hyper_util::rt::TokioIo;
     use tokio::io::AsyncWriteExt as _;
     use tokio::net::TcpListener;
 
@@ -487,7 +520,7 @@ mod tests {
     }
 
     /// A client connection that gathers, and an upstream connection with bytes waiting to be read.
-    async fn setup() -> (Watched, TcpStream, Gated<TokioIo<TcpStream>>) {
+    async fn setup() -> (Watched, TcpStream, Gated, TcpStream) {
         let (client_near, client_far) = pair().await;
         let (mut upstream_far, upstream_near) = pair().await;
         upstream_far.write_all(b"data: 2\n\n").await.unwrap();
@@ -497,10 +530,11 @@ mod tests {
             Watched::new(client_far, Watch::new()),
             client_near,
             Gated::new(TokioIo::new(upstream_near)),
+            upstream_far,
         )
     }
 
-    fn read(gated: &mut Gated<TokioIo<TcpStream>>, cx: &mut Context<'_>) -> Poll<usize> {
+    fn read(gated: &mut Gated, cx: &mut Context<'_>) -> Poll<usize> {
         let mut storage = [0u8; 64];
         let mut buf = hyper::rt::ReadBuf::new(&mut storage);
         match hyper::rt::Read::poll_read(Pin::new(gated), cx, buf.unfilled()) {
@@ -520,7 +554,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_upstream_is_not_read_while_a_complete_frame_waits_to_be_written() {
-        let (mut watched, _client, mut upstream) = setup().await;
+        let (mut watched, _client, mut upstream, _far) = setup().await;
         let (writer, reader) = (Arc::new(Count::default()), Arc::new(Count::default()));
         let writer_waker = Waker::from(writer.clone());
         let reader_waker = Waker::from(reader.clone());
@@ -546,7 +580,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_that_grew_yields_again_and_one_that_did_not_is_written() {
-        let (mut watched, _client, _upstream) = setup().await;
+        let (mut watched, _client, _upstream, _far) = setup().await;
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
@@ -563,7 +597,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_of_the_gathering_limit_is_not_held() {
-        let (mut watched, _client, mut upstream) = setup().await;
+        let (mut watched, _client, mut upstream, _far) = setup().await;
         let waker = Waker::from(Arc::new(Count::default()));
         let mut cx = Context::from_waker(&waker);
         let big = vec![b'x'; GATHER_MAX];
@@ -573,7 +607,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_dropped_while_gathering_lets_the_upstream_read() {
-        let (mut watched, _client, mut upstream) = setup().await;
+        let (mut watched, _client, mut upstream, _far) = setup().await;
         let reader = Arc::new(Count::default());
         let reader_waker = Waker::from(reader.clone());
         let waker = Waker::from(Arc::new(Count::default()));
@@ -590,8 +624,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_gate_stays_closed_until_every_gathering_connection_has_written() {
-        let (mut first, _c1, mut upstream) = setup().await;
-        let (mut second, _c2, _u2) = setup().await;
+        let (mut first, _c1, mut upstream, _far) = setup().await;
+        let (mut second, _c2, _u2, _f2) = setup().await;
         let reader = Arc::new(Count::default());
         let reader_waker = Waker::from(reader.clone());
         let waker = Waker::from(Arc::new(Count::default()));
@@ -605,6 +639,52 @@ mod tests {
         assert!(read(&mut upstream, &mut rcx).is_pending());
         assert_eq!(reader.woken(), 0);
         assert_eq!(write(&mut second, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert_eq!(reader.woken(), 1);
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn a_read_that_waited_goes_ahead_once_the_gate_has_opened_even_if_closed_again() {
+        let (mut first, _c1, mut upstream, _far) = setup().await;
+        let (mut second, _c2, _u2, _f2) = setup().await;
+        let reader = Arc::new(Count::default());
+        let reader_waker = Waker::from(reader.clone());
+        let waker = Waker::from(Arc::new(Count::default()));
+        let (mut cx, mut rcx) = (
+            Context::from_waker(&waker),
+            Context::from_waker(&reader_waker),
+        );
+        assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert_eq!(reader.woken(), 1);
+        // Another connection closes the gate before the woken read runs: the read does not wait
+        // for it (every connection that could hold this upstream's frame has written).
+        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+        // A new read waits again.
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+    }
+
+    #[tokio::test]
+    async fn a_read_with_nothing_to_read_waits_for_the_socket_not_for_the_gate() {
+        let (mut watched, _client, mut upstream, mut far) = setup().await;
+        let reader = Arc::new(Count::default());
+        let reader_waker = Waker::from(reader.clone());
+        let waker = Waker::from(Arc::new(Count::default()));
+        let (mut cx, mut rcx) = (
+            Context::from_waker(&waker),
+            Context::from_waker(&reader_waker),
+        );
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        // The gate opens: the read, which had nothing to read, is not polled for nothing.
+        assert_eq!(write(&mut watched, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert_eq!(reader.woken(), 0);
+        // Bytes arrive: the socket wakes it.
+        far.write_all(b"data: 3\n\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(reader.woken(), 1);
         assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
     }

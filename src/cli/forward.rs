@@ -99,7 +99,7 @@ impl Forward {
 pub(crate) struct GatedConnector(HttpConnector);
 
 impl Service<Uri> for GatedConnector {
-    type Response = Gated<<HttpConnector as Service<Uri>>::Response>;
+    type Response = Gated;
     type Error = <HttpConnector as Service<Uri>>::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 

@@ -35,7 +35,10 @@
 //!   buffered beyond the frame being read. Frames that are ready together (several events in one
 //!   read from the upstream) go out in one write: before writing, the connection lets the
 //!   upstream connection's task decode what it already has, and writes as soon as a turn brings
-//!   nothing new; it never waits for bytes that have not arrived.
+//!   nothing new; it never waits for bytes that have not arrived. Meanwhile the upstream
+//!   connections of its thread do not read their sockets, so a complete frame is written before
+//!   the next read from the upstream (on the binary's single-threaded runtimes; unless the
+//!   client's socket is full).
 //! - **Threads** ([`serve_threads`], `--threads`): the binary serves on one single-threaded
 //!   runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own upstream client,
 //!   so a stream and its upstream connection stay on the thread that accepted it. A client that goes away drops the upstream request, so
