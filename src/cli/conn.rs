@@ -216,17 +216,12 @@ pin_project! {
         #[pin]
         pub(crate) io: TcpStream,
         pub(crate) watch: Arc<Watch>,
-        // The length of the write that last yielded; 0 after a write.
-        gathered: usize,
-        // The gate this connection holds closed while it gathers.
-        closed: Option<Arc<Gate>>,
+        gathering: Gathering,
     }
 
     impl PinnedDrop for Watched {
         fn drop(this: Pin<&mut Self>) {
-            if let Some(gate) = this.project().closed.take() {
-                gate.open();
-            }
+            this.project().gathering.release();
         }
     }
 }
@@ -236,33 +231,69 @@ impl Watched {
         Self {
             io,
             watch,
-            gathered: 0,
-            closed: None,
+            gathering: Gathering::default(),
         }
     }
 }
 
-/// Whether a write of `len` bytes yields once more (see [`Watched`]). While it does, the gate of
-/// this thread is held closed; it opens before the write.
-fn gather(
-    gathered: &mut usize,
-    closed: &mut Option<Arc<Gate>>,
+/// After this many yields in a row that brought nothing new, a connection writes at once ...
+const MISSES_BEFORE_SKIPPING: u8 = 2;
+/// ... except for one write in this many, which yields again to see whether frames now come
+/// together.
+const PROBE_EVERY: u8 = 8;
+
+/// The gathering state of one connection (see [`Watched`]).
+#[derive(Default)]
+struct Gathering {
+    /// The length of the write that last yielded; 0 after a write.
     len: usize,
-    cx: &Context<'_>,
-) -> bool {
-    if len > *gathered && len < GATHER_MAX {
-        *gathered = len;
-        if closed.is_none() {
-            *closed = Some(Gate::close_current());
+    /// The gate this connection holds closed while it yields.
+    closed: Option<Arc<Gate>>,
+    /// Yields in a row that brought nothing new.
+    misses: u8,
+    /// Writes made at once since the last yield.
+    skipped: u8,
+}
+
+impl Gathering {
+    /// Whether a write of `len` bytes yields once more (see [`Watched`]). While it does, the
+    /// gate of this thread is held closed; it opens before the write.
+    ///
+    /// When frames arrive one at a time (a paced stream: an event every few milliseconds), a
+    /// yield brings nothing and costs a turn of two tasks per event; after
+    /// [`MISSES_BEFORE_SKIPPING`] such yields in a row the connection writes at once, and tries a
+    /// yield again every [`PROBE_EVERY`] writes.
+    fn hold(&mut self, len: usize, cx: &Context<'_>) -> bool {
+        if len >= GATHER_MAX || len <= self.len {
+            if self.len > 0 && len == self.len {
+                self.misses = self.misses.saturating_add(1);
+            }
+            self.release();
+            return false;
+        }
+        if self.len > 0 {
+            // The last yield brought more.
+            self.misses = 0;
+        } else if self.misses >= MISSES_BEFORE_SKIPPING && self.skipped < PROBE_EVERY - 1 {
+            self.skipped += 1;
+            return false;
+        } else {
+            self.skipped = 0;
+        }
+        self.len = len;
+        if self.closed.is_none() {
+            self.closed = Some(Gate::close_current());
         }
         cx.waker().wake_by_ref();
         true
-    } else {
-        *gathered = 0;
-        if let Some(gate) = closed.take() {
+    }
+
+    /// Ends a gathering: the write happens now (or the connection ends).
+    fn release(&mut self) {
+        self.len = 0;
+        if let Some(gate) = self.closed.take() {
             gate.open();
         }
-        false
     }
 }
 
@@ -448,7 +479,7 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        if gather(this.gathered, this.closed, buf.len(), cx) {
+        if this.gathering.hold(buf.len(), cx) {
             return Poll::Pending;
         }
         this.io.poll_write(cx, buf)
@@ -460,10 +491,7 @@ impl AsyncWrite for Watched {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
-        if let Some(gate) = this.closed.take() {
-            *this.gathered = 0;
-            gate.open();
-        }
+        this.gathering.release();
         this.io.poll_shutdown(cx)
     }
 
@@ -474,7 +502,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let len = bufs.iter().map(|b| b.len()).sum();
-        if gather(this.gathered, this.closed, len, cx) {
+        if this.gathering.hold(len, cx) {
             return Poll::Pending;
         }
         this.io.poll_write_vectored(cx, bufs)
@@ -687,5 +715,30 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(reader.woken(), 1);
         assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn frames_that_come_one_at_a_time_are_written_at_once_with_a_yield_every_few_writes() {
+        let (mut watched, _client, _upstream, _far) = setup().await;
+        let waker = Waker::from(Arc::new(Count::default()));
+        let mut cx = Context::from_waker(&waker);
+        let frame = b"data: 1\n\n";
+        // Two yields that bring nothing new ...
+        for _ in 0..MISSES_BEFORE_SKIPPING {
+            assert!(write(&mut watched, &mut cx, frame).is_pending());
+            assert_eq!(write(&mut watched, &mut cx, frame), Poll::Ready(9));
+        }
+        // ... and the next writes go at once, but for one in PROBE_EVERY, which yields again.
+        for _ in 0..PROBE_EVERY - 1 {
+            assert_eq!(write(&mut watched, &mut cx, frame), Poll::Ready(9));
+        }
+        assert!(write(&mut watched, &mut cx, frame).is_pending());
+        // That yield brings more: gathering is back.
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n").is_pending());
+        assert_eq!(
+            write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n"),
+            Poll::Ready(18)
+        );
+        assert!(write(&mut watched, &mut cx, frame).is_pending());
     }
 }
