@@ -1,6 +1,7 @@
 //! One client connection: its idle and header timeouts ([`Watch`]), and the request body's stall
 //! timeout ([`StallTimeout`]).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -247,12 +248,15 @@ const PROBE_EVERY: u8 = 8;
 struct Gathering {
     /// The length of the write that last yielded; 0 after a write.
     len: usize,
-    /// The gate this connection holds closed while it yields.
-    closed: Option<Arc<Gate>>,
+    /// The closing of the gate this connection holds while it yields.
+    closed: Option<Closing>,
     /// Yields in a row that brought nothing new.
     misses: u8,
     /// Writes made at once since the last yield.
     skipped: u8,
+    /// The last write did not take all its bytes (the client's socket is full): the rest goes
+    /// at once, with no yield.
+    blocked: bool,
 }
 
 impl Gathering {
@@ -262,22 +266,25 @@ impl Gathering {
     /// When frames arrive one at a time (a paced stream: an event every few milliseconds), a
     /// yield brings nothing and costs a turn of two tasks per event; after
     /// [`MISSES_BEFORE_SKIPPING`] such yields in a row the connection writes at once, and tries a
-    /// yield again every [`PROBE_EVERY`] writes.
+    /// yield again every [`PROBE_EVERY`] writes. A write that follows one the socket did not
+    /// take whole does not yield: its bytes were ready long ago.
     fn hold(&mut self, len: usize, cx: &Context<'_>) -> bool {
-        if len >= GATHER_MAX || len <= self.len {
+        if self.len > 0 && len > self.len {
+            // The last yield brought more.
+            self.misses = 0;
+        }
+        if self.blocked || len >= GATHER_MAX || len <= self.len {
             if self.len > 0 && len == self.len {
                 self.misses = self.misses.saturating_add(1);
             }
             self.release();
             return false;
         }
-        if self.len > 0 {
-            // The last yield brought more.
-            self.misses = 0;
-        } else if self.misses >= MISSES_BEFORE_SKIPPING && self.skipped < PROBE_EVERY - 1 {
-            self.skipped += 1;
-            return false;
-        } else {
+        if self.len == 0 {
+            if self.misses >= MISSES_BEFORE_SKIPPING && self.skipped < PROBE_EVERY - 1 {
+                self.skipped += 1;
+                return false;
+            }
             self.skipped = 0;
         }
         self.len = len;
@@ -288,11 +295,20 @@ impl Gathering {
         true
     }
 
+    /// Records how much of a write of `len` bytes the socket took.
+    fn wrote(&mut self, len: usize, poll: &Poll<io::Result<usize>>) {
+        self.blocked = match poll {
+            Poll::Ready(Ok(n)) => *n < len,
+            Poll::Ready(Err(_)) => false,
+            Poll::Pending => true,
+        };
+    }
+
     /// Ends a gathering: the write happens now (or the connection ends).
     fn release(&mut self) {
         self.len = 0;
-        if let Some(gate) = self.closed.take() {
-            gate.open();
+        if let Some(closing) = self.closed.take() {
+            closing.gate.release(closing.number);
         }
     }
 }
@@ -301,10 +317,16 @@ impl Gathering {
 /// thread gathers frames for a write (see [`Watched`]), so that a frame that is complete is
 /// written before the upstream's socket is read again.
 ///
-/// One per thread. A gathering connection closes the gate of the thread it runs on and keeps it
-/// (tasks may move between threads on a multi-threaded runtime: it opens the gate it closed);
-/// an upstream connection asks the gate of the thread it runs on, and when that is closed it
-/// waits (its waker is kept) until the last connection that closed it writes, or is dropped.
+/// One per thread. A gathering connection takes a numbered closing of the gate of the thread it
+/// runs on and keeps it until it writes (tasks may move between threads on a multi-threaded
+/// runtime: it releases the closing of the gate it took it from). An upstream connection asks the
+/// gate of the thread it runs on; when closings are held, the read waits (its waker is kept) until
+/// every closing taken before it was first put off is released. Closings taken later do not hold
+/// it: every connection that had taken a frame of this upstream had closed the gate before the
+/// read was tried (hyper's client reads only once its one-item body channel is empty, that is
+/// once the connection has taken the last frame, and that connection closes the gate in the same
+/// poll, before the upstream's task can run), so all of them have written. A read thus waits for
+/// the writes already under way, never for a stream of later ones.
 #[derive(Default)]
 pub(crate) struct Gate {
     state: Mutex<GateState>,
@@ -312,72 +334,104 @@ pub(crate) struct Gate {
 
 #[derive(Default)]
 struct GateState {
-    /// Connections gathering.
-    closed_by: usize,
-    /// How many times the gate has opened.
-    opened: u64,
-    /// Upstream reads waiting for the gate to open.
-    waiting: Vec<Waker>,
+    /// The number of the first closing in `held`.
+    first: u64,
+    /// The closings from `first` on, in the order they were taken: true while still held.
+    held: VecDeque<bool>,
+    /// Upstream reads waiting: until every closing up to this number is released.
+    waiting: Vec<(u64, Waker)>,
 }
 
 thread_local! {
     static GATE: Arc<Gate> = Arc::default();
 }
 
+/// A closing of a [`Gate`], held by a gathering connection until it writes.
+struct Closing {
+    gate: Arc<Gate>,
+    number: u64,
+}
+
 impl Gate {
-    /// Closes this thread's gate once more; returns it, to [`open`](Self::open) it later.
-    fn close_current() -> Arc<Gate> {
+    /// Takes a closing of this thread's gate.
+    fn close_current() -> Closing {
         let gate = GATE.with(Arc::clone);
-        gate.lock().closed_by += 1;
-        gate
+        let number = {
+            let mut state = gate.lock();
+            state.held.push_back(true);
+            state.first + state.held.len() as u64 - 1
+        };
+        Closing { gate, number }
     }
 
-    /// Ends one closing: when it was the last, the waiting reads are woken.
-    fn open(&self) {
-        let waiting = {
+    /// Releases closing `number`: the reads that waited only for it and earlier ones are woken.
+    fn release(&self, number: u64) {
+        let woken = {
             let mut state = self.lock();
-            state.closed_by -= 1;
-            if state.closed_by > 0 {
+            let index = (number - state.first) as usize;
+            state.held[index] = false;
+            let before = state.first;
+            while state.held.front() == Some(&false) {
+                state.held.pop_front();
+                state.first += 1;
+            }
+            if state.first == before {
                 return;
             }
-            state.opened += 1;
-            std::mem::take(&mut state.waiting)
+            let first = state.first;
+            let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiting)
+                .into_iter()
+                .partition(|(upto, _)| *upto < first);
+            state.waiting = still;
+            ready
         };
-        for waker in waiting {
+        for (_, waker) in woken {
             waker.wake();
         }
     }
 
     /// Whether a read may go ahead on this thread now; if not, `cx` is woken when it may.
     ///
-    /// A read that waited goes ahead once the gate has opened since, even if another connection
-    /// has closed it again in the meantime: every connection that had taken a frame of this
-    /// upstream had closed the gate before the read was first tried (hyper's client reads only
-    /// once its last frame has been taken, and the connection that took it closes the gate in
-    /// the same poll), so all of them have written. Without that, one read could wait for many
-    /// unrelated writes, each needing another poll of its connection.
-    ///
-    /// `empty` tells whether the socket has nothing to read yet (and if so, arranges for `cx` to
-    /// be woken when it has): such a read waits for the socket, as it would anyway, not for the
-    /// gate (which would cost one more poll of its connection when the gate opens).
+    /// `waited` is the read's ticket: the gate and the last closing taken when the read was first
+    /// put off. `empty` tells whether the socket has nothing to read yet (and if so, arranges for
+    /// `cx` to be woken when it has): such a read waits for the socket, as it would anyway, not
+    /// for the gate (which would cost one more poll of its connection when the gate opens).
     fn ready(
-        waited: &mut Option<u64>,
+        waited: &mut Option<(Arc<Gate>, u64)>,
         cx: &mut Context<'_>,
         empty: impl FnOnce(&mut Context<'_>) -> bool,
     ) -> bool {
         GATE.with(|gate| {
             let mut state = gate.lock();
-            let opened_since = matches!(*waited, Some(at) if state.opened > at);
-            if state.closed_by == 0 || opened_since {
+            let upto = match waited {
+                // A ticket of this gate: has every closing up to it been released?
+                Some((of, upto)) if Arc::ptr_eq(of, gate) => *upto,
+                _ => {
+                    if state.held.is_empty() {
+                        *waited = None;
+                        return true;
+                    }
+                    if empty(cx) {
+                        *waited = None;
+                        return false;
+                    }
+                    let upto = state.first + state.held.len() as u64 - 1;
+                    *waited = Some((gate.clone(), upto));
+                    upto
+                }
+            };
+            if upto < state.first {
                 *waited = None;
                 return true;
             }
-            if waited.is_none() && empty(cx) {
-                return false;
-            }
-            *waited = Some(state.opened);
-            if !state.waiting.iter().any(|w| w.will_wake(cx.waker())) {
-                state.waiting.push(cx.waker().clone());
+            if let Some(entry) = state
+                .waiting
+                .iter_mut()
+                .find(|(_, w)| w.will_wake(cx.waker()))
+            {
+                entry.0 = upto;
+            } else {
+                state.waiting.push((upto, cx.waker().clone()));
             }
             false
         })
@@ -389,12 +443,11 @@ impl Gate {
     }
 }
 
-/// An upstream connection that reads only while its thread's [`Gate`] is open (or has opened
-/// since its read was put off).
+/// An upstream connection that reads only while its thread's [`Gate`] lets it.
 pub(crate) struct Gated {
     io: TokioIo<TcpStream>,
-    /// When a read was put off: the gate's count of openings then.
-    waited: Option<u64>,
+    /// When a read was put off: the gate, and the last closing taken then.
+    waited: Option<(Arc<Gate>, u64)>,
 }
 
 impl Gated {
@@ -482,7 +535,9 @@ impl AsyncWrite for Watched {
         if this.gathering.hold(buf.len(), cx) {
             return Poll::Pending;
         }
-        this.io.poll_write(cx, buf)
+        let poll = this.io.poll_write(cx, buf);
+        this.gathering.wrote(buf.len(), &poll);
+        poll
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -505,7 +560,9 @@ impl AsyncWrite for Watched {
         if this.gathering.hold(len, cx) {
             return Poll::Pending;
         }
-        this.io.poll_write_vectored(cx, bufs)
+        let poll = this.io.poll_write_vectored(cx, bufs);
+        this.gathering.wrote(len, &poll);
+        poll
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -552,14 +609,25 @@ mod tests {
         let (client_near, client_far) = pair().await;
         let (mut upstream_far, upstream_near) = pair().await;
         upstream_far.write_all(b"data: 2\n\n").await.unwrap();
-        // Let the bytes reach the upstream connection's socket.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The bytes have reached the upstream connection's socket.
+        upstream_near.readable().await.unwrap();
         (
             Watched::new(client_far, Watch::new()),
             client_near,
             Gated::new(TokioIo::new(upstream_near)),
             upstream_far,
         )
+    }
+
+    /// Waits (up to 10 s) until `done` holds, letting the runtime's reactor run.
+    async fn until(done: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not done after 10 s");
     }
 
     fn read(gated: &mut Gated, cx: &mut Context<'_>) -> Poll<usize> {
@@ -672,9 +740,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_read_that_waited_goes_ahead_once_the_gate_has_opened_even_if_closed_again() {
-        let (mut first, _c1, mut upstream, _far) = setup().await;
+    async fn a_read_put_off_waits_only_for_the_gatherings_under_way_when_it_was_put_off() {
+        let (mut first, _c1, mut upstream, mut far) = setup().await;
         let (mut second, _c2, _u2, _f2) = setup().await;
+        let (mut third, _c3, _u3, _f3) = setup().await;
         let reader = Arc::new(Count::default());
         let reader_waker = Waker::from(reader.clone());
         let waker = Waker::from(Arc::new(Count::default()));
@@ -684,14 +753,51 @@ mod tests {
         );
         assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
         assert!(read(&mut upstream, &mut rcx).is_pending());
+        // Another connection starts gathering after the read was put off, and is still gathering
+        // when the first one writes: the read does not wait for it.
+        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
+        assert_eq!(reader.woken(), 0);
         assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
         assert_eq!(reader.woken(), 1);
-        // Another connection closes the gate before the woken read runs: the read does not wait
-        // for it (every connection that could hold this upstream's frame has written).
-        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
         assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-        // A new read waits again.
+        // The next read, with bytes waiting, is put off again: now behind the second connection
+        // (and a third that starts later does not hold it). First nothing is there to read.
         assert!(read(&mut upstream, &mut rcx).is_pending());
+        far.write_all(b"data: 3\n\n").await.unwrap();
+        until(|| reader.woken() == 2).await;
+        assert!(read(&mut upstream, &mut rcx).is_pending());
+        assert!(write(&mut third, &mut cx, b"data: 1\n\n").is_pending());
+        assert_eq!(write(&mut second, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
+        assert_eq!(reader.woken(), 3);
+        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
+    }
+
+    #[tokio::test]
+    async fn a_write_after_one_the_socket_did_not_take_whole_does_not_yield() {
+        let (mut watched, _client, mut upstream, _far) = setup().await;
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        // The client reads nothing: fill its socket with writes of the gathering limit (which go
+        // at once) until one is not taken whole.
+        let big = vec![b'x'; GATHER_MAX];
+        let mut filled = false;
+        for _ in 0..10_000 {
+            match write(&mut watched, &mut cx, &big) {
+                Poll::Ready(n) if n == big.len() => {}
+                _ => {
+                    filled = true;
+                    break;
+                }
+            }
+        }
+        assert!(filled, "the client's socket never filled");
+        let woken = count.woken();
+        // A small write now goes straight to the socket (which is full): no yield, no wake-up
+        // of its own, and the gate stays open for the upstream.
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+        assert_eq!(count.woken(), woken);
+        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
     }
 
     #[tokio::test]
@@ -712,8 +818,7 @@ mod tests {
         assert_eq!(reader.woken(), 0);
         // Bytes arrive: the socket wakes it.
         far.write_all(b"data: 3\n\n").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(reader.woken(), 1);
+        until(|| reader.woken() == 1).await;
         assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
     }
 
@@ -740,5 +845,19 @@ mod tests {
             Poll::Ready(18)
         );
         assert!(write(&mut watched, &mut cx, frame).is_pending());
+    }
+
+    #[tokio::test]
+    async fn shutting_down_a_gathering_connection_lets_the_upstream_read() {
+        let (mut watched, _client, mut upstream, _far) = setup().await;
+        let waker = Waker::from(Arc::new(Count::default()));
+        let mut cx = Context::from_waker(&waker);
+        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+        assert!(read(&mut upstream, &mut cx).is_pending());
+        assert!(matches!(
+            Pin::new(&mut watched).poll_shutdown(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
     }
 }
