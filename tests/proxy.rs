@@ -1304,3 +1304,100 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
     assert_eq!(seen["body"], "hello");
     assert_eq!(forwarded.load(Ordering::SeqCst), 1);
 }
+
+/// An upstream on raw TCP that answers one request with an event stream: first `together` (one
+/// chunk each, all in one write), then, once `go` fires, `after` in a write of its own, then the
+/// end.
+async fn raw_stream_upstream(
+    together: Vec<&'static str>,
+    after: &'static str,
+    go: oneshot::Receiver<()>,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if conn.read(&mut byte).await.unwrap() == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let chunk = |event: &str| format!("{:x}\r\n{event}\r\n", event.len());
+        let mut first = String::from(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        );
+        for event in together {
+            first.push_str(&chunk(event));
+        }
+        conn.write_all(first.as_bytes()).await.unwrap();
+        if go.await.is_ok() {
+            let rest = format!("{}0\r\n\r\n", chunk(after));
+            let _ = conn.write_all(rest.as_bytes()).await;
+        }
+        let _ = read_until_closed(&mut conn).await;
+    });
+    addr
+}
+
+#[tokio::test]
+async fn events_that_arrive_together_come_through_and_none_waits_for_the_next() {
+    let (go, wait) = oneshot::channel();
+    let upstream = raw_stream_upstream(
+        vec![MARKER, "data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"],
+        "data: {\"n\":3}\n\n",
+        wait,
+    )
+    .await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Every read the client makes, until both first events have come.
+    let mut reads: Vec<Vec<u8>> = Vec::new();
+    let seen = |reads: &[Vec<u8>], what: &str| {
+        reads
+            .iter()
+            .position(|r| r.windows(what.len()).any(|w| w == what.as_bytes()))
+    };
+    tokio::time::timeout(PATIENCE, async {
+        while seen(&reads, "{\"n\":2}").is_none() {
+            let mut buf = vec![0u8; 64 << 10];
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the proxy closed the stream early");
+            reads.push(buf[..n].to_vec());
+        }
+    })
+    .await
+    .expect("the first two events came through");
+    // The events the upstream sent in one write came through, the marker among them removed
+    // (how many writes they took is pinned by the unit tests of `cli::conn`: a client's reads
+    // cannot tell).
+    assert!(seen(&reads, "{\"n\":1}").is_some());
+    assert!(seen(&reads, "x-bypass-remote-prefill").is_none());
+    // Nothing waited for the third event, which the upstream sends only now.
+    go.send(()).unwrap();
+    let (rest, _) = tokio::time::timeout(PATIENCE, read_until_closed_or_end(&mut conn))
+        .await
+        .expect("the third event and the end came through");
+    assert!(String::from_utf8_lossy(&rest).contains("data: {\"n\":3}\n\n"));
+}
+
+/// Reads until the connection closes or the chunked body's last chunk has come.
+async fn read_until_closed_or_end(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = conn.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return (out, Instant::now());
+        }
+        out.extend_from_slice(&buf[..n]);
+        if out.ends_with(b"0\r\n\r\n") {
+            return (out, Instant::now());
+        }
+    }
+}
