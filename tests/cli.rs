@@ -439,6 +439,22 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
     assert!(std::net::TcpStream::connect(&grpc).is_err());
 }
 
+/// `bypass-marker proxy --threads`: one thread by default (the least CPU per event), any
+/// positive number, never 0.
+#[test]
+fn proxy_threads_default_to_one() {
+    use tower_bypass_marker::cli::ProxyArgs;
+
+    if std::env::var_os("BYPASS_MARKER_THREADS").is_none() {
+        let args = ProxyArgs::from_args(["--upstream", "http://x"]).unwrap();
+        assert_eq!(args.threads.get(), 1);
+    }
+    let args = ProxyArgs::from_args(["--upstream", "http://x", "--threads", "4"]).unwrap();
+    assert_eq!(args.threads.get(), 4);
+    let err = ProxyArgs::from_args(["--upstream", "http://x", "--threads", "0"]).unwrap_err();
+    assert!(err.contains("--threads"), "{err}");
+}
+
 /// `bypass-marker ext-proc --threads`: one thread by default (the least CPU per message), any
 /// positive number, never 0.
 #[test]

@@ -229,9 +229,12 @@ pub struct ProxyArgs {
     pub shutdown_grace: Duration,
     /// Threads that serve connections, each with its own listener on `--listen` (SO_REUSEPORT:
     /// the kernel spreads new connections over them) and its own upstream connections, so a
-    /// stream stays on one thread (default: one per CPU).
-    #[arg(long, value_name = "N", env = "BYPASS_MARKER_THREADS")]
-    pub threads: Option<NonZeroUsize>,
+    /// stream stays on one thread. 1 (the default) costs the least CPU per event: on a 2-core
+    /// machine shared with the upstream, a fifth less in bulk and a third less paced than two
+    /// threads, at the same throughput (see BENCHMARKS.md); one thread forwards several hundred
+    /// thousand events a second. Give more to a proxy that needs more than one core.
+    #[arg(long, value_name = "N", default_value = "1", env = "BYPASS_MARKER_THREADS")]
+    pub threads: NonZeroUsize,
 }
 
 impl ProxyArgs {

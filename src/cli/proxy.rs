@@ -39,10 +39,10 @@
 //!   connections of its thread do not read their sockets, so a complete frame is written before
 //!   the next read from the upstream (on the binary's single-threaded runtimes; unless the
 //!   client's socket is full).
-//! - **Threads** ([`serve_threads`], `--threads`): the binary serves on one single-threaded
-//!   runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own upstream client,
-//!   so a stream and its upstream connection stay on the thread that accepted it. A client that goes away drops the upstream request, so
-//!   the upstream stops generating.
+//! - **Threads** ([`serve_threads`], `--threads`, 1 by default): the binary serves on one
+//!   single-threaded runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own
+//!   upstream client, so a stream and its upstream connection stay on the thread that accepted it.
+//!   A client that goes away drops the upstream request, so the upstream stops generating.
 //! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
 //!   response ends ([`logs`](crate::cli::logs)).
 //! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,

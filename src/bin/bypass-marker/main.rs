@@ -150,10 +150,7 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit(),
     };
-    let threads = args.threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        |n| n.get(),
-    );
+    let threads = args.threads.get();
     let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
         Ok(listeners) => listeners,
         Err(err) => {
