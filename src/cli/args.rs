@@ -233,7 +233,12 @@ pub struct ProxyArgs {
     /// machine shared with the upstream, a fifth less in bulk and a third less paced than two
     /// threads, at the same throughput (see BENCHMARKS.md); one thread forwards several hundred
     /// thousand events a second. Give more to a proxy that needs more than one core.
-    #[arg(long, value_name = "N", default_value = "1", env = "BYPASS_MARKER_THREADS")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "1",
+        env = "BYPASS_MARKER_THREADS"
+    )]
     pub threads: NonZeroUsize,
 }
 
