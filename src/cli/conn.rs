@@ -630,6 +630,21 @@ mod tests {
         panic!("not done after 10 s");
     }
 
+    /// A writer's waker, and a reader's waker with its count of wake-ups.
+    fn wakers() -> (Arc<Count>, Waker, Waker) {
+        let reader = Arc::new(Count::default());
+        let reader_waker = Waker::from(reader.clone());
+        (
+            reader,
+            Waker::from(Arc::new(Count::default())),
+            reader_waker,
+        )
+    }
+
+    fn contexts<'a>(waker: &'a Waker, reader: &'a Waker) -> (Context<'a>, Context<'a>) {
+        (Context::from_waker(waker), Context::from_waker(reader))
+    }
+
     fn read(gated: &mut Gated, cx: &mut Context<'_>) -> Poll<usize> {
         let mut storage = [0u8; 64];
         let mut buf = hyper::rt::ReadBuf::new(&mut storage);
@@ -704,13 +719,8 @@ mod tests {
     #[tokio::test]
     async fn a_connection_dropped_while_gathering_lets_the_upstream_read() {
         let (mut watched, _client, mut upstream, _far) = setup().await;
-        let reader = Arc::new(Count::default());
-        let reader_waker = Waker::from(reader.clone());
-        let waker = Waker::from(Arc::new(Count::default()));
-        let (mut cx, mut rcx) = (
-            Context::from_waker(&waker),
-            Context::from_waker(&reader_waker),
-        );
+        let (reader, waker, reader_waker) = wakers();
+        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
         assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
         assert!(read(&mut upstream, &mut rcx).is_pending());
         drop(watched);
@@ -722,13 +732,8 @@ mod tests {
     async fn the_gate_stays_closed_until_every_gathering_connection_has_written() {
         let (mut first, _c1, mut upstream, _far) = setup().await;
         let (mut second, _c2, _u2, _f2) = setup().await;
-        let reader = Arc::new(Count::default());
-        let reader_waker = Waker::from(reader.clone());
-        let waker = Waker::from(Arc::new(Count::default()));
-        let (mut cx, mut rcx) = (
-            Context::from_waker(&waker),
-            Context::from_waker(&reader_waker),
-        );
+        let (reader, waker, reader_waker) = wakers();
+        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
         assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
         assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
         assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
@@ -744,13 +749,8 @@ mod tests {
         let (mut first, _c1, mut upstream, mut far) = setup().await;
         let (mut second, _c2, _u2, _f2) = setup().await;
         let (mut third, _c3, _u3, _f3) = setup().await;
-        let reader = Arc::new(Count::default());
-        let reader_waker = Waker::from(reader.clone());
-        let waker = Waker::from(Arc::new(Count::default()));
-        let (mut cx, mut rcx) = (
-            Context::from_waker(&waker),
-            Context::from_waker(&reader_waker),
-        );
+        let (reader, waker, reader_waker) = wakers();
+        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
         assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
         assert!(read(&mut upstream, &mut rcx).is_pending());
         // Another connection starts gathering after the read was put off, and is still gathering
@@ -803,13 +803,8 @@ mod tests {
     #[tokio::test]
     async fn a_read_with_nothing_to_read_waits_for_the_socket_not_for_the_gate() {
         let (mut watched, _client, mut upstream, mut far) = setup().await;
-        let reader = Arc::new(Count::default());
-        let reader_waker = Waker::from(reader.clone());
-        let waker = Waker::from(Arc::new(Count::default()));
-        let (mut cx, mut rcx) = (
-            Context::from_waker(&waker),
-            Context::from_waker(&reader_waker),
-        );
+        let (reader, waker, reader_waker) = wakers();
+        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
         assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
         assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
         assert!(read(&mut upstream, &mut rcx).is_pending());
