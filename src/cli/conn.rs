@@ -375,7 +375,7 @@ impl Gate {
                 state.held.pop_front();
                 state.first += 1;
             }
-            if state.first == before {
+            if state.first == before || state.waiting.is_empty() {
                 return;
             }
             let first = state.first;
