@@ -50,7 +50,8 @@
 //! (repeatable: one more Envoy + processor row whose processor gets these flags, such as
 //! `--ext-proc-variant "--threads 2"`, measured in the same rounds; a word `bootstrap=PATH` runs
 //! that Envoy with PATH, templated as the shipped bootstrap, instead of
-//! `examples/envoy/ext-proc.yaml`), `--no-proxy` (no proxy rows).
+//! `examples/envoy/ext-proc.yaml`; a word `bin=PATH` runs PATH as that row's processor, such as
+//! `examples/ext_proc_floor.rs`'s), `--no-proxy` (no proxy rows).
 //! The Envoy + processor rows also show the processor's own part of the CPU per event.
 
 use std::io::{Read as _, Write as _};
@@ -450,14 +451,19 @@ impl Setup {
         ];
         // `bootstrap=PATH`: Envoy's bootstrap (templated as the shipped one) instead of
         // examples/envoy/ext-proc.yaml; every other word is a flag of the processor.
+        // `bin=PATH`: another processor binary (such as examples/ext_proc_floor.rs).
         let mut file = "ext-proc.yaml".to_owned();
+        let mut bin = bin.to_owned();
         for word in extra.split_whitespace() {
-            match word.strip_prefix("bootstrap=") {
-                Some(path) => file = path.to_owned(),
-                None => args.push(word.to_owned()),
+            if let Some(path) = word.strip_prefix("bootstrap=") {
+                file = path.to_owned();
+            } else if let Some(path) = word.strip_prefix("bin=") {
+                bin = PathBuf::from(path);
+            } else {
+                args.push(word.to_owned());
             }
         }
-        let mut processor = [spawn(bin, &args, &log)];
+        let mut processor = [spawn(&bin, &args, &log)];
         wait_ready(&mut processor, ([127, 0, 0, 1], port).into(), None, &log);
         let [processor] = processor;
         let (envoy, addr) = self.envoy(&format!("envoy-ext-proc{k}"), &file, Some(port));
