@@ -13,11 +13,17 @@
 //! - `--stack tonic`: tonic 0.14's server with gRPC health, as `bypass-marker ext-proc` serves
 //!   (one single-threaded runtime, `TCP_NODELAY`), with a `Process` stream that maps each request
 //!   to its canned answer.
+//! - `--stack tonic-raw`: tonic's server with gRPC health, the `Process` method a plain tower
+//!   service that reads and writes the gRPC messages itself (5-byte prefix, `prost`), with no
+//!   `Streaming` and no `EncodeBody`: the stack `bypass-marker ext-proc` serves on
+//!   (`ExtProcService`).
+//! - `--stack hyper`: hyper's HTTP/2 server alone, the same body as `tonic-raw`.
 //! - `--stack h2`: the `h2` crate alone, one task per HTTP/2 stream, gRPC's 5-byte message
 //!   prefix read and written here, the messages decoded with `prost` (so the decoding is paid as
 //!   in any processor) and the answers encoded once at start-up. No hyper, no tonic.
 //!
-//! Arguments as `envoy_bench` passes them: `ext-proc --listen ADDR`, then `--stack tonic|h2`;
+//! Arguments as `envoy_bench` passes them: `ext-proc --listen ADDR`, then
+//! `--stack tonic|tonic-raw|hyper|h2`;
 //! other flags are ignored.
 
 use std::net::SocketAddr;
@@ -210,6 +216,167 @@ async fn stream(
     send.send_trailers(trailers)
 }
 
+// ---- hyper --------------------------------------------------------------------------------------
+
+/// The answers to one `Process` call as a response body: each complete gRPC message of the
+/// request body gets its canned answer as one data frame; trailers `grpc-status: 0` at the end.
+struct HyperAnswers<B = hyper::body::Incoming> {
+    inbound: B,
+    pending: BytesMut,
+    canned: &'static Canned,
+    health: bool,
+    done: bool,
+}
+
+impl<B> http_body::Body for HyperAnswers<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if this.pending.len() >= 5 {
+                let p = &this.pending;
+                let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+                if this.pending.len() >= 5 + len {
+                    this.pending.advance(5);
+                    let message = this.pending.split_to(len);
+                    let out = if this.health {
+                        this.canned.serving.clone()
+                    } else {
+                        match ProcessingRequest::decode(&message[..]) {
+                            Ok(ProcessingRequest {
+                                request: Some(part),
+                                ..
+                            }) => this.canned.for_part(&part),
+                            _ => continue,
+                        }
+                    };
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(out))));
+                }
+            }
+            match std::task::ready!(Pin::new(&mut this.inbound).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        this.pending.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(err)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(err)));
+                }
+                None => {
+                    this.done = true;
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+                }
+            }
+        }
+    }
+}
+
+async fn serve_hyper(listener: TcpListener) {
+    let canned: &'static Canned = Box::leak(Box::new(Canned::new()));
+    loop {
+        let Ok((socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = socket.set_nodelay(true);
+        let service =
+            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                let health = request.uri().path().starts_with("/grpc.health.v1.Health/");
+                let body = HyperAnswers {
+                    inbound: request.into_body(),
+                    pending: BytesMut::new(),
+                    canned,
+                    health,
+                    done: false,
+                };
+                let response = http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(body)
+                    .expect("static head");
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
+                .await;
+        });
+    }
+}
+
+// ---- tonic, raw service ---------------------------------------------------------------------------
+
+/// The `Process` method as a plain tower service under tonic's server: tonic serves the
+/// connection, this service frames the gRPC messages itself (no `Streaming`, no `EncodeBody`).
+#[derive(Clone, Copy)]
+struct RawFloor(&'static Canned);
+
+impl tonic::server::NamedService for RawFloor {
+    const NAME: &'static str = "envoy.service.ext_proc.v3.ExternalProcessor";
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for RawFloor {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let body = HyperAnswers {
+            inbound: request.into_body(),
+            pending: BytesMut::new(),
+            canned: self.0,
+            health: false,
+            done: false,
+        };
+        let response = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::new(body))
+            .expect("static head");
+        std::future::ready(Ok(response))
+    }
+}
+
+async fn serve_tonic_raw(listener: TcpListener) {
+    let canned: &'static Canned = Box::leak(Box::new(Canned::new()));
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let incoming = futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| {
+            let _ = stream.set_nodelay(true);
+            stream
+        });
+        Some((accepted, listener))
+    });
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(RawFloor(canned))
+        .serve_with_incoming(incoming)
+        .await
+        .expect("tonic server");
+}
+
 // ---- main ---------------------------------------------------------------------------------------
 
 fn main() {
@@ -224,7 +391,9 @@ fn main() {
         }
     }
     let listen = listen.unwrap_or_else(|| {
-        eprintln!("usage: ext_proc_floor [ext-proc] --listen ADDR [--stack tonic|h2]");
+        eprintln!(
+            "usage: ext_proc_floor [ext-proc] --listen ADDR [--stack tonic|tonic-raw|hyper|h2]"
+        );
         std::process::exit(2);
     });
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -237,8 +406,10 @@ fn main() {
         match stack.as_str() {
             "tonic" => serve_tonic(listener).await,
             "h2" => serve_h2(listener).await,
+            "hyper" => serve_hyper(listener).await,
+            "tonic-raw" => serve_tonic_raw(listener).await,
             other => {
-                eprintln!("--stack tonic|h2, not {other:?}");
+                eprintln!("--stack tonic|tonic-raw|hyper|h2, not {other:?}");
                 std::process::exit(2);
             }
         }

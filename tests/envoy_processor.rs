@@ -1515,3 +1515,285 @@ async fn the_layers_observer_counts_the_processors_frames() {
     assert_eq!(count.1.load(Ordering::SeqCst), 1);
     server.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The gRPC framing of `into_service` (what `serve` runs), and tonic's generated server
+
+#[tokio::test]
+async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+
+    let layer = BypassMarkerLayer::dynamo().sdk_safe(true);
+    let processor = ExtProc::new(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let generated = ExternalProcessorServer::new(processor.clone())
+        .max_decoding_message_size(processor.max_message_bytes());
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(generated)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+    );
+    let mut generated = ExternalProcessorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20);
+    let server = start(processor).await;
+    let mut lean = server.client().await;
+    let body = format!("\u{FEFF}{MARKER}event: request_id\n: \"r-1\"\n\ndata: {{\"a\":1}}\r\rdata: [DONE]\n\nevent: x-bypass-remote-prefill");
+    let large = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}],"nvext":{{"annotations":["x-bypass-remote-prefill:true"]}}}}"#,
+        "x".repeat(5 << 20)
+    );
+    let mut exchanges = vec![
+        Exchange::chat(CHAT, &one(&body)),
+        Exchange::chat(OPTED_IN, &one(&body)),
+        Exchange::chat(&large, &one(STREAM)),
+        Exchange::chat("{", &one(STREAM)),
+    ];
+    for sizes in [&[1usize][..], &[3, 7], &[5, 1, 13]] {
+        exchanges.push(Exchange::chat(
+            CHAT,
+            &common::chunked(body.as_bytes(), sizes),
+        ));
+    }
+    for ex in &exchanges {
+        let (by_generated, n) = same(&mut generated, &layer, ex).await;
+        let (by_lean, m) = same(&mut lean, &layer, ex).await;
+        assert_eq!(by_generated, by_lean);
+        assert_eq!(n, m);
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(PATIENCE, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    server.stop().await;
+}
+
+/// One `Process` call over a bare HTTP/2 connection: `path`, the request body's bytes as they
+/// are (gRPC prefixes included), then the end of the request. Returns the response body's bytes
+/// and its `grpc-status` (from the trailers, or from the head of a trailers-only answer).
+async fn raw_call(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (Vec<u8>, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let mut request = Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    send.send_data(Bytes::copy_from_slice(body), true).unwrap();
+    let response = tokio::time::timeout(PATIENCE, response)
+        .await
+        .unwrap()
+        .unwrap();
+    let head_status = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let mut inbound = response.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(PATIENCE, inbound.data())
+        .await
+        .unwrap()
+    {
+        let chunk = chunk.unwrap();
+        let _ = inbound.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
+    }
+    let trailers = tokio::time::timeout(PATIENCE, inbound.trailers())
+        .await
+        .unwrap()
+        .unwrap();
+    let status = head_status
+        .or_else(|| {
+            trailers
+                .as_ref()
+                .and_then(|t| t.get("grpc-status"))
+                .map(|v| v.to_str().unwrap().to_owned())
+        })
+        .expect("a grpc-status");
+    (bytes, status)
+}
+
+fn prefixed(flag: u8, message: &[u8]) -> Vec<u8> {
+    let mut out = vec![flag];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+#[tokio::test]
+async fn messages_in_one_data_frame_or_split_across_frames_are_each_answered() {
+    use prost::Message;
+
+    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
+    let msg = |part: Msg| {
+        prefixed(
+            0,
+            &ProcessingRequest {
+                request: Some(part),
+                ..ProcessingRequest::default()
+            }
+            .encode_to_vec(),
+        )
+    };
+    let message = msg(Msg::RequestHeaders(headers_msg(
+        &[(":method", b"GET")],
+        true,
+        true,
+    )));
+    // Three messages back to back in one DATA frame: three answers, then a clean end.
+    let three = [
+        message.clone(),
+        msg(Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+            false,
+            true,
+        ))),
+        msg(Msg::ResponseBody(body_msg(
+            format!("{MARKER}data: 1\n\n").as_bytes(),
+            true,
+        ))),
+    ]
+    .concat();
+    let (bytes, status) = raw_call(server.addr, PROCESS, &[], &three).await;
+    assert_eq!(status, "0");
+    let mut answers = Vec::new();
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        assert_eq!(rest[0], 0, "answers are not compressed");
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        answers.push(ProcessingResponse::decode(&rest[5..5 + len]).unwrap());
+        rest = &rest[5 + len..];
+    }
+    assert_eq!(answers.len(), 3);
+    assert!(matches!(
+        answers[0].response,
+        Some(Answer::RequestHeaders(_))
+    ));
+    assert!(matches!(
+        answers[1].response,
+        Some(Answer::ResponseHeaders(_))
+    ));
+    let Some(Answer::ResponseBody(b)) = &answers[2].response else {
+        panic!("{:?}", answers[2])
+    };
+    assert_eq!(replaced(b.response.as_ref()).unwrap(), "data: 1\n\n");
+    // The same over a client that sends a message in pieces: tonic's client with one message a
+    // call has been covered above; here the prefix itself is split.
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!("http://{}{PROCESS}", server.addr))
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let response = tokio::time::timeout(PATIENCE, response)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut inbound = response.into_body();
+    for piece in [&message[..2], &message[2..7], &message[7..]] {
+        send.send_data(Bytes::copy_from_slice(piece), false)
+            .unwrap();
+    }
+    let answer = tokio::time::timeout(PATIENCE, inbound.data())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let len = u32::from_be_bytes(answer[1..5].try_into().unwrap()) as usize;
+    assert_eq!(
+        answer.len(),
+        5 + len,
+        "one whole answer, as soon as the message is in"
+    );
+    send.send_data(Bytes::new(), true).unwrap();
+    drop(inbound);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn calls_the_processor_cannot_read_end_with_the_grpc_status_tonic_gives() {
+    use prost::Message;
+
+    let server = start(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(1024)).await;
+    let limit = ExtProc::new(BypassMarkerLayer::new())
+        .max_body_bytes(1024)
+        .max_message_bytes();
+    let headers = ProcessingRequest {
+        request: Some(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        ))),
+        ..ProcessingRequest::default()
+    }
+    .encode_to_vec();
+    // A compressed message (Envoy sends none), by its flag or by the call's header.
+    let (_, status) = raw_call(server.addr, PROCESS, &[], &prefixed(1, &headers)).await;
+    assert_eq!(status, (Code::Unimplemented as i32).to_string());
+    let (bytes, status) = raw_call(
+        server.addr,
+        PROCESS,
+        &[("grpc-encoding", "gzip")],
+        &prefixed(0, &headers),
+    )
+    .await;
+    assert_eq!(status, (Code::Unimplemented as i32).to_string());
+    assert!(bytes.is_empty());
+    // A message over the limit, judged on its prefix.
+    let mut over = prefixed(0, &[]);
+    over[1..5].copy_from_slice(&((limit + 1) as u32).to_be_bytes());
+    let (_, status) = raw_call(server.addr, PROCESS, &[], &over).await;
+    assert_eq!(status, (Code::ResourceExhausted as i32).to_string());
+    // Bytes that are no ProcessingRequest.
+    let (_, status) = raw_call(server.addr, PROCESS, &[], &prefixed(0, &[0xff; 8])).await;
+    assert_eq!(status, (Code::Internal as i32).to_string());
+    // The request ends inside a message: its first message is answered, the rest is an error.
+    let mut cut = prefixed(0, &headers);
+    cut.extend_from_slice(&prefixed(0, &headers)[..7]);
+    let (bytes, status) = raw_call(server.addr, PROCESS, &[], &cut).await;
+    assert_eq!(status, (Code::Internal as i32).to_string());
+    assert!(
+        !bytes.is_empty(),
+        "the whole message before the cut is answered"
+    );
+    // Another method of the service.
+    let (_, status) = raw_call(
+        server.addr,
+        "/envoy.service.ext_proc.v3.ExternalProcessor/Other",
+        &[],
+        &[],
+    )
+    .await;
+    assert_eq!(status, (Code::Unimplemented as i32).to_string());
+    server.stop().await;
+}

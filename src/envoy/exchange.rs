@@ -59,10 +59,21 @@ impl Exchange {
     /// The answer to one message; `None` for a message that carries no HTTP part (nothing to
     /// answer). `Err`: the stream must fail (Envoy then resets the HTTP stream, or answers 500
     /// before the response started; never a clean end).
-    pub(crate) fn on_message(
+    pub(crate) fn answer(
         &mut self,
         msg: ProcessingRequest,
     ) -> Result<Option<ProcessingResponse>, Status> {
+        // Envoy ignores answers in observability mode, so nothing would be stripped or
+        // filtered: refuse the stream rather than look as if it protected anything.
+        if msg.observability_mode {
+            return Err(Status::failed_precondition(
+                "observability_mode cannot change requests or responses: turn it off",
+            ));
+        }
+        self.on_message(msg)
+    }
+
+    fn on_message(&mut self, msg: ProcessingRequest) -> Result<Option<ProcessingResponse>, Status> {
         if let Some(config) = msg.protocol_config {
             self.request_body_mode = config.request_body_mode;
             self.response_body_mode = config.response_body_mode;

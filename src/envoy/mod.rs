@@ -90,7 +90,11 @@
 //! # }
 //! ```
 //!
-//! [`ExtProc::into_service`] gives the tonic service alone, for a server of your own.
+//! [`ExtProc::into_service`] gives the service alone ([`ExtProcService`]), for a tonic server of
+//! your own. It reads and writes the gRPC messages of a `Process` call itself, one answer per
+//! message as soon as the message is in; `ExtProc` also implements tonic's generated
+//! `ExternalProcessor` trait, for `ExternalProcessorServer::new` (same answers, more CPU per
+//! message).
 //!
 //! # On failure
 //!
@@ -137,14 +141,16 @@
 //! - [`ExtProc::new`]`(layer)`, [`ExtProc::max_body_bytes`]`(n)`: the processor.
 //! - [`serve`]`(listener, processor, shutdown)`: the processor and `grpc.health.v1` on a
 //!   `tokio::net::TcpListener`, until `shutdown` completes; returns `tonic::transport::Error`.
-//! - [`ExtProc::into_service`]: the `ExternalProcessorServer` alone.
+//! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
 mod exchange;
 mod processor;
 mod proto;
 mod serve;
+mod service;
 mod stream;
 
 pub use processor::ExtProc;
 pub use serve::serve;
+pub use service::ExtProcService;
 pub use stream::ProcessStream;

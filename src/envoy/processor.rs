@@ -1,13 +1,13 @@
 use std::fmt;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
-    ProcessingRequest,
+    external_processor_server::ExternalProcessor, ProcessingRequest,
 };
 use tonic::{Request, Response, Status, Streaming};
 
 use super::exchange::Exchange;
 use super::stream::ProcessStream;
+use super::ExtProcService;
 use crate::json::RequestGuard;
 use crate::BypassMarkerLayer;
 
@@ -44,17 +44,30 @@ impl ExtProc {
         self
     }
 
-    /// The largest gRPC message the processor accepts: a whole request body plus its headers,
-    /// or a response chunk (Envoy's chunks are far smaller).
-    pub(crate) fn max_message_bytes(&self) -> usize {
+    /// The largest gRPC message the processor accepts: a whole request body (the guard's
+    /// limit) plus 1 MiB for the headers that come with it. Envoy's response chunks are far
+    /// smaller. For `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
+    /// [`into_service`](Self::into_service) applies it itself.
+    pub fn max_message_bytes(&self) -> usize {
         self.guard.max_body().saturating_add(MESSAGE_OVERHEAD)
     }
 
     /// The processor as a tonic service, for a `tonic::transport::Server` of your own (add
     /// gRPC health yourself; [`serve`](super::serve) does both).
-    pub fn into_service(self) -> ExternalProcessorServer<ExtProc> {
-        let max = self.max_message_bytes();
-        ExternalProcessorServer::new(self).max_decoding_message_size(max)
+    ///
+    /// This is the service [`serve`](super::serve) runs. `ExtProc` also implements the
+    /// tonic-generated `ExternalProcessor` trait, for `ExternalProcessorServer::new(processor)`
+    /// with tonic's interceptors or compression; that server gives the same answers at a
+    /// higher CPU cost per message (see [`ExtProcService`]). Set its
+    /// `max_decoding_message_size` to the guard's limit plus room for the headers, or request
+    /// bodies over tonic's default 4 MiB fail.
+    pub fn into_service(self) -> ExtProcService {
+        ExtProcService::new(self)
+    }
+
+    /// A fresh state for one gRPC stream.
+    pub(crate) fn exchange(&self) -> Exchange {
+        Exchange::new(self.layer.clone(), self.guard.clone())
     }
 }
 
@@ -66,10 +79,9 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<ProcessStream>, Status> {
-        let exchange = Exchange::new(self.layer.clone(), self.guard.clone());
         Ok(Response::new(ProcessStream::new(
             request.into_inner(),
-            exchange,
+            self.exchange(),
         )))
     }
 }

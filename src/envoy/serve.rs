@@ -4,13 +4,12 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use futures_core::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::Server;
 
-use super::ExtProc;
+use super::{ExtProc, ExtProcService};
 
 /// Serves `processor` and gRPC health (`grpc.health.v1`) on `listener` until `shutdown`
 /// completes, then stops gracefully.
@@ -33,17 +32,13 @@ pub async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    reporter
-        .set_serving::<ExternalProcessorServer<ExtProc>>()
-        .await;
+    reporter.set_serving::<ExtProcService>().await;
     let signal = async move {
         shutdown.await;
         reporter
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
-        reporter
-            .set_not_serving::<ExternalProcessorServer<ExtProc>>()
-            .await;
+        reporter.set_not_serving::<ExtProcService>().await;
     };
     Server::builder()
         .add_service(health)

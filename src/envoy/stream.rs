@@ -45,15 +45,7 @@ impl Stream for ProcessStream {
                 None | Some(Err(_)) => {
                     this.done = true;
                 }
-                // Envoy ignores answers in observability mode, so nothing would be stripped or
-                // filtered: refuse the stream rather than look as if it protected anything.
-                Some(Ok(msg)) if msg.observability_mode => {
-                    this.done = true;
-                    return Poll::Ready(Some(Err(Status::failed_precondition(
-                        "observability_mode cannot change requests or responses: turn it off",
-                    ))));
-                }
-                Some(Ok(msg)) => match this.exchange.on_message(msg) {
+                Some(Ok(msg)) => match this.exchange.answer(msg) {
                     Err(status) => {
                         this.done = true;
                         return Poll::Ready(Some(Err(status)));

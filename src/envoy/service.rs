@@ -1,0 +1,330 @@
+use std::convert::Infallible;
+use std::fmt;
+use std::future::{ready, Ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use http::{HeaderMap, HeaderValue};
+use http_body::{Body, Frame};
+use pin_project_lite::pin_project;
+use prost::Message;
+use tonic::server::NamedService;
+use tonic::Status;
+
+use super::exchange::Exchange;
+use super::ExtProc;
+
+/// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.
+const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+/// gRPC's message prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// [`ExtProc`] as the `envoy.service.ext_proc.v3.ExternalProcessor` service of a tonic server,
+/// made by [`ExtProc::into_service`].
+///
+/// It gives the same answers, from the same per-stream state, as the tonic-generated
+/// `ExternalProcessorServer<ExtProc>`, but reads and writes the gRPC messages of a `Process` call
+/// itself (a 5-byte prefix each): every message Envoy sends is decoded as soon as its last byte
+/// is in, and its answer is the next frame of the response body. That leaves out tonic's
+/// per-message streaming adapters (`Streaming`, `EncodeBody`), which cost about a fifth of the
+/// processor's CPU per streamed chunk in `envoy_bench` (BENCHMARKS.md, "Envoy with the external
+/// processor"); tonic still serves the connection, HTTP/2 and the routing. Compressed messages
+/// are refused with `UNIMPLEMENTED` (Envoy sends none), messages over the processor's limit
+/// with `RESOURCE_EXHAUSTED`, and other methods with `UNIMPLEMENTED`, as tonic does.
+///
+/// ```
+/// use tower_bypass_marker::{envoy::ExtProc, BypassMarkerLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let server = tonic::transport::Server::builder()
+///     .add_service(ExtProc::new(BypassMarkerLayer::dynamo()).into_service())
+///     .serve_with_incoming_shutdown(
+///         tonic::transport::server::TcpIncoming::from(listener),
+///         async {}, // your shutdown signal
+///     );
+/// server.await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ExtProcService {
+    processor: ExtProc,
+}
+
+impl ExtProcService {
+    pub(crate) fn new(processor: ExtProc) -> Self {
+        Self { processor }
+    }
+}
+
+impl NamedService for ExtProcService {
+    const NAME: &'static str = "envoy.service.ext_proc.v3.ExternalProcessor";
+}
+
+impl<B> tower_service::Service<http::Request<B>> for ExtProcService
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: fmt::Display,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != PROCESS {
+            return ready(Ok(Status::unimplemented("").into_http()));
+        }
+        if let Some(encoding) = request.headers().get("grpc-encoding") {
+            if encoding != "identity" {
+                let message = format!(
+                    "compressed messages are not supported ({}): send them uncompressed",
+                    String::from_utf8_lossy(encoding.as_bytes())
+                );
+                return ready(Ok(Status::unimplemented(message).into_http()));
+            }
+        }
+        let answers = Answers {
+            inbound: request.into_body(),
+            exchange: self.processor.exchange(),
+            max_message: self.processor.max_message_bytes(),
+            pending: BytesMut::new(),
+            done: false,
+        };
+        let mut response = http::Response::new(tonic::body::Body::new(answers));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        ready(Ok(response))
+    }
+}
+
+impl fmt::Debug for ExtProcService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtProcService")
+            .field("processor", &self.processor)
+            .finish()
+    }
+}
+
+pin_project! {
+    /// The response body of one `Process` call: an answer for each message of the request body,
+    /// in order, then the call's status as trailers.
+    struct Answers<B> {
+        #[pin]
+        inbound: B,
+        exchange: Exchange,
+        max_message: usize,
+        // Bytes of messages not yet complete.
+        pending: BytesMut,
+        done: bool,
+    }
+}
+
+/// What the next complete message in `pending` is.
+enum Next {
+    /// Not all of it is in yet.
+    Incomplete,
+    Message(Bytes),
+}
+
+fn next_message(pending: &mut BytesMut, max: usize) -> Result<Next, Status> {
+    if pending.len() < PREFIX {
+        return Ok(Next::Incomplete);
+    }
+    let compressed = pending[0];
+    let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize;
+    if compressed != 0 {
+        return Err(Status::unimplemented(format!(
+            "compressed messages are not supported (flag {compressed})"
+        )));
+    }
+    if len > max {
+        return Err(Status::resource_exhausted(format!(
+            "message of {len} bytes, the limit is {max} bytes"
+        )));
+    }
+    if pending.len() < PREFIX + len {
+        // One allocation for a large message (a buffered request body), not one per chunk.
+        pending.reserve(PREFIX + len - pending.len());
+        return Ok(Next::Incomplete);
+    }
+    pending.advance(PREFIX);
+    Ok(Next::Message(pending.split_to(len).freeze()))
+}
+
+fn framed(answer: &ProcessingResponse) -> Bytes {
+    let len = answer.encoded_len();
+    let mut out = BytesMut::with_capacity(PREFIX + len);
+    out.put_u8(0);
+    // An answer is at most a request body (bounded by `max_message`) plus headers: under 4 GiB.
+    out.put_u32(len as u32);
+    answer
+        .encode(&mut out)
+        .expect("the buffer was sized by encoded_len");
+    out.freeze()
+}
+
+fn trailers(status: &Status) -> Frame<Bytes> {
+    let mut map = HeaderMap::with_capacity(2);
+    if status.add_header(&mut map).is_err() {
+        map.insert("grpc-status", HeaderValue::from(status.code() as i32));
+    }
+    Frame::trailers(map)
+}
+
+impl<B> Body for Answers<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: fmt::Display,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let mut this = self.project();
+        loop {
+            if *this.done {
+                return Poll::Ready(None);
+            }
+            let message = match next_message(this.pending, *this.max_message) {
+                Ok(Next::Message(message)) => message,
+                Ok(Next::Incomplete) => match this.inbound.as_mut().poll_frame(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            this.pending.extend_from_slice(&data);
+                        }
+                        continue;
+                    }
+                    // Envoy closed its side (the HTTP stream is over) or the call broke (Envoy
+                    // reset it): nothing more to answer.
+                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) if this.pending.is_empty() => {
+                        *this.done = true;
+                        return Poll::Ready(Some(Ok(trailers(&Status::ok("")))));
+                    }
+                    Poll::Ready(None) => {
+                        *this.done = true;
+                        let status = Status::internal("the stream ended inside a message");
+                        return Poll::Ready(Some(Ok(trailers(&status))));
+                    }
+                    Poll::Ready(Some(Err(err))) => {
+                        *this.done = true;
+                        let status = Status::cancelled(format!("the call broke: {err}"));
+                        return Poll::Ready(Some(Ok(trailers(&status))));
+                    }
+                },
+                Err(status) => {
+                    *this.done = true;
+                    return Poll::Ready(Some(Ok(trailers(&status))));
+                }
+            };
+            let answer = ProcessingRequest::decode(message)
+                .map_err(|err| Status::internal(format!("undecodable message: {err}")))
+                .and_then(|msg| this.exchange.answer(msg));
+            match answer {
+                Ok(Some(answer)) => return Poll::Ready(Some(Ok(Frame::data(framed(&answer))))),
+                Ok(None) => {}
+                Err(status) => {
+                    *this.done = true;
+                    return Poll::Ready(Some(Ok(trailers(&status))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixed(flag: u8, message: &[u8]) -> BytesMut {
+        let mut out = BytesMut::new();
+        out.put_u8(flag);
+        out.put_u32(message.len() as u32);
+        out.extend_from_slice(message);
+        out
+    }
+
+    #[test]
+    fn a_message_is_taken_only_once_all_of_it_is_in() {
+        let whole = prefixed(0, b"abcdef");
+        for cut in 0..whole.len() {
+            let mut pending = BytesMut::from(&whole[..cut]);
+            assert!(matches!(
+                next_message(&mut pending, 64),
+                Ok(Next::Incomplete)
+            ));
+            pending.extend_from_slice(&whole[cut..]);
+            let Ok(Next::Message(message)) = next_message(&mut pending, 64) else {
+                panic!("cut at {cut}")
+            };
+            assert_eq!(&message[..], b"abcdef");
+            assert!(pending.is_empty());
+        }
+    }
+
+    #[test]
+    fn two_messages_in_one_chunk_come_out_one_after_the_other() {
+        let mut pending = prefixed(0, b"one");
+        pending.extend_from_slice(&prefixed(0, b""));
+        pending.extend_from_slice(&prefixed(0, b"three"));
+        let mut seen = Vec::new();
+        while let Ok(Next::Message(message)) = next_message(&mut pending, 64) {
+            seen.push(message);
+        }
+        assert_eq!(seen, [&b"one"[..], b"", b"three"]);
+    }
+
+    #[test]
+    fn compressed_and_oversized_messages_fail_the_call() {
+        let err = next_message(&mut prefixed(1, b"x"), 64).err().unwrap();
+        assert_eq!(err.code(), tonic::Code::Unimplemented);
+        // Judged on the prefix alone: nothing of the body is buffered first.
+        let mut head = prefixed(0, &[0; 65]);
+        head.truncate(PREFIX);
+        let err = next_message(&mut head, 64).err().unwrap();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(
+            next_message(&mut prefixed(0, &[0; 64]), 64),
+            Ok(Next::Message(_))
+        ));
+    }
+
+    #[test]
+    fn an_answer_is_framed_with_its_length() {
+        let answer = ProcessingResponse::default();
+        assert_eq!(&framed(&answer)[..], &[0, 0, 0, 0, 0]);
+        let answer = ProcessingResponse {
+            response: Some(
+                envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ResponseBody(
+                    Default::default(),
+                ),
+            ),
+            ..Default::default()
+        };
+        let bytes = framed(&answer);
+        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
+        assert_eq!(bytes.len(), PREFIX + len);
+        assert_eq!(
+            ProcessingResponse::decode(&bytes[PREFIX..]).unwrap(),
+            answer
+        );
+    }
+}
