@@ -81,22 +81,28 @@ impl ExternalProcessor for Floor {
     }
 }
 
-async fn serve_tonic(listener: TcpListener) {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<ExternalProcessorServer<Floor>>()
-        .await;
-    let incoming = futures_util::stream::unfold(listener, |listener| async move {
+/// The listener's connections for tonic, with `TCP_NODELAY` as `bypass-marker ext-proc` sets it.
+fn incoming(
+    listener: TcpListener,
+) -> impl Stream<Item = std::io::Result<TcpStream>> + Send + 'static {
+    futures_util::stream::unfold(listener, |listener| async move {
         let accepted = listener.accept().await.map(|(stream, _)| {
             let _ = stream.set_nodelay(true);
             stream
         });
         Some((accepted, listener))
-    });
+    })
+}
+
+async fn serve_tonic(listener: TcpListener) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<ExternalProcessorServer<Floor>>()
+        .await;
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(ExternalProcessorServer::new(Floor).max_decoding_message_size(64 << 20))
-        .serve_with_incoming(incoming)
+        .serve_with_incoming(incoming(listener))
         .await
         .expect("tonic server");
 }
@@ -362,17 +368,10 @@ async fn serve_tonic_raw(listener: TcpListener) {
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let incoming = futures_util::stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| {
-            let _ = stream.set_nodelay(true);
-            stream
-        });
-        Some((accepted, listener))
-    });
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RawFloor(canned))
-        .serve_with_incoming(incoming)
+        .serve_with_incoming(incoming(listener))
         .await
         .expect("tonic server");
 }

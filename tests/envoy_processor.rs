@@ -59,6 +59,40 @@ async fn start(processor: ExtProc) -> Server {
     }
 }
 
+/// `service` alone in a tonic server of its own (no health), as a user would add it.
+async fn start_own<S>(service: S) -> Server
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+    );
+    Server {
+        addr,
+        stop: Some(stop),
+        task,
+    }
+}
+
 impl Server {
     async fn client(&self) -> ExternalProcessorClient<Channel> {
         ExternalProcessorClient::connect(format!("http://{}", self.addr))
@@ -1269,31 +1303,12 @@ async fn the_processor_ends_its_side_when_envoy_closes_the_stream() {
 
 #[tokio::test]
 async fn into_service_serves_in_a_server_of_your_own() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ExtProc::new(BypassMarkerLayer::new()).into_service())
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    let mut client = ExternalProcessorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let server = start_own(ExtProc::new(BypassMarkerLayer::new()).into_service()).await;
+    let mut client = server.client().await;
     let layer = BypassMarkerLayer::new();
     let (seen, _) = same(&mut client, &layer, &Exchange::chat(CHAT, &one(STREAM))).await;
     assert_eq!(client_body(&seen), FILTERED);
-    stop.send(()).unwrap();
-    tokio::time::timeout(PATIENCE, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -1525,25 +1540,12 @@ async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
 
     let layer = BypassMarkerLayer::dynamo().sdk_safe(true);
     let processor = ExtProc::new(layer.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let generated = ExternalProcessorServer::new(processor.clone())
-        .max_decoding_message_size(processor.max_message_bytes());
-    let task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(generated)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    let mut generated = ExternalProcessorClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap()
-        .max_decoding_message_size(64 << 20);
+    let own = start_own(
+        ExternalProcessorServer::new(processor.clone())
+            .max_decoding_message_size(processor.max_message_bytes()),
+    )
+    .await;
+    let mut generated = own.client().await;
     let server = start(processor).await;
     let mut lean = server.client().await;
     let body = format!("\u{FEFF}{MARKER}event: request_id\n: \"r-1\"\n\ndata: {{\"a\":1}}\r\rdata: [DONE]\n\nevent: x-bypass-remote-prefill");
@@ -1569,12 +1571,7 @@ async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
         assert_eq!(by_generated, by_lean);
         assert_eq!(n, m);
     }
-    stop.send(()).unwrap();
-    tokio::time::timeout(PATIENCE, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    own.stop().await;
     server.stop().await;
 }
 
