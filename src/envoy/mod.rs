@@ -130,7 +130,9 @@
 //!
 //! Memory per stream: the request body while the guard reads it (at most `max_body_bytes`, in up
 //! to three copies for the moment of the decision: gRPC's receive buffer, the decoded message, the
-//! spliced body sent back; gRPC messages over `max_body_bytes` plus 1 MiB are refused), then at
+//! spliced body sent back; the receive buffer grows with the bytes that arrive, not with the size
+//! a message's prefix announces, and is let go once the message is decoded; gRPC messages over
+//! `max_body_bytes` plus 1 MiB are refused), then at
 //! most `max_frame_bytes` held for a response frame, plus the chunk in hand. The guard judges a
 //! body on the task that serves the stream (a 32 MiB chat request took 10 ms of ASCII text to
 //! 47 ms of dense non-ASCII text on a 2-core test VM, release build): large bodies delay the other

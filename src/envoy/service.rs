@@ -22,6 +22,10 @@ const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 /// gRPC's message prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
+/// Messages up to this size share the stream's buffer; larger ones (buffered request bodies)
+/// leave it.
+const SMALL: usize = 64 << 10;
+
 /// [`ExtProc`] as the `envoy.service.ext_proc.v3.ExternalProcessor` service of a tonic server,
 /// made by [`ExtProc::into_service`].
 ///
@@ -153,13 +157,19 @@ fn next_message(pending: &mut BytesMut, max: usize) -> Result<Next, Status> {
             "message of {len} bytes, the limit is {max} bytes"
         )));
     }
+    // The buffer grows with what arrives (amortised doubling: linear in the message), not with
+    // what the prefix announces, so a prefix alone reserves nothing.
     if pending.len() < PREFIX + len {
-        // One allocation for a large message (a buffered request body), not one per chunk.
-        pending.reserve(PREFIX + len - pending.len());
         return Ok(Next::Incomplete);
     }
     pending.advance(PREFIX);
-    Ok(Next::Message(pending.split_to(len).freeze()))
+    let message = pending.split_to(len).freeze();
+    if len > SMALL {
+        // The rest would keep the large allocation alive (and reuse it) for the whole stream:
+        // move it to a buffer of its own, so the allocation goes once the message is decoded.
+        *pending = BytesMut::from(&pending[..]);
+    }
+    Ok(Next::Message(message))
 }
 
 fn framed(answer: &ProcessingResponse) -> Bytes {
@@ -281,6 +291,22 @@ mod tests {
     }
 
     #[test]
+    fn a_large_message_leaves_the_rest_in_a_buffer_of_its_own() {
+        let mut pending = prefixed(0, &vec![7; SMALL + 1]);
+        pending.extend_from_slice(&prefixed(0, b"next")[..3]);
+        let Ok(Next::Message(message)) = next_message(&mut pending, 1 << 20) else {
+            panic!()
+        };
+        assert_eq!(message.len(), SMALL + 1);
+        assert_eq!(&pending[..], &prefixed(0, b"next")[..3]);
+        // Not the tail of the message's allocation (which would start where the message ends).
+        assert_ne!(
+            pending.as_ptr(),
+            message.as_ptr().wrapping_add(message.len())
+        );
+    }
+
+    #[test]
     fn two_messages_in_one_chunk_come_out_one_after_the_other() {
         let mut pending = prefixed(0, b"one");
         pending.extend_from_slice(&prefixed(0, b""));
@@ -301,6 +327,15 @@ mod tests {
         head.truncate(PREFIX);
         let err = next_message(&mut head, 64).err().unwrap();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        // A prefix within the limit reserves nothing before the bytes arrive.
+        let mut head = prefixed(0, &[0; 1 << 20]);
+        head.truncate(PREFIX);
+        let capacity = head.capacity();
+        assert!(matches!(
+            next_message(&mut head, 2 << 20),
+            Ok(Next::Incomplete)
+        ));
+        assert_eq!(head.capacity(), capacity);
         assert!(matches!(
             next_message(&mut prefixed(0, &[0; 64]), 64),
             Ok(Next::Message(_))
