@@ -1738,7 +1738,7 @@ async fn messages_in_one_data_frame_or_split_across_frames_are_each_answered() {
 }
 
 #[tokio::test]
-async fn calls_the_processor_cannot_read_end_with_the_grpc_status_tonic_gives() {
+async fn calls_the_processor_cannot_read_fail_with_a_status_not_a_clean_end() {
     use prost::Message;
 
     let server = start(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(1024)).await;
@@ -1793,4 +1793,35 @@ async fn calls_the_processor_cannot_read_end_with_the_grpc_status_tonic_gives() 
     .await;
     assert_eq!(status, (Code::Unimplemented as i32).to_string());
     server.stop().await;
+}
+
+#[tokio::test]
+async fn the_generated_server_fails_a_call_whose_message_it_cannot_read() {
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+
+    // A user's own generated server left at a decoding limit below the body: the call must fail,
+    // not end cleanly (Envoy would then send the body upstream unjudged).
+    let processor = ExtProc::new(BypassMarkerLayer::new());
+    let own =
+        start_own(ExternalProcessorServer::new(processor).max_decoding_message_size(1024)).await;
+    let mut client = own.client().await;
+    let mut stream = Stream::open(&mut client).await;
+    stream
+        .call(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"POST"), ("content-type", b"application/json")],
+            false,
+            true,
+        )))
+        .await
+        .unwrap();
+    let body = format!(
+        r#"{{"model":"m","nvext":{{"annotations":["x-bypass-remote-prefill"]}},"pad":"{}"}}"#,
+        "x".repeat(4096)
+    );
+    let err = stream
+        .call(Msg::RequestBody(body_msg(body.as_bytes(), true)))
+        .await
+        .expect_err("the call must fail");
+    assert_ne!(err.code(), Code::Ok);
+    own.stop().await;
 }

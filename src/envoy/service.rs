@@ -35,9 +35,12 @@ const SMALL: usize = 64 << 10;
 /// is in, and its answer is the next frame of the response body. That leaves out tonic's
 /// per-message streaming adapters (`Streaming`, `EncodeBody`), which cost about a fifth of the
 /// processor's CPU per streamed chunk in `envoy_bench` (BENCHMARKS.md, "Envoy with the external
-/// processor"); tonic still serves the connection, HTTP/2 and the routing. Compressed messages
-/// are refused with `UNIMPLEMENTED` (Envoy sends none), messages over the processor's limit
-/// with `RESOURCE_EXHAUSTED`, and other methods with `UNIMPLEMENTED`, as tonic does.
+/// processor"); tonic still serves the connection, HTTP/2 and the routing. A call it cannot
+/// read fails with a status, never a clean end (which would let Envoy go on without the
+/// processor): compressed messages with `UNIMPLEMENTED` (Envoy sends none), a message over the
+/// processor's limit with `RESOURCE_EXHAUSTED` (judged on its prefix), bytes that are no
+/// `ProcessingRequest` or a request that ends inside a message with `INTERNAL`; other methods
+/// get `UNIMPLEMENTED`.
 ///
 /// ```
 /// use tower_bypass_marker::{envoy::ExtProc, BypassMarkerLayer};
@@ -172,16 +175,22 @@ fn next_message(pending: &mut BytesMut, max: usize) -> Result<Next, Status> {
     Ok(Next::Message(message))
 }
 
-fn framed(answer: &ProcessingResponse) -> Bytes {
+fn framed(answer: &ProcessingResponse) -> Result<Bytes, Status> {
     let len = answer.encoded_len();
+    // A spliced request body that gRPC's 4-byte length cannot carry (a `max_body_bytes` near
+    // 4 GiB): fail the call rather than corrupt the framing.
+    let prefix = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!(
+            "an answer of {len} bytes does not fit a gRPC message"
+        ))
+    })?;
     let mut out = BytesMut::with_capacity(PREFIX + len);
     out.put_u8(0);
-    // An answer is at most a request body (bounded by `max_message`) plus headers: under 4 GiB.
-    out.put_u32(len as u32);
+    out.put_u32(prefix);
     answer
         .encode(&mut out)
         .expect("the buffer was sized by encoded_len");
-    out.freeze()
+    Ok(out.freeze())
 }
 
 fn trailers(status: &Status) -> Frame<Bytes> {
@@ -243,9 +252,10 @@ where
             };
             let answer = ProcessingRequest::decode(message)
                 .map_err(|err| Status::internal(format!("undecodable message: {err}")))
-                .and_then(|msg| this.exchange.answer(msg));
+                .and_then(|msg| this.exchange.answer(msg))
+                .and_then(|answer| answer.map(|answer| framed(&answer)).transpose());
             match answer {
-                Ok(Some(answer)) => return Poll::Ready(Some(Ok(Frame::data(framed(&answer))))),
+                Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Ok(None) => {}
                 Err(status) => {
                     *this.done = true;
@@ -345,7 +355,7 @@ mod tests {
     #[test]
     fn an_answer_is_framed_with_its_length() {
         let answer = ProcessingResponse::default();
-        assert_eq!(&framed(&answer)[..], &[0, 0, 0, 0, 0]);
+        assert_eq!(&framed(&answer).unwrap()[..], &[0, 0, 0, 0, 0]);
         let answer = ProcessingResponse {
             response: Some(
                 envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ResponseBody(
@@ -354,7 +364,7 @@ mod tests {
             ),
             ..Default::default()
         };
-        let bytes = framed(&answer);
+        let bytes = framed(&answer).unwrap();
         let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
         assert_eq!(bytes.len(), PREFIX + len);
         assert_eq!(

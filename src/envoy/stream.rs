@@ -40,10 +40,16 @@ impl Stream for ProcessStream {
                 return Poll::Ready(None);
             }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
-                // Envoy closed its side (the HTTP stream is over) or the call broke: nothing
-                // more to answer.
-                None | Some(Err(_)) => {
+                // Envoy closed its side (the HTTP stream is over): nothing more to answer.
+                None => {
                     this.done = true;
+                }
+                // A message tonic could not read (over the decoding limit, compressed, cut
+                // short, undecodable) or a broken call: fail the call. A clean end would tell
+                // Envoy to go on without the processor, past a body nobody judged.
+                Some(Err(status)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(status)));
                 }
                 Some(Ok(msg)) => match this.exchange.answer(msg) {
                     Err(status) => {
