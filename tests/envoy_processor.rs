@@ -1575,6 +1575,14 @@ async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
     server.stop().await;
 }
 
+/// A bare HTTP/2 connection to the processor, ready for a request.
+async fn h2_client(addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    client.ready().await.unwrap()
+}
+
 /// One `Process` call over a bare HTTP/2 connection: `path`, the request body's bytes as they
 /// are (gRPC prefixes included), then the end of the request. Returns the response body's bytes
 /// and its `grpc-status` (from the trailers, or from the head of a trailers-only answer).
@@ -1584,10 +1592,7 @@ async fn raw_call(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (Vec<u8>, String) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let mut client = client.ready().await.unwrap();
+    let mut client = h2_client(addr).await;
     let mut request = Request::builder()
         .method("POST")
         .uri(format!("http://{addr}{path}"))
@@ -1701,10 +1706,7 @@ async fn messages_in_one_data_frame_or_split_across_frames_are_each_answered() {
     assert_eq!(replaced(b.response.as_ref()).unwrap(), "data: 1\n\n");
     // The same over a client that sends a message in pieces: tonic's client with one message a
     // call has been covered above; here the prefix itself is split.
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let mut client = client.ready().await.unwrap();
+    let mut client = h2_client(server.addr).await;
     let request = Request::builder()
         .method("POST")
         .uri(format!("http://{}{PROCESS}", server.addr))

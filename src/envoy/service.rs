@@ -193,12 +193,14 @@ fn framed(answer: &ProcessingResponse) -> Result<Bytes, Status> {
     Ok(out.freeze())
 }
 
-fn trailers(status: &Status) -> Frame<Bytes> {
+/// The last frame of a call: its status as trailers.
+fn end(done: &mut bool, status: &Status) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    *done = true;
     let mut map = HeaderMap::with_capacity(2);
     if status.add_header(&mut map).is_err() {
         map.insert("grpc-status", HeaderValue::from(status.code() as i32));
     }
-    Frame::trailers(map)
+    Poll::Ready(Some(Ok(Frame::trailers(map))))
 }
 
 impl<B> Body for Answers<B>
@@ -228,27 +230,25 @@ where
                         }
                         continue;
                     }
-                    // Envoy closed its side (the HTTP stream is over) or the call broke (Envoy
-                    // reset it): nothing more to answer.
-                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) if this.pending.is_empty() => {
-                        *this.done = true;
-                        return Poll::Ready(Some(Ok(trailers(&Status::ok("")))));
+                    // Envoy closed its side: the HTTP stream is over.
+                    Poll::Ready(None) if this.pending.is_empty() => {
+                        return end(this.done, &Status::ok(""))
                     }
                     Poll::Ready(None) => {
-                        *this.done = true;
-                        let status = Status::internal("the stream ended inside a message");
-                        return Poll::Ready(Some(Ok(trailers(&status))));
+                        return end(
+                            this.done,
+                            &Status::internal("the stream ended inside a message"),
+                        )
                     }
+                    // Envoy reset the call: nobody reads the status, but it is not a clean end.
                     Poll::Ready(Some(Err(err))) => {
-                        *this.done = true;
-                        let status = Status::cancelled(format!("the call broke: {err}"));
-                        return Poll::Ready(Some(Ok(trailers(&status))));
+                        return end(
+                            this.done,
+                            &Status::cancelled(format!("the call broke: {err}")),
+                        )
                     }
                 },
-                Err(status) => {
-                    *this.done = true;
-                    return Poll::Ready(Some(Ok(trailers(&status))));
-                }
+                Err(status) => return end(this.done, &status),
             };
             let answer = ProcessingRequest::decode(message)
                 .map_err(|err| Status::internal(format!("undecodable message: {err}")))
@@ -257,10 +257,7 @@ where
             match answer {
                 Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Ok(None) => {}
-                Err(status) => {
-                    *this.done = true;
-                    return Poll::Ready(Some(Ok(trailers(&status))));
-                }
+                Err(status) => return end(this.done, &status),
             }
         }
     }
