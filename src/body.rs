@@ -243,34 +243,3 @@ impl Filter {
         }
     }
 }
-
-/// The error a filtered body fails with when a frame that spans chunks outgrows
-/// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes) and the layer is
-/// set to [`Overflow::Error`](crate::Overflow::Error).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameTooLarge {
-    limit: usize,
-}
-
-impl FrameTooLarge {
-    pub(crate) fn new(limit: usize) -> Self {
-        Self { limit }
-    }
-
-    /// The cap that was exceeded, in bytes.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-}
-
-impl fmt::Display for FrameTooLarge {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "event-stream frame exceeds the limit of {} held bytes",
-            self.limit
-        )
-    }
-}
-
-impl std::error::Error for FrameTooLarge {}

@@ -1,10 +1,10 @@
 //! The response side without tower: [`EventStreamFilter`], a sans-IO filter any host can drive.
 
 use std::fmt;
+use std::ops::Range;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::body::FrameTooLarge;
 use crate::scan::{Lead, Scanner, Step};
 
 /// The capacity a filter's buffer for frames that span chunks starts with (at most
@@ -209,6 +209,70 @@ impl EventStreamFilter {
         Ok(out)
     }
 
+    /// Acts on a chunk that the caller keeps (a host's own buffer, such as Envoy's): appends to
+    /// `edit` what to forward for it, as ranges of the chunk and the few bytes the filter owns
+    /// (a frame that spanned chunks). Nothing of `input` is copied unless it belongs to a frame
+    /// that is still open at its end. A chunk that comes as several slices is passed one slice
+    /// at a time into the same `edit`: its ranges count from the start of the first.
+    ///
+    /// The borrowed-chunk counterpart of [`push`](Self::push) and
+    /// [`poll_output`](Self::poll_output); the two can be mixed between chunks, not within one.
+    /// At the end of the body call [`edit_end`](Self::edit_end).
+    ///
+    /// ```
+    /// use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit, RequestedAnnotations};
+    ///
+    /// let layer = BypassMarkerLayer::new();
+    /// let mut filter = layer.event_stream_filter(&RequestedAnnotations::new()).unwrap();
+    /// let mut edit = ChunkEdit::new();
+    /// let chunk = b"event: x-bypass-remote-prefill\n: true\n\ndata: {}\n\n";
+    /// filter.edit(chunk, &mut edit)?;
+    /// // Forward the chunk from byte 39 on: the front of the buffer is drained, nothing copied.
+    /// assert_eq!(edit.skip_front(), Some(39));
+    /// assert_eq!(edit.to_vec(&[&chunk[..]]), b"data: {}\n\n");
+    /// # Ok::<_, tower_bypass_marker::FrameTooLarge>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`poll_output`](Self::poll_output): the stream must then be failed.
+    ///
+    /// # Panics
+    ///
+    /// When output of a [`push`](Self::push)ed chunk has not been taken, or after the end.
+    pub fn edit(&mut self, input: &[u8], edit: &mut ChunkEdit) -> Result<(), FrameTooLarge> {
+        assert!(
+            self.state == State::Open,
+            "EventStreamFilter::edit after finish"
+        );
+        assert!(
+            self.chunk.is_empty() && self.frames.ready.is_empty(),
+            "EventStreamFilter::edit before poll_output returned NeedInput"
+        );
+        let base = edit.len;
+        edit.len += input.len();
+        let out = self.frames.edit(input, base, edit);
+        if out.is_err() {
+            self.state = State::Ended;
+        }
+        out
+    }
+
+    /// The end of a body driven by [`edit`](Self::edit): appends to `edit` what the end
+    /// releases (a frame still open, judged as it stands). Call it with the edit of the last
+    /// chunk, or with a fresh one when the body ends without data. Calling it again adds nothing.
+    ///
+    /// # Errors
+    ///
+    /// None today; a `Result` as [`edit`](Self::edit) is, so that a host handles both alike.
+    pub fn edit_end(&mut self, edit: &mut ChunkEdit) -> Result<(), FrameTooLarge> {
+        self.finish();
+        while let FilterOutput::Data(data) = self.poll_output()? {
+            edit.push_bytes(data);
+        }
+        Ok(())
+    }
+
     /// Everything pushed has been acted on and the body has not ended: `poll_output` would return
     /// `NeedInput`. The tower body's per-chunk check, cheaper than a call to `poll_output`.
     #[inline]
@@ -265,6 +329,142 @@ impl fmt::Debug for EventStreamFilter {
     }
 }
 
+/// What to forward in place of one chunk of a body that its host keeps: filled by
+/// [`EventStreamFilter::edit`], read by the host to rewrite its buffer only where something
+/// changed.
+///
+/// The pieces are in output order. Most chunks come out [unchanged](Self::is_unchanged) (leave the
+/// buffer as it is) or with a front removed ([`skip_front`](Self::skip_front): drain that many
+/// bytes); anything else is rebuilt from [`pieces`](Self::pieces) or [`to_vec`](Self::to_vec).
+/// Reused across chunks ([`clear`](Self::clear)), it allocates only while it grows.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChunkEdit {
+    /// The bytes of input seen since the last clear.
+    len: usize,
+    pieces: Vec<Piece>,
+}
+
+/// One piece of a [`ChunkEdit`]'s output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// These bytes of the input, counted from the start of the chunk.
+    Input(Range<usize>),
+    /// Bytes the filter owns: a frame that began in an earlier chunk, or the few bytes that keep
+    /// a byte order mark from starting the output.
+    Bytes(Bytes),
+}
+
+impl ChunkEdit {
+    /// An empty edit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets the last chunk, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.pieces.clear();
+    }
+
+    /// The output, in order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// The bytes of input the edit has seen.
+    pub fn input_len(&self) -> usize {
+        self.len
+    }
+
+    /// The output is the input exactly: forward the chunk as it is.
+    pub fn is_unchanged(&self) -> bool {
+        match self.pieces.as_slice() {
+            [] => self.len == 0,
+            [Piece::Input(range)] => range.start == 0 && range.end == self.len,
+            _ => false,
+        }
+    }
+
+    /// `Some(n)` when the output is the input without its first `n` bytes (`n` may be 0, or the
+    /// whole input): drain them and forward the rest.
+    pub fn skip_front(&self) -> Option<usize> {
+        match self.pieces.as_slice() {
+            [] => Some(self.len),
+            [Piece::Input(range)] if range.end == self.len => Some(range.start),
+            _ => None,
+        }
+    }
+
+    /// The length of the output.
+    pub fn output_len(&self) -> usize {
+        self.pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Input(range) => range.len(),
+                Piece::Bytes(bytes) => bytes.len(),
+            })
+            .sum()
+    }
+
+    /// Appends the output to `out`, reading input ranges from `slices`: the chunk the edit was
+    /// made from, as the same slices in the same order.
+    ///
+    /// # Panics
+    ///
+    /// When `slices` hold fewer bytes than the edit has seen.
+    pub fn write_to(&self, slices: &[&[u8]], out: &mut Vec<u8>) {
+        out.reserve(self.output_len());
+        // Slices are walked once: ranges only move forward.
+        let mut slice = 0;
+        let mut slice_start = 0;
+        for piece in &self.pieces {
+            let mut range = match piece {
+                Piece::Bytes(bytes) => {
+                    out.extend_from_slice(bytes);
+                    continue;
+                }
+                Piece::Input(range) => range.clone(),
+            };
+            while !range.is_empty() {
+                while range.start >= slice_start + slices[slice].len() {
+                    slice_start += slices[slice].len();
+                    slice += 1;
+                }
+                let s = slices[slice];
+                let end = range.end.min(slice_start + s.len());
+                out.extend_from_slice(&s[range.start - slice_start..end - slice_start]);
+                range.start = end;
+            }
+        }
+    }
+
+    /// The output as one vector (see [`write_to`](Self::write_to)).
+    pub fn to_vec(&self, slices: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_to(slices, &mut out);
+        out
+    }
+
+    fn push_input(&mut self, range: Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        if let Some(Piece::Input(last)) = self.pieces.last_mut() {
+            if last.end == range.start {
+                last.end = range.end;
+                return;
+            }
+        }
+        self.pieces.push(Piece::Input(range));
+    }
+
+    fn push_bytes(&mut self, bytes: Bytes) {
+        if !bytes.is_empty() {
+            self.pieces.push(Piece::Bytes(bytes));
+        }
+    }
+}
+
 impl Frames {
     /// Acts on `chunk` until there is something to yield or it is used up; what has been acted
     /// on is taken off its front.
@@ -303,14 +503,7 @@ impl Frames {
                     chunk.advance(n);
                 }
                 Step::Hold(n) => {
-                    if self.held.capacity() == 0 {
-                        // Room for a few frames at once: each release splits its frame off the
-                        // front, and the buffer is reclaimed whole once the consumer has dropped
-                        // them, instead of being grown (and reclaimed) every frame or two.
-                        let room = HELD_CAPACITY.min(self.scanner.max_frame_bytes());
-                        self.held.reserve(n.max(room));
-                    }
-                    self.held.extend_from_slice(&chunk[..n]);
+                    self.hold(&chunk[..n]);
                     chunk.advance(n);
                 }
                 Step::Release(n) => {
@@ -329,19 +522,8 @@ impl Frames {
                     chunk.advance(n);
                 }
                 Step::Overflow => {
-                    let limit = self.scanner.max_frame_bytes();
-                    #[cfg(feature = "tracing")]
-                    if let Some((frames, bytes)) = self.removed.take() {
-                        tracing::debug!(
-                            removed_frames = frames,
-                            removed_bytes = bytes,
-                            limit,
-                            "event stream failed: a frame outgrew max_frame_bytes"
-                        );
-                    }
                     chunk.clear();
-                    self.held = BytesMut::new();
-                    return Err(FrameTooLarge::new(limit));
+                    return Err(self.overflow());
                 }
                 Step::NeedInput => return Ok(None),
             }
@@ -350,6 +532,110 @@ impl Frames {
             }
             step = self.scanner.step(chunk);
         }
+    }
+
+    /// [`Self::drain`] for a borrowed input: every step's output goes into `edit` (ranges count
+    /// from `base`), none is returned.
+    fn edit(
+        &mut self,
+        input: &[u8],
+        base: usize,
+        edit: &mut ChunkEdit,
+    ) -> Result<(), FrameTooLarge> {
+        if input.is_empty() {
+            return Ok(());
+        }
+        let mut at = 0;
+        let mut step = match self.scanner.step_in_frame(input) {
+            Some(step) => step,
+            None => self.scanner.step(input),
+        };
+        loop {
+            match step {
+                Step::Forward(n) => {
+                    let range = base + at..base + at + n;
+                    if !self.scanner.lead_open() {
+                        edit.push_input(range);
+                    } else {
+                        match self.scanner.lead(&input[at..at + n]) {
+                            Lead::Pass => edit.push_input(range),
+                            Lead::Prefix(prefix) => {
+                                edit.push_bytes(Bytes::from_static(prefix));
+                                edit.push_input(range);
+                            }
+                            Lead::Wait => {}
+                        }
+                    }
+                    at += n;
+                }
+                Step::Discard(n) => {
+                    self.note_removed(n);
+                    at += n;
+                }
+                Step::DiscardLf(n) => {
+                    self.note_removed_tail(n);
+                    at += n;
+                }
+                Step::Hold(n) => {
+                    self.hold(&input[at..at + n]);
+                    at += n;
+                }
+                Step::Release(n) => {
+                    self.held.extend_from_slice(&input[at..at + n]);
+                    at += n;
+                    if !self.held.is_empty() {
+                        let data = self.held.split().freeze();
+                        if let Some(data) = self.lead(data) {
+                            edit.push_bytes(data);
+                        }
+                        let ready = std::mem::take(&mut self.ready);
+                        if !ready.is_empty() {
+                            edit.push_bytes(ready);
+                        }
+                    }
+                }
+                Step::DiscardHeld(n) => {
+                    self.note_removed(self.held.len() + n);
+                    self.held.clear();
+                    at += n;
+                }
+                Step::Overflow => return Err(self.overflow()),
+                Step::NeedInput => return Ok(()),
+            }
+            if at == input.len() {
+                return Ok(());
+            }
+            step = self.scanner.step(&input[at..]);
+        }
+    }
+
+    /// Appends the start of a frame that spans chunks to the held bytes.
+    fn hold(&mut self, bytes: &[u8]) {
+        if self.held.capacity() == 0 {
+            // Room for a few frames at once: each release splits its frame off the front, and
+            // the buffer is reclaimed whole once the consumer has dropped them, instead of being
+            // grown (and reclaimed) every frame or two.
+            let room = HELD_CAPACITY.min(self.scanner.max_frame_bytes());
+            self.held.reserve(bytes.len().max(room));
+        }
+        self.held.extend_from_slice(bytes);
+    }
+
+    /// The open frame outgrew the cap: the error to fail the stream with; the held bytes go.
+    #[cold]
+    fn overflow(&mut self) -> FrameTooLarge {
+        let limit = self.scanner.max_frame_bytes();
+        #[cfg(feature = "tracing")]
+        if let Some((frames, bytes)) = self.removed.take() {
+            tracing::debug!(
+                removed_frames = frames,
+                removed_bytes = bytes,
+                limit,
+                "event stream failed: a frame outgrew max_frame_bytes"
+            );
+        }
+        self.held = BytesMut::new();
+        FrameTooLarge::new(limit)
     }
 
     /// The end of the data: a held frame is judged as it stands.
@@ -447,3 +733,34 @@ impl Drop for Frames {
         }
     }
 }
+
+/// The error a filtered body fails with when a frame that spans chunks outgrows
+/// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes) and the layer is
+/// set to [`Overflow::Error`](crate::Overflow::Error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameTooLarge {
+    limit: usize,
+}
+
+impl FrameTooLarge {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self { limit }
+    }
+
+    /// The cap that was exceeded, in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl fmt::Display for FrameTooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "event-stream frame exceeds the limit of {} held bytes",
+            self.limit
+        )
+    }
+}
+
+impl std::error::Error for FrameTooLarge {}

@@ -213,11 +213,11 @@ struct ReadmeDoctests;
 mod test_model;
 
 pub use annotations::RequestedAnnotations;
-pub use body::{BypassMarkerBody, FrameTooLarge};
+pub use body::BypassMarkerBody;
 pub use config::{
     InvalidName, Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
 };
-pub use filter::{EventStreamFilter, FilterOutput};
+pub use filter::{ChunkEdit, EventStreamFilter, FilterOutput, FrameTooLarge, Piece};
 pub use future::ResponseFuture;
 #[cfg(feature = "json")]
 pub use json::{JsonGuard, JsonGuardLayer};

@@ -7,52 +7,36 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, processing_response::Response, BodyResponse, HeaderMutation,
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
-use http::{header, Method, StatusCode};
+use http::{Method, StatusCode};
 use tonic::Status;
 
 use super::proto;
-use crate::json::{BodyDecision, HeadDecision, Refusal, RequestGuard};
-use crate::{BypassMarkerLayer, EventStreamFilter, FilterOutput, RequestedAnnotations};
+use crate::json::{
+    self, BodyStep, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
+};
+use crate::{BypassMarkerLayer, ChunkEdit};
 
-/// Where the HTTP request is, as far as the processor is concerned.
-enum RequestState {
-    /// No request headers yet (or a response Envoy made itself).
-    Start,
-    /// The guard reads the body: the next request body message is all of it.
-    ReadBody { has_length: bool },
-    /// The request went on (forwarded, spliced or skipped).
-    Done,
-}
-
-/// One HTTP request through Envoy's external processing filter.
+/// One HTTP request through Envoy's external processing filter: the shared
+/// [`json::Exchange`] state machine, spoken in ext_proc's messages.
 pub(crate) struct Exchange {
-    layer: BypassMarkerLayer,
-    guard: RequestGuard,
-    request: RequestState,
-    method: Method,
-    granted: RequestedAnnotations,
+    exchange: json::Exchange,
     /// Body modes Envoy announced in `protocol_config` (first message), else the documented
     /// configuration's (BUFFERED, STREAMED).
     request_body_mode: i32,
     response_body_mode: i32,
-    /// The response's filter, between response headers and the end of the body.
-    filter: Option<EventStreamFilter>,
-    /// Response headers have been judged (a body message before them is refused).
-    response_headers: bool,
+    /// What to forward for the response chunk at hand; reused.
+    edit: ChunkEdit,
 }
 
 impl Exchange {
-    pub(crate) fn new(layer: BypassMarkerLayer, guard: RequestGuard) -> Self {
+    pub(crate) fn new(layer: &BypassMarkerLayer, guard: crate::json::RequestGuard) -> Self {
         Self {
-            layer,
-            guard,
-            request: RequestState::Start,
-            method: Method::GET,
-            granted: RequestedAnnotations::new(),
+            // Request headers that never came mean `request_header_mode: SKIP`: the guard did
+            // not run, so the response is failed rather than passed as if all were well.
+            exchange: json::Exchange::new(layer, guard, UnseenRequest::Fail),
             request_body_mode: proto::BODY_BUFFERED,
             response_body_mode: proto::BODY_STREAMED,
-            filter: None,
-            response_headers: false,
+            edit: ChunkEdit::new(),
         }
     }
 
@@ -63,11 +47,13 @@ impl Exchange {
         &mut self,
         msg: ProcessingRequest,
     ) -> Result<Option<ProcessingResponse>, Status> {
-        // Envoy ignores answers in observability mode, so nothing would be stripped or
-        // filtered: refuse the stream rather than look as if it protected anything.
+        // Envoy ignores answers in observability mode, and has forwarded the request before
+        // the processor sees it: nothing would be stripped or filtered. Every stream fails from
+        // its first message rather than look as if it protected anything.
         if msg.observability_mode {
             return Err(Status::failed_precondition(
-                "observability_mode cannot change requests or responses: turn it off",
+                "observability_mode cannot change requests or responses, so the guard cannot \
+                 work: turn it off",
             ));
         }
         self.on_message(msg)
@@ -105,19 +91,18 @@ impl Exchange {
         &mut self,
         h: HttpHeaders,
     ) -> Result<(Response, Option<ProcessingMode>), Status> {
-        if !matches!(self.request, RequestState::Start) {
-            return Err(Status::failed_precondition(
-                "a second request headers message on one stream",
-            ));
-        }
         let (headers, method) = proto::to_header_map(h.headers.as_ref(), ":method");
-        if let Some(method) = method {
-            self.method = Method::from_bytes(&method)
-                .map_err(|_| Status::invalid_argument("invalid :method"))?;
-        }
-        match self.guard.check_head(&headers, h.end_of_stream) {
-            HeadDecision::Skip => {
-                self.request = RequestState::Done;
+        let method = match method {
+            Some(method) => Method::from_bytes(&method)
+                .map_err(|_| Status::invalid_argument("invalid :method"))?,
+            None => Method::GET,
+        };
+        match self
+            .exchange
+            .request_headers(method, &headers, h.end_of_stream)
+            .map_err(status)?
+        {
+            RequestStep::Forward => {
                 // Nothing to read: tell Envoy not to buffer and send the body (a large upload
                 // would otherwise hit Envoy's buffer limit and be refused with 413).
                 let mode =
@@ -127,22 +112,8 @@ impl Exchange {
                     });
                 Ok((Response::RequestHeaders(proto::identity_encoding()), mode))
             }
-            HeadDecision::Refuse(refusal) => Ok((refuse(&refusal), None)),
-            HeadDecision::Read if h.end_of_stream => {
-                // No body will come: judge the empty body now.
-                self.request = RequestState::Done;
-                match self.guard.check_body(Bytes::new()) {
-                    BodyDecision::Forward { granted } => {
-                        self.granted = granted;
-                        Ok((Response::RequestHeaders(proto::identity_encoding()), None))
-                    }
-                    BodyDecision::Refuse(refusal) => Ok((refuse(&refusal), None)),
-                    BodyDecision::Splice { .. } => Err(Status::internal(
-                        "the guard spliced a request that has no body",
-                    )),
-                }
-            }
-            HeadDecision::Read => {
+            RequestStep::Refuse(refusal) => Ok((refuse(&refusal), None)),
+            RequestStep::ReadBody => {
                 if self.request_body_mode != proto::BODY_BUFFERED {
                     // Only a whole body can be judged; a request that cannot be judged must not
                     // reach the upstream (failure_mode_allow: false turns this into a 500).
@@ -150,38 +121,26 @@ impl Exchange {
                         "request_body_mode must be BUFFERED for the JSON guard",
                     ));
                 }
-                self.request = RequestState::ReadBody {
-                    has_length: headers.contains_key(header::CONTENT_LENGTH),
-                };
                 Ok((Response::RequestHeaders(proto::identity_encoding()), None))
             }
         }
     }
 
     fn request_body(&mut self, b: HttpBody) -> Result<Response, Status> {
-        let has_length = match self.request {
-            RequestState::ReadBody { has_length } => has_length,
-            // A body the guard does not read (Envoy sends it when the mode was not overridden).
-            RequestState::Done => return Ok(Response::RequestBody(proto::unchanged_body())),
-            // A body whose headers were never judged (request headers not sent to the
-            // processor): it cannot be judged as a whole, so it must not reach the upstream.
-            RequestState::Start => {
-                return Err(Status::failed_precondition(
-                    "a request body before its headers: request_header_mode must be SEND",
-                ))
-            }
-        };
-        // BUFFERED: this message holds the whole body (end_of_stream is false only when
-        // trailers follow it). A body over the guard's cap is refused with 413.
-        self.request = RequestState::Done;
-        match self.guard.check_body(Bytes::from(b.body)) {
-            BodyDecision::Forward { granted } => {
-                self.granted = granted;
-                Ok(Response::RequestBody(proto::unchanged_body()))
-            }
-            BodyDecision::Splice { body, granted } => {
-                self.granted = granted;
-                let headers = has_length.then(|| HeaderMutation {
+        // BUFFERED: the message holds the whole body, and is the last one (a request with
+        // trailers, or a body sent in pieces, cannot be judged: the stream fails). A body over
+        // the guard's cap is refused with 413.
+        match self
+            .exchange
+            .request_body(Bytes::from(b.body), b.end_of_stream)
+            .map_err(status)?
+        {
+            BodyStep::Forward => Ok(Response::RequestBody(proto::unchanged_body())),
+            BodyStep::Replace {
+                body,
+                set_content_length,
+            } => {
+                let headers = set_content_length.then(|| HeaderMutation {
                     set_headers: vec![proto::set_header(
                         "content-length",
                         body.len().to_string().as_bytes(),
@@ -193,7 +152,7 @@ impl Exchange {
                     headers,
                 )))
             }
-            BodyDecision::Refuse(refusal) => Ok(refuse(&refusal)),
+            BodyStep::Refuse(refusal) => Ok(refuse(&refusal)),
         }
     }
 
@@ -201,26 +160,19 @@ impl Exchange {
         &mut self,
         h: HttpHeaders,
     ) -> Result<(Response, Option<ProcessingMode>), Status> {
-        if self.response_headers {
-            return Err(Status::failed_precondition(
-                "a second response headers message on one stream",
-            ));
-        }
-        self.response_headers = true;
-        let (headers, status) = proto::to_header_map(h.headers.as_ref(), ":status");
-        let status = status
+        let (headers, status_code) = proto::to_header_map(h.headers.as_ref(), ":status");
+        let status_code = status_code
             .and_then(|s| StatusCode::from_bytes(&s).ok())
             .ok_or_else(|| Status::invalid_argument("response headers without a valid :status"))?;
-        if h.end_of_stream {
-            return Ok((Response::ResponseHeaders(proto::unchanged_headers()), None));
-        }
         match self
-            .layer
-            .response_filter(&self.method, status, &headers, &self.granted)
+            .exchange
+            .response_headers(status_code, &headers, h.end_of_stream)
+            .map_err(status)?
         {
-            Some(filter) => {
-                self.filter = Some(filter);
-                let response = if headers.contains_key(header::CONTENT_LENGTH) {
+            ResponseStep::Filter {
+                remove_content_length,
+            } => {
+                let response = if remove_content_length {
                     proto::remove_headers(&["content-length"])
                 } else {
                     proto::unchanged_headers()
@@ -233,7 +185,10 @@ impl Exchange {
                 let mode = proto::mode(self.request_body_mode, proto::BODY_STREAMED);
                 Ok((Response::ResponseHeaders(response), Some(mode)))
             }
-            None => {
+            ResponseStep::Pass if h.end_of_stream => {
+                Ok((Response::ResponseHeaders(proto::unchanged_headers()), None))
+            }
+            ResponseStep::Pass => {
                 // Passed through untouched: stop the body messages (one message per response).
                 let mode = (self.response_body_mode != proto::BODY_NONE).then(|| {
                     self.response_body_mode = proto::BODY_NONE;
@@ -245,28 +200,23 @@ impl Exchange {
     }
 
     fn response_body(&mut self, b: HttpBody) -> Result<BodyResponse, Status> {
-        let Some(filter) = self.filter.as_mut() else {
-            if !self.response_headers {
-                // A body whose headers were never judged (response headers not sent to the
-                // processor): whether it is an event stream is unknown, so nothing of it may
-                // reach the client unjudged.
-                return Err(Status::failed_precondition(
-                    "a response body before its headers: response_header_mode must be SEND",
-                ));
-            }
+        if !self.exchange.filters_response() {
+            // Passed through (a body Envoy sends when the mode was not overridden), or an error
+            // for a body whose headers were never judged.
+            self.exchange
+                .response_body([], b.end_of_stream, &mut self.edit)
+                .map_err(status)?;
             return Ok(proto::unchanged_body());
-        };
-        let input = Bytes::from(b.body);
+        }
+        let input = b.body;
+        self.exchange
+            .response_body([&input[..]], b.end_of_stream, &mut self.edit)
+            .map_err(status)?;
+        if self.edit.input_len() == input.len() && self.edit.is_unchanged() {
+            return Ok(proto::unchanged_body());
+        }
         // The answer owns the bytes it sends back: one buffer per changed chunk.
-        let mut out = Vec::new();
-        let unchanged = drive(filter, &input, b.end_of_stream, &mut out)?;
-        if b.end_of_stream {
-            self.filter = None;
-        }
-        if unchanged {
-            return Ok(proto::unchanged_body());
-        }
-        Ok(proto::replace_body(out, None))
+        Ok(proto::replace_body(self.edit.to_vec(&[&input[..]]), None))
     }
 }
 
@@ -274,65 +224,10 @@ fn refuse(refusal: &Refusal) -> Response {
     Response::ImmediateResponse(proto::immediate(refusal))
 }
 
-/// Pushes `input` through the filter (and finishes it at the end of the stream). Returns true when
-/// the filter forwards exactly `input` (the chunk goes on unchanged and `out` is left empty);
-/// otherwise the bytes to forward are in `out`.
-fn drive(
-    filter: &mut EventStreamFilter,
-    input: &Bytes,
-    end: bool,
-    out: &mut Vec<u8>,
-) -> Result<bool, Status> {
-    out.clear();
-    // Outputs that are consecutive slices of `input` from its start are not copied unless
-    // something else follows.
-    let mut covered = 0usize;
-    let mut copied = false;
-    let mut take = |data: Bytes, out: &mut Vec<u8>| {
-        if !copied
-            && data.as_ptr() == input.as_ptr().wrapping_add(covered)
-            && covered + data.len() <= input.len()
-        {
-            covered += data.len();
-        } else {
-            if !copied {
-                out.extend_from_slice(&input[..covered]);
-                copied = true;
-            }
-            out.extend_from_slice(&data);
-        }
-    };
-    if !input.is_empty() {
-        filter.push(input.clone());
-        loop {
-            match filter.poll_output().map_err(too_large)? {
-                FilterOutput::Data(data) => take(data, out),
-                FilterOutput::NeedInput => break,
-                FilterOutput::End => return Err(Status::internal("filter ended before its input")),
-            }
-        }
+/// The status a stream fails with.
+fn status(err: ExchangeError) -> Status {
+    match err {
+        ExchangeError::FrameTooLarge(err) => Status::resource_exhausted(err.to_string()),
+        err => Status::failed_precondition(err.to_string()),
     }
-    if end {
-        filter.finish();
-        loop {
-            match filter.poll_output().map_err(too_large)? {
-                FilterOutput::Data(data) => take(data, out),
-                FilterOutput::End => break,
-                FilterOutput::NeedInput => {
-                    return Err(Status::internal("filter asked for input after finish"))
-                }
-            }
-        }
-    }
-    if !copied {
-        if covered == input.len() {
-            return Ok(true);
-        }
-        out.extend_from_slice(&input[..covered]);
-    }
-    Ok(false)
-}
-
-fn too_large(err: crate::FrameTooLarge) -> Status {
-    Status::resource_exhausted(err.to_string())
 }

@@ -67,7 +67,7 @@ impl ExtProc {
 
     /// A fresh state for one gRPC stream.
     pub(crate) fn exchange(&self) -> Exchange {
-        Exchange::new(self.layer.clone(), self.guard.clone())
+        Exchange::new(&self.layer, self.guard.clone())
     }
 }
 

@@ -119,6 +119,7 @@
 //! Entries that are not strings, and strings the configuration does not know, stay.
 
 mod body;
+mod exchange;
 mod future;
 mod guard;
 mod layer;
@@ -127,6 +128,7 @@ mod service;
 mod splice;
 
 pub use body::JsonGuardBody;
+pub use exchange::{BodyStep, Exchange, ExchangeError, RequestStep, ResponseStep, UnseenRequest};
 pub use future::ResponseFuture;
 pub use guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
 pub use layer::JsonGuardLayer;

@@ -1,0 +1,375 @@
+//! [`Exchange`]: one request and its response through a gateway that calls a filter at each
+//! step (Envoy's external processor, the Envoy dynamic module), sans-IO.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Method, StatusCode};
+
+use super::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
+use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, RequestedAnnotations};
+
+/// One HTTP request and its response, as a gateway's filter sees them: the JSON guard on the
+/// request, the client's opt-in carried to the response, the response body through an
+/// [`EventStreamFilter`]. It does no I/O; the host calls it at each step and does what it answers.
+///
+/// The calling contract, in the order a gateway calls its filters:
+///
+/// 1. [`request_headers`](Self::request_headers): forward the request, read its whole body, or
+///    refuse it (a local reply: [`Refusal`]'s status and body; forward nothing);
+/// 2. after [`RequestStep::ReadBody`], [`request_body`](Self::request_body) with the whole body:
+///    forward it, forward a spliced one (and set `content-length`), or refuse it;
+/// 3. [`response_headers`](Self::response_headers): pass the response through untouched, or
+///    filter its body (and drop its `content-length`);
+/// 4. while filtering, [`response_body`](Self::response_body) for every chunk, the last one
+///    (perhaps empty) with `end_of_stream`; the [`ChunkEdit`] says what to forward in its place.
+///
+/// Steps out of that order are errors ([`ExchangeError::Order`]) that the host turns into a
+/// failed stream, never into a request or response forwarded unjudged. A response whose request
+/// headers were never seen is an error or is filtered for a client that asked for nothing, as
+/// [`Exchange::new`] is told ([`UnseenRequest`]).
+///
+/// `bypass-marker ext-proc` and the Envoy dynamic module both drive this type, so that they
+/// answer the same input with the same bytes.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+/// use tower_bypass_marker::json::{BodyStep, Exchange, RequestStep, ResponseStep, UnseenRequest};
+/// use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit};
+///
+/// let layer = BypassMarkerLayer::dynamo();
+/// let mut exchange = Exchange::new(&layer, layer.request_guard(), UnseenRequest::Fail);
+///
+/// let mut json = HeaderMap::new();
+/// json.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+/// let step = exchange.request_headers(Method::POST, &json, false)?;
+/// assert!(matches!(step, RequestStep::ReadBody));
+/// let body = Bytes::from_static(br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#);
+/// assert!(matches!(exchange.request_body(body, true)?, BodyStep::Forward));
+///
+/// let mut sse = HeaderMap::new();
+/// sse.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+/// let step = exchange.response_headers(StatusCode::OK, &sse, false)?;
+/// assert!(matches!(step, ResponseStep::Filter { .. }));
+///
+/// let chunk = b"event: x-bypass-remote-prefill\n: true\n\ndata: {}\n\n";
+/// let mut edit = ChunkEdit::new();
+/// exchange.response_body([&chunk[..]], true, &mut edit)?;
+/// assert_eq!(edit.to_vec(&[&chunk[..]]), b"data: {}\n\n");
+/// # Ok::<_, tower_bypass_marker::json::ExchangeError>(())
+/// ```
+#[derive(Debug)]
+pub struct Exchange {
+    layer: BypassMarkerLayer,
+    guard: RequestGuard,
+    unseen: UnseenRequest,
+    request: RequestState,
+    method: Method,
+    granted: RequestedAnnotations,
+    response: ResponseState,
+}
+
+/// What [`Exchange::response_headers`] does when the request's headers never came to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnseenRequest {
+    /// An error: the host can skip request headers by configuration (ext_proc's
+    /// `request_header_mode: SKIP`), and then the guard never ran and clients could reach the
+    /// router with its own names.
+    Fail,
+    /// Filter the response for a client that asked for nothing: the host calls the request step
+    /// for every request it forwards, so a response without one is a reply the gateway made itself
+    /// (another filter's local reply).
+    Filter,
+}
+
+/// The answer to [`Exchange::request_headers`].
+#[derive(Debug)]
+#[must_use]
+pub enum RequestStep {
+    /// Forward the request; its body (if any) is not read.
+    Forward,
+    /// Read the whole body, then call [`Exchange::request_body`]; forward nothing before.
+    ReadBody,
+    /// Answer the client with this refusal; forward nothing.
+    Refuse(Refusal),
+}
+
+/// The answer to [`Exchange::request_body`].
+#[derive(Debug)]
+#[must_use]
+pub enum BodyStep {
+    /// Forward the body as it is.
+    Forward,
+    /// Forward `body` instead: router-owned names were removed from `nvext.annotations`.
+    Replace {
+        /// The body to forward.
+        body: Spliced,
+        /// The request had a `content-length`: set it to [`Spliced::len`].
+        set_content_length: bool,
+    },
+    /// Answer the client with this refusal; forward nothing.
+    Refuse(Refusal),
+}
+
+/// The answer to [`Exchange::response_headers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum ResponseStep {
+    /// Pass the response through untouched: there is nothing to remove from it.
+    Pass,
+    /// Filter the body: call [`Exchange::response_body`] for every chunk.
+    Filter {
+        /// The response has a `content-length`, which no longer holds: remove it.
+        remove_content_length: bool,
+    },
+}
+
+/// Why an [`Exchange`] cannot go on: the host must fail the stream (reset it, or answer 5xx
+/// before the response started), never end it cleanly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// A step out of order, or a step the guard cannot judge (a request body that is not whole):
+    /// the host is configured so that part of the exchange would pass unjudged.
+    Order(&'static str),
+    /// A frame that spans chunks outgrew the layer's `max_frame_bytes`.
+    FrameTooLarge(FrameTooLarge),
+}
+
+impl fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Order(message) => f.write_str(message),
+            Self::FrameTooLarge(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Order(_) => None,
+            Self::FrameTooLarge(err) => Some(err),
+        }
+    }
+}
+
+impl From<FrameTooLarge> for ExchangeError {
+    fn from(err: FrameTooLarge) -> Self {
+        Self::FrameTooLarge(err)
+    }
+}
+
+/// Where the request is.
+#[derive(Debug)]
+enum RequestState {
+    /// No request headers yet.
+    Start,
+    /// The guard reads the body: the next body is all of it.
+    ReadBody { has_length: bool },
+    /// The request went on (forwarded, spliced or refused).
+    Done,
+}
+
+/// Where the response is.
+#[derive(Debug)]
+enum ResponseState {
+    /// No response headers yet.
+    Start,
+    /// The body goes through this filter.
+    Filter(EventStreamFilter),
+    /// Passed through, or its body has ended.
+    Done,
+}
+
+impl Exchange {
+    /// An exchange with this layer's names and this guard's limits.
+    pub fn new(layer: &BypassMarkerLayer, guard: RequestGuard, unseen: UnseenRequest) -> Self {
+        Self {
+            layer: layer.clone(),
+            guard,
+            unseen,
+            request: RequestState::Start,
+            method: Method::GET,
+            granted: RequestedAnnotations::new(),
+            response: ResponseState::Start,
+        }
+    }
+
+    /// The request's head. `end_of_stream`: the request has no body.
+    ///
+    /// # Errors
+    ///
+    /// [`ExchangeError::Order`] for a second request head.
+    pub fn request_headers(
+        &mut self,
+        method: Method,
+        headers: &HeaderMap,
+        end_of_stream: bool,
+    ) -> Result<RequestStep, ExchangeError> {
+        if !matches!(self.request, RequestState::Start) {
+            return Err(ExchangeError::Order(
+                "a second request headers message on one stream",
+            ));
+        }
+        self.method = method;
+        self.request = RequestState::Done;
+        Ok(match self.guard.check_head(headers, end_of_stream) {
+            HeadDecision::Skip => RequestStep::Forward,
+            HeadDecision::Refuse(refusal) => RequestStep::Refuse(refusal),
+            // No body will come: the empty body is judged now.
+            HeadDecision::Read if end_of_stream => match self.judge(Bytes::new(), false) {
+                BodyStep::Refuse(refusal) => RequestStep::Refuse(refusal),
+                BodyStep::Forward | BodyStep::Replace { .. } => RequestStep::Forward,
+            },
+            HeadDecision::Read => {
+                self.request = RequestState::ReadBody {
+                    has_length: headers.contains_key(header::CONTENT_LENGTH),
+                };
+                RequestStep::ReadBody
+            }
+        })
+    }
+
+    /// The request's body, after [`RequestStep::ReadBody`]: all of it, with `end_of_stream`
+    /// (trailers may follow). A body the guard does not read is forwarded as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`ExchangeError::Order`] for a body before the request's head, and for a body the guard
+    /// reads that is not whole (`end_of_stream` false): it cannot be judged.
+    pub fn request_body(
+        &mut self,
+        body: Bytes,
+        end_of_stream: bool,
+    ) -> Result<BodyStep, ExchangeError> {
+        match self.request {
+            RequestState::ReadBody { has_length } if end_of_stream => {
+                self.request = RequestState::Done;
+                Ok(self.judge(body, has_length))
+            }
+            RequestState::ReadBody { .. } => Err(ExchangeError::Order(
+                "a request body that is not the whole body: the guard judges whole bodies \
+                 (request_body_mode must be BUFFERED)",
+            )),
+            RequestState::Done => Ok(BodyStep::Forward),
+            RequestState::Start => Err(ExchangeError::Order(
+                "a request body before its headers: request headers must reach the processor",
+            )),
+        }
+    }
+
+    fn judge(&mut self, body: Bytes, has_length: bool) -> BodyStep {
+        match self.guard.check_body(body) {
+            BodyDecision::Forward { granted } => {
+                self.granted = granted;
+                BodyStep::Forward
+            }
+            BodyDecision::Splice { body, granted } => {
+                self.granted = granted;
+                BodyStep::Replace {
+                    body,
+                    set_content_length: has_length,
+                }
+            }
+            BodyDecision::Refuse(refusal) => BodyStep::Refuse(refusal),
+        }
+    }
+
+    /// The largest request body the guard reads: a longer one is refused with
+    /// [`Refusal::too_large`], which a host that buffers the body can answer before it has all of
+    /// it.
+    pub fn max_request_body(&self) -> usize {
+        self.guard.max_body()
+    }
+
+    /// The response's head. `end_of_stream`: the response has no body.
+    ///
+    /// # Errors
+    ///
+    /// [`ExchangeError::Order`] for a second response head, and for a response whose request
+    /// headers never came when the exchange was made with [`UnseenRequest::Fail`].
+    pub fn response_headers(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        end_of_stream: bool,
+    ) -> Result<ResponseStep, ExchangeError> {
+        if !matches!(self.response, ResponseState::Start) {
+            return Err(ExchangeError::Order(
+                "a second response headers message on one stream",
+            ));
+        }
+        if matches!(self.request, RequestState::Start) && self.unseen == UnseenRequest::Fail {
+            self.response = ResponseState::Done;
+            return Err(ExchangeError::Order(
+                "response headers for a request whose headers never reached the processor: \
+                 the guard did not run (request_header_mode must be SEND)",
+            ));
+        }
+        self.response = ResponseState::Done;
+        if end_of_stream {
+            return Ok(ResponseStep::Pass);
+        }
+        match self
+            .layer
+            .response_filter(&self.method, status, headers, &self.granted)
+        {
+            Some(filter) => {
+                self.response = ResponseState::Filter(filter);
+                Ok(ResponseStep::Filter {
+                    remove_content_length: headers.contains_key(header::CONTENT_LENGTH),
+                })
+            }
+            None => Ok(ResponseStep::Pass),
+        }
+    }
+
+    /// The response body is being filtered: [`response_body`](Self::response_body) has work to
+    /// do. False before the response's head, for a response passed through, and after the end.
+    pub fn filters_response(&self) -> bool {
+        matches!(self.response, ResponseState::Filter(_))
+    }
+
+    /// One chunk of the response body (as one or more slices), the last one with
+    /// `end_of_stream`: `edit` (cleared first) says what to forward in its place. A response
+    /// that is not filtered leaves it [unchanged](ChunkEdit::is_unchanged).
+    ///
+    /// # Errors
+    ///
+    /// [`ExchangeError::Order`] for a body before the response's head;
+    /// [`ExchangeError::FrameTooLarge`] when a frame outgrew the cap: the stream must be reset.
+    pub fn response_body<'a>(
+        &mut self,
+        chunk: impl IntoIterator<Item = &'a [u8]>,
+        end_of_stream: bool,
+        edit: &mut ChunkEdit,
+    ) -> Result<(), ExchangeError> {
+        edit.clear();
+        let filter = match &mut self.response {
+            ResponseState::Filter(filter) => filter,
+            ResponseState::Done => return Ok(()),
+            ResponseState::Start => {
+                return Err(ExchangeError::Order(
+                    "a response body before its headers: response headers must reach the \
+                     processor",
+                ))
+            }
+        };
+        let out = chunk
+            .into_iter()
+            .try_for_each(|slice| filter.edit(slice, edit))
+            .and_then(|()| {
+                if end_of_stream {
+                    filter.edit_end(edit)
+                } else {
+                    Ok(())
+                }
+            });
+        if end_of_stream || out.is_err() {
+            self.response = ResponseState::Done;
+        }
+        Ok(out?)
+    }
+}
