@@ -962,7 +962,8 @@ async fn a_buffered_body_followed_by_trailers_is_still_judged_whole() {
         )))
         .await
         .unwrap();
-    // With request trailers, Envoy sends the buffered body with end_of_stream false.
+    // With request trailers, an Envoy that announced BUFFERED (Stream::call announces it in
+    // the first message) sends the buffered body with end_of_stream false.
     let answer = stream
         .call(Msg::RequestBody(body_msg(
             br#"{"nvext":{"annotations":["x-bypass-remote-prefill:true"]}}"#,
@@ -1183,6 +1184,22 @@ async fn a_filtered_response_under_a_body_mode_of_none_asks_for_its_body() {
         .await
         .unwrap()
         .into_inner();
+    // A GET with no body (answered first), then the response.
+    tx.send(ProcessingRequest {
+        request: Some(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        ))),
+        ..ProcessingRequest::default()
+    })
+    .await
+    .unwrap();
+    tokio::time::timeout(PATIENCE, inbound.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     tx.send(ProcessingRequest {
         protocol_config: Some(ProtocolConfiguration {
             request_body_mode: BodySendMode::Buffered as i32,
@@ -1346,6 +1363,25 @@ async fn messages_that_need_no_answer_get_none() {
         .into_inner();
     tx.send(ProcessingRequest::default()).await.unwrap();
     tx.send(ProcessingRequest {
+        request: Some(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        ))),
+        ..ProcessingRequest::default()
+    })
+    .await
+    .unwrap();
+    let answer = tokio::time::timeout(PATIENCE, inbound.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(answer.response, Some(Answer::RequestHeaders(_))),
+        "{answer:?}"
+    );
+    tx.send(ProcessingRequest {
         request: Some(Msg::ResponseHeaders(headers_msg(
             &[(":status", b"200"), ("content-type", b"application/json")],
             false,
@@ -1394,6 +1430,8 @@ async fn sequences_that_cannot_be_judged_fail_the_stream() {
             true,
         ))
     };
+    let request_headers_get =
+        || Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true));
     let observed = ProcessingRequest {
         observability_mode: true,
         request: Some(request_headers()),
@@ -1418,7 +1456,30 @@ async fn sequences_that_cannot_be_judged_fail_the_stream() {
         ),
         (
             "response headers twice",
-            vec![msg(response_headers()), msg(response_headers())],
+            vec![
+                msg(request_headers_get()),
+                msg(response_headers()),
+                msg(response_headers()),
+            ],
+        ),
+        // request_header_mode: SKIP: the guard never ran, so clients could reach the router
+        // with its own names; the response must not look healthy.
+        (
+            "response headers without request headers",
+            vec![msg(response_headers())],
+        ),
+        // No protocol_config (so BUFFERED is assumed) while Envoy streams the body: its first
+        // piece must not be judged as the whole body.
+        (
+            "a request body in pieces",
+            vec![
+                msg(request_headers()),
+                msg(Msg::RequestBody(body_msg(b"", false))),
+                msg(Msg::RequestBody(body_msg(
+                    br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#,
+                    true,
+                ))),
+            ],
         ),
     ];
     for (case, messages) in cases {

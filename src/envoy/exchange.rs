@@ -24,6 +24,8 @@ pub(crate) struct Exchange {
     /// configuration's (BUFFERED, STREAMED).
     request_body_mode: i32,
     response_body_mode: i32,
+    /// Envoy announced its body modes (Envoy 1.34 and later do, in the first message).
+    announced: bool,
     /// What to forward for the response chunk at hand; reused.
     edit: ChunkEdit,
 }
@@ -36,6 +38,7 @@ impl Exchange {
             exchange: json::Exchange::new(layer, guard, UnseenRequest::Fail),
             request_body_mode: proto::BODY_BUFFERED,
             response_body_mode: proto::BODY_STREAMED,
+            announced: false,
             edit: ChunkEdit::new(),
         }
     }
@@ -63,6 +66,7 @@ impl Exchange {
         if let Some(config) = msg.protocol_config {
             self.request_body_mode = config.request_body_mode;
             self.response_body_mode = config.response_body_mode;
+            self.announced = true;
         }
         let Some(request) = msg.request else {
             return Ok(None);
@@ -127,12 +131,16 @@ impl Exchange {
     }
 
     fn request_body(&mut self, b: HttpBody) -> Result<Response, Status> {
-        // BUFFERED: the message holds the whole body, and is the last one (a request with
-        // trailers, or a body sent in pieces, cannot be judged: the stream fails). A body over
-        // the guard's cap is refused with 413.
+        // BUFFERED: the message holds the whole body. It is the last one, or trailers follow it
+        // (end_of_stream false), which only an Envoy that announced BUFFERED is believed on:
+        // without the announcement, a body in pieces (a STREAMED configuration) would be judged
+        // by its first piece, so the stream fails. A body over the guard's cap is refused with
+        // 413.
+        let whole =
+            b.end_of_stream || (self.announced && self.request_body_mode == proto::BODY_BUFFERED);
         match self
             .exchange
-            .request_body(Bytes::from(b.body), b.end_of_stream)
+            .request_body(Bytes::from(b.body), whole)
             .map_err(status)?
         {
             BodyStep::Forward => Ok(Response::RequestBody(proto::unchanged_body())),

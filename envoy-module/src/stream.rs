@@ -1,0 +1,478 @@
+//! What the filter does for one HTTP stream, in safe Rust: the shared
+//! [`Exchange`](tower_bypass_marker::json::Exchange) state machine driven from Envoy's hooks,
+//! over the few stream operations of [`Host`]. The FFI file implements `Host` on Envoy's
+//! callbacks; the tests implement it on a fake stream.
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, Method, StatusCode};
+use tower_bypass_marker::json::{
+    BodyStep, Exchange, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
+};
+use tower_bypass_marker::ChunkEdit;
+
+use crate::config::Config;
+use crate::metrics::{self, Counter};
+
+/// A header map of the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    /// The request's headers.
+    Request,
+    /// The response's headers.
+    Response,
+}
+
+/// A body buffer of the stream, as Envoy names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// The request chunk the current hook is called for.
+    ReceivedRequest,
+    /// The request body buffered so far (the filter asked Envoy to buffer).
+    BufferedRequest,
+    /// The response chunk the current hook is called for.
+    ReceivedResponse,
+    /// The response body buffered so far.
+    BufferedResponse,
+}
+
+/// Envoy's log levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// `info`.
+    Info,
+    /// `warn`.
+    Warn,
+    /// `error`.
+    Error,
+}
+
+/// The operations on one stream that the filter needs: Envoy's callbacks, or a fake.
+pub trait Host {
+    /// Appends every value of header `name` to `into`; false if a value is not a valid header
+    /// value.
+    fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool;
+    /// The first value of a header or pseudo-header (`:method`, `:status`).
+    fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>>;
+    /// Sets header `name` to `value`, or removes it (`None`).
+    fn set_header(&mut self, headers: Headers, name: &str, value: Option<&[u8]>) -> bool;
+    /// The bytes in a body buffer (0 if it does not exist).
+    fn body_len(&self, body: Body) -> usize;
+    /// The slices of a body buffer, in order; valid until the next call that changes the stream.
+    fn body(&self, body: Body) -> Vec<&[u8]>;
+    /// Removes the first `n` bytes of a body buffer.
+    fn drain_body(&mut self, body: Body, n: usize) -> bool;
+    /// Appends `data` to a body buffer.
+    fn append_body(&mut self, body: Body, data: &[u8]) -> bool;
+    /// Answers the client with this response instead of forwarding the request.
+    fn send_response(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]);
+    /// Resets the stream: the client sees a broken stream, never a clean end.
+    fn reset_stream(&mut self, details: &str);
+    /// Adds `value` to a counter's series with this label.
+    fn increment(&mut self, counter: Counter, label: &str, value: u64);
+    /// Writes a line to Envoy's log.
+    fn log(&self, level: Level, message: &str);
+}
+
+/// What a headers hook tells Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadersStatus {
+    /// Go on.
+    Continue,
+    /// Hold the headers (until the body has been judged, or for good after a local reply or a
+    /// reset).
+    StopIteration,
+}
+
+/// What a body hook tells Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyStatus {
+    /// Go on with the chunk as it now is.
+    Continue,
+    /// Keep the chunk in the buffered body and call again with the next one.
+    StopIterationAndBuffer,
+    /// Forward nothing (after a local reply or a reset).
+    StopIterationNoBuffer,
+}
+
+/// What a trailers hook tells Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrailersStatus {
+    /// Go on.
+    Continue,
+    /// Hold them (after a local reply or a reset).
+    StopIteration,
+}
+
+/// The filter's state for one stream.
+#[derive(Debug)]
+pub struct StreamFilter {
+    exchange: Exchange,
+    /// The request's body is being buffered for the guard.
+    reading: bool,
+    /// The filter answered the request itself: nothing more of it goes upstream (its own reply
+    /// comes back through the response hooks, and passes).
+    refused: bool,
+    /// The filter reset the stream: nothing more goes through.
+    failed: bool,
+    edit: ChunkEdit,
+    #[cfg(feature = "test-panic")]
+    panic_at: Option<String>,
+}
+
+/// The header a `test-panic` build reads: the name of the hook that is to panic.
+#[cfg(feature = "test-panic")]
+pub const TEST_PANIC_HEADER: &str = "x-bypass-marker-test-panic";
+
+impl StreamFilter {
+    /// A stream under this configuration.
+    pub fn new(config: &Config) -> Self {
+        Self {
+            // Envoy calls the request hooks of every request it forwards through this filter;
+            // a response without them is a reply Envoy made itself (another filter's, or one made
+            // before this filter ran), filtered for a client that asked for nothing.
+            exchange: Exchange::new(
+                config.layer(),
+                config.guard().clone(),
+                UnseenRequest::Filter,
+            ),
+            reading: false,
+            refused: false,
+            failed: false,
+            edit: ChunkEdit::new(),
+            #[cfg(feature = "test-panic")]
+            panic_at: None,
+        }
+    }
+
+    /// The request's headers.
+    pub fn on_request_headers(
+        &mut self,
+        host: &mut impl Host,
+        end_of_stream: bool,
+    ) -> HeadersStatus {
+        #[cfg(feature = "test-panic")]
+        {
+            self.panic_at = host
+                .value(Headers::Request, TEST_PANIC_HEADER)
+                .map(|v| String::from_utf8_lossy(&v).into_owned());
+        }
+        self.test_panic("request_headers");
+        let method = host
+            .value(Headers::Request, ":method")
+            .and_then(|m| Method::from_bytes(&m).ok())
+            .unwrap_or(Method::GET);
+        let mut headers = HeaderMap::new();
+        for name in [
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::CONTENT_LENGTH,
+        ] {
+            if !host.headers(Headers::Request, &name, &mut headers) {
+                // Envoy passes no such value on; should one come, the guard cannot judge it.
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a request header value that is not valid"),
+                );
+                return HeadersStatus::StopIteration;
+            }
+        }
+        match self
+            .exchange
+            .request_headers(method, &headers, end_of_stream)
+        {
+            Ok(RequestStep::Forward) => HeadersStatus::Continue,
+            Ok(RequestStep::ReadBody) => {
+                self.reading = true;
+                HeadersStatus::StopIteration
+            }
+            Ok(RequestStep::Refuse(refusal)) => {
+                self.refuse(host, &refusal);
+                HeadersStatus::StopIteration
+            }
+            Err(err) => {
+                self.fail(host, &err);
+                HeadersStatus::StopIteration
+            }
+        }
+    }
+
+    /// A chunk of the request's body.
+    pub fn on_request_body(&mut self, host: &mut impl Host, end_of_stream: bool) -> BodyStatus {
+        self.test_panic("request_body");
+        if self.refused || self.failed {
+            return BodyStatus::StopIterationNoBuffer;
+        }
+        if !self.reading {
+            return BodyStatus::Continue;
+        }
+        let size = host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest);
+        if size > self.exchange.max_request_body() {
+            // Refused as soon as it is known to be too large, without buffering the rest.
+            self.refuse(host, &Refusal::too_large(self.exchange.max_request_body()));
+            return BodyStatus::StopIterationNoBuffer;
+        }
+        if !end_of_stream {
+            return BodyStatus::StopIterationAndBuffer;
+        }
+        self.judge_request(host)
+    }
+
+    /// The request's trailers: a body being read is whole now.
+    pub fn on_request_trailers(&mut self, host: &mut impl Host) -> TrailersStatus {
+        self.test_panic("request_trailers");
+        if self.refused || self.failed {
+            return TrailersStatus::StopIteration;
+        }
+        if !self.reading {
+            return TrailersStatus::Continue;
+        }
+        match self.judge_request(host) {
+            BodyStatus::Continue => TrailersStatus::Continue,
+            _ => TrailersStatus::StopIteration,
+        }
+    }
+
+    /// Judges the whole buffered request body (the received chunk included).
+    fn judge_request(&mut self, host: &mut impl Host) -> BodyStatus {
+        self.reading = false;
+        let mut body = Vec::with_capacity(
+            host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest),
+        );
+        for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+            for slice in host.body(part) {
+                body.extend_from_slice(slice);
+            }
+        }
+        match self.exchange.request_body(Bytes::from(body), true) {
+            Ok(BodyStep::Forward) => BodyStatus::Continue,
+            Ok(BodyStep::Replace {
+                body,
+                set_content_length,
+            }) => {
+                let length = body.len();
+                // The spliced body goes where Envoy keeps the body it forwards: the buffered body
+                // once there is one, else the chunk at hand.
+                let target = if host.body_len(Body::BufferedRequest) > 0 {
+                    Body::BufferedRequest
+                } else {
+                    Body::ReceivedRequest
+                };
+                let mut ok = true;
+                for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+                    let n = host.body_len(part);
+                    if n > 0 {
+                        ok &= host.drain_body(part, n);
+                    }
+                }
+                for chunk in body.into_chunks() {
+                    ok &= chunk.is_empty() || host.append_body(target, &chunk);
+                }
+                if set_content_length {
+                    ok &= host.set_header(
+                        Headers::Request,
+                        "content-length",
+                        Some(length.to_string().as_bytes()),
+                    );
+                }
+                if !ok {
+                    // Part of the spliced body may be missing: nothing of it may go upstream.
+                    self.fail(
+                        host,
+                        &ExchangeError::Order("Envoy refused the spliced request body"),
+                    );
+                    return BodyStatus::StopIterationNoBuffer;
+                }
+                BodyStatus::Continue
+            }
+            Ok(BodyStep::Refuse(refusal)) => {
+                self.refuse(host, &refusal);
+                BodyStatus::StopIterationNoBuffer
+            }
+            Err(err) => {
+                self.fail(host, &err);
+                BodyStatus::StopIterationNoBuffer
+            }
+        }
+    }
+
+    /// The response's headers.
+    pub fn on_response_headers(
+        &mut self,
+        host: &mut impl Host,
+        end_of_stream: bool,
+    ) -> HeadersStatus {
+        self.test_panic("response_headers");
+        if self.failed {
+            return HeadersStatus::StopIteration;
+        }
+        let status = host
+            .value(Headers::Response, ":status")
+            .and_then(|s| StatusCode::from_bytes(&s).ok())
+            .unwrap_or(StatusCode::OK);
+        let mut headers = HeaderMap::new();
+        for name in [
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::CONTENT_LENGTH,
+        ] {
+            if !host.headers(Headers::Response, &name, &mut headers) {
+                // A head the filter cannot read: filter the body as if it were an event stream
+                // would be guessing, so the stream fails.
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a response header value that is not valid"),
+                );
+                return HeadersStatus::StopIteration;
+            }
+        }
+        match self
+            .exchange
+            .response_headers(status, &headers, end_of_stream)
+        {
+            Ok(ResponseStep::Pass) => HeadersStatus::Continue,
+            Ok(ResponseStep::Filter {
+                remove_content_length,
+            }) => {
+                if remove_content_length
+                    && !host.set_header(Headers::Response, "content-length", None)
+                {
+                    self.fail(
+                        host,
+                        &ExchangeError::Order("Envoy refused to remove content-length"),
+                    );
+                    return HeadersStatus::StopIteration;
+                }
+                HeadersStatus::Continue
+            }
+            Err(err) => {
+                self.fail(host, &err);
+                HeadersStatus::StopIteration
+            }
+        }
+    }
+
+    /// A chunk of the response's body: scanned where it lies; the buffer is changed only where a
+    /// frame is removed or a frame that goes on past the chunk is held.
+    pub fn on_response_body(&mut self, host: &mut impl Host, end_of_stream: bool) -> BodyStatus {
+        self.test_panic("response_body");
+        if self.failed {
+            return BodyStatus::StopIterationNoBuffer;
+        }
+        if !self.exchange.filters_response() {
+            return BodyStatus::Continue;
+        }
+        let slices = host.body(Body::ReceivedResponse);
+        let out =
+            self.exchange
+                .response_body(slices.iter().copied(), end_of_stream, &mut self.edit);
+        if let Err(err) = out {
+            self.flush_counts(host);
+            self.fail(host, &err);
+            return BodyStatus::StopIterationNoBuffer;
+        }
+        let ok = if self.edit.is_unchanged() {
+            true
+        } else if let Some(n) = self.edit.skip_front() {
+            host.drain_body(Body::ReceivedResponse, n)
+        } else {
+            let out = self.edit.to_vec(&slices);
+            let len = self.edit.input_len();
+            host.drain_body(Body::ReceivedResponse, len)
+                && (out.is_empty() || host.append_body(Body::ReceivedResponse, &out))
+        };
+        self.flush_counts(host);
+        if !ok {
+            self.fail(
+                host,
+                &ExchangeError::Order("Envoy refused a change to the response body"),
+            );
+            return BodyStatus::StopIterationNoBuffer;
+        }
+        BodyStatus::Continue
+    }
+
+    /// The response's trailers: the body has ended, and what it held goes out before them.
+    pub fn on_response_trailers(&mut self, host: &mut impl Host) -> TrailersStatus {
+        self.test_panic("response_trailers");
+        if self.failed {
+            return TrailersStatus::StopIteration;
+        }
+        if !self.exchange.filters_response() {
+            return TrailersStatus::Continue;
+        }
+        let out = self.exchange.response_body([], true, &mut self.edit);
+        self.flush_counts(host);
+        if let Err(err) = out {
+            self.fail(host, &err);
+            return TrailersStatus::StopIteration;
+        }
+        let out = self.edit.to_vec(&[]);
+        if !out.is_empty() && !host.append_body(Body::BufferedResponse, &out) {
+            self.fail(
+                host,
+                &ExchangeError::Order("Envoy refused the end of the response body"),
+            );
+            return TrailersStatus::StopIteration;
+        }
+        TrailersStatus::Continue
+    }
+
+    /// The stream is over (ended, or reset by either side): nothing is left to do but count.
+    pub fn on_stream_complete(&mut self, host: &mut impl Host) {
+        self.flush_counts(host);
+    }
+
+    /// Answers the client with a refusal: the guard's status and body, one log line, one count.
+    fn refuse(&mut self, host: &mut impl Host, refusal: &Refusal) {
+        self.refused = true;
+        self.reading = false;
+        let status = refusal.status().as_u16();
+        host.log(
+            Level::Info,
+            &format!("bypass_marker: refused a request with {status}: {refusal}"),
+        );
+        host.send_response(
+            status,
+            &[("content-type", b"application/json")],
+            &refusal.body(),
+        );
+        metrics::refused(status);
+        self.flush_counts(host);
+    }
+
+    /// Resets the stream: the client sees a broken stream, never an unfiltered or a clean one.
+    fn fail(&mut self, host: &mut impl Host, err: &ExchangeError) {
+        self.failed = true;
+        self.reading = false;
+        let level = match err {
+            ExchangeError::FrameTooLarge(_) => Level::Warn,
+            _ => Level::Error,
+        };
+        host.log(level, &format!("bypass_marker: stream reset: {err}"));
+        host.reset_stream("bypass_marker");
+    }
+
+    /// The filter failed in a way it cannot describe (a panic caught at the boundary): the
+    /// stream is reset, and later hooks let nothing through.
+    pub fn poison(&mut self, host: &mut impl Host) {
+        self.failed = true;
+        self.reading = false;
+        host.log(Level::Error, "bypass_marker: internal error; stream reset");
+        host.reset_stream("bypass_marker_internal_error");
+    }
+
+    fn flush_counts(&mut self, host: &mut impl Host) {
+        metrics::take(|counter, label, n| host.increment(counter, label, n));
+    }
+
+    #[cfg(feature = "test-panic")]
+    fn test_panic(&self, hook: &str) {
+        if self.panic_at.as_deref() == Some(hook) {
+            panic!("bypass_marker test panic in {hook}");
+        }
+    }
+
+    #[cfg(not(feature = "test-panic"))]
+    #[inline(always)]
+    fn test_panic(&self, _hook: &str) {}
+}
