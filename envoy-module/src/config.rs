@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 use tower_bypass_marker::json::{RequestGuard, DEFAULT_MAX_BODY_BYTES};
-use tower_bypass_marker::BypassMarkerLayer;
+use tower_bypass_marker::{BypassMarkerLayer, Overflow};
 
 use crate::metrics::Tally;
 
@@ -126,7 +126,12 @@ impl Config {
                 .and_then(|n| usize::try_from(n).ok())
                 .ok_or_else(|| ConfigError::field("max-body", "must be a whole number of bytes"))?,
         };
-        let layer = layer.sdk_safe(sdk_safe).observe(std::sync::Arc::new(Tally));
+        // Memory per stream is bounded by the layer's frame limit; past it the stream is reset
+        // rather than the frame forwarded unfiltered.
+        let layer = layer
+            .sdk_safe(sdk_safe)
+            .on_overflow(Overflow::Error)
+            .observe(std::sync::Arc::new(Tally));
         Ok(Self {
             guard: layer.request_guard().max_body_bytes(max_body),
             layer,
@@ -200,7 +205,7 @@ mod tests {
             (r#"{"preset":1}"#, Some("preset")),
             (r#"{"opt-in":"request_id"}"#, Some("opt-in")),
             (r#"{"opt-in":[1]}"#, Some("opt-in")),
-            (r#"{"router-owned":["bad name"]}"#, Some("router-owned")),
+            (r#"{"router-owned":["bad:name"]}"#, Some("router-owned")),
             (r#"{"never-forward":[""]}"#, Some("never-forward")),
             (r#"{"sdk-safe":"yes"}"#, Some("sdk-safe")),
             (r#"{"max-body":-1}"#, Some("max-body")),

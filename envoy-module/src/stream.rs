@@ -70,7 +70,7 @@ pub trait Host {
     /// Adds `value` to a counter's series with this label.
     fn increment(&mut self, counter: Counter, label: &str, value: u64);
     /// Writes a line to Envoy's log.
-    fn log(&self, level: Level, message: &str);
+    fn log(&mut self, level: Level, message: &str);
 }
 
 /// What a headers hook tells Envoy.
@@ -476,3 +476,6 @@ impl StreamFilter {
     #[inline(always)]
     fn test_panic(&self, _hook: &str) {}
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,681 @@
+//! The per-stream layer without Envoy: a fake stream that keeps its buffers as Envoy does (a
+//! received chunk, a buffered body), driven through every hook order Envoy can produce.
+
+use std::fmt::Write as _;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+
+use super::*;
+use crate::config::Config;
+use crate::metrics::Counter;
+
+const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
+
+/// One stream as Envoy holds it, and what left it.
+#[derive(Default)]
+struct Fake {
+    request_headers: Vec<(String, Vec<u8>)>,
+    response_headers: Vec<(String, Vec<u8>)>,
+    /// Each body buffer as slices: `[received request, buffered request, received response,
+    /// buffered response]`.
+    bodies: [Vec<Vec<u8>>; 4],
+    /// What went upstream (the request body) and to the client (the response body).
+    upstream: Vec<u8>,
+    client: Vec<u8>,
+    sent: Option<(u16, Vec<u8>)>,
+    reset: Option<String>,
+    counts: Vec<(Counter, String, u64)>,
+    logs: Vec<(Level, String)>,
+    /// Calls that change the stream.
+    mutations: usize,
+}
+
+fn index(body: Body) -> usize {
+    match body {
+        Body::ReceivedRequest => 0,
+        Body::BufferedRequest => 1,
+        Body::ReceivedResponse => 2,
+        Body::BufferedResponse => 3,
+    }
+}
+
+impl Fake {
+    fn list(&self, headers: Headers) -> &Vec<(String, Vec<u8>)> {
+        match headers {
+            Headers::Request => &self.request_headers,
+            Headers::Response => &self.response_headers,
+        }
+    }
+
+    fn count(&self, counter: Counter, label: &str) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(c, l, _)| *c == counter && l == label)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
+    fn header(&self, headers: Headers, name: &str) -> Option<&[u8]> {
+        self.list(headers)
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+impl Host for Fake {
+    fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool {
+        for (key, value) in self.list(headers) {
+            if key == name.as_str() {
+                match HeaderValue::from_bytes(value) {
+                    Ok(value) => {
+                        into.append(name.clone(), value);
+                    }
+                    Err(_) => return false,
+                }
+            }
+        }
+        true
+    }
+
+    fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>> {
+        self.header(headers, name).map(<[u8]>::to_vec)
+    }
+
+    fn set_header(&mut self, headers: Headers, name: &str, value: Option<&[u8]>) -> bool {
+        self.mutations += 1;
+        let list = match headers {
+            Headers::Request => &mut self.request_headers,
+            Headers::Response => &mut self.response_headers,
+        };
+        list.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            list.push((name.to_owned(), value.to_vec()));
+        }
+        true
+    }
+
+    fn body_len(&self, body: Body) -> usize {
+        self.bodies[index(body)].iter().map(Vec::len).sum()
+    }
+
+    fn body(&self, body: Body) -> Vec<&[u8]> {
+        self.bodies[index(body)]
+            .iter()
+            .map(Vec::as_slice)
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    fn drain_body(&mut self, body: Body, mut n: usize) -> bool {
+        self.mutations += 1;
+        let slices = &mut self.bodies[index(body)];
+        while n > 0 && !slices.is_empty() {
+            let take = n.min(slices[0].len());
+            slices[0].drain(..take);
+            n -= take;
+            if slices[0].is_empty() {
+                slices.remove(0);
+            }
+        }
+        true
+    }
+
+    fn append_body(&mut self, body: Body, data: &[u8]) -> bool {
+        self.mutations += 1;
+        self.bodies[index(body)].push(data.to_vec());
+        true
+    }
+
+    fn send_response(&mut self, status: u16, headers: &[(&str, &[u8])], body: &[u8]) {
+        assert_eq!(headers, [("content-type", &b"application/json"[..])]);
+        assert!(self.sent.is_none(), "two local replies");
+        self.sent = Some((status, body.to_vec()));
+    }
+
+    fn reset_stream(&mut self, details: &str) {
+        self.reset = Some(details.to_owned());
+    }
+
+    fn increment(&mut self, counter: Counter, label: &str, value: u64) {
+        self.counts.push((counter, label.to_owned(), value));
+    }
+
+    fn log(&mut self, level: Level, message: &str) {
+        self.logs.push((level, message.to_owned()));
+    }
+}
+
+/// Envoy's side of the hooks: buffers moved as Envoy moves them after each status.
+struct Driver {
+    filter: StreamFilter,
+    fake: Fake,
+}
+
+impl Driver {
+    fn new(config: &Config) -> Self {
+        Self {
+            filter: StreamFilter::new(config),
+            fake: Fake::default(),
+        }
+    }
+
+    fn dynamo() -> Self {
+        Self::new(&Config::parse(b"").unwrap())
+    }
+
+    fn request(
+        &mut self,
+        method: &str,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> HeadersStatus {
+        self.fake.request_headers =
+            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
+                .chain(
+                    headers
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
+                )
+                .collect();
+        self.filter
+            .on_request_headers(&mut self.fake, end_of_stream)
+    }
+
+    /// A request chunk: Envoy keeps it (StopIterationAndBuffer), forwards it and what it buffered
+    /// (Continue), or drops it.
+    fn request_chunk(&mut self, chunk: &[u8], end_of_stream: bool) -> BodyStatus {
+        self.fake.bodies[0] = vec![chunk.to_vec()];
+        let status = self.filter.on_request_body(&mut self.fake, end_of_stream);
+        let received = std::mem::take(&mut self.fake.bodies[0]);
+        match status {
+            BodyStatus::StopIterationAndBuffer => self.fake.bodies[1].extend(received),
+            BodyStatus::Continue => {
+                for slice in std::mem::take(&mut self.fake.bodies[1])
+                    .into_iter()
+                    .chain(received)
+                {
+                    self.fake.upstream.extend_from_slice(&slice);
+                }
+            }
+            BodyStatus::StopIterationNoBuffer => {}
+        }
+        status
+    }
+
+    fn request_trailers(&mut self) -> TrailersStatus {
+        let status = self.filter.on_request_trailers(&mut self.fake);
+        if status == TrailersStatus::Continue {
+            for slice in std::mem::take(&mut self.fake.bodies[1]) {
+                self.fake.upstream.extend_from_slice(&slice);
+            }
+        }
+        status
+    }
+
+    fn response(&mut self, headers: &[(&str, &str)], end_of_stream: bool) -> HeadersStatus {
+        self.fake.response_headers = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        self.filter
+            .on_response_headers(&mut self.fake, end_of_stream)
+    }
+
+    fn sse(&mut self) -> HeadersStatus {
+        self.response(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        )
+    }
+
+    /// A response chunk, in Envoy's slices; on Continue what the received buffer holds then goes
+    /// to the client.
+    fn response_chunk(&mut self, slices: &[&[u8]], end_of_stream: bool) -> BodyStatus {
+        self.fake.bodies[2] = slices.iter().map(|s| s.to_vec()).collect();
+        let status = self.filter.on_response_body(&mut self.fake, end_of_stream);
+        let received = std::mem::take(&mut self.fake.bodies[2]);
+        if status == BodyStatus::Continue {
+            for slice in received {
+                self.fake.client.extend_from_slice(&slice);
+            }
+        }
+        status
+    }
+
+    fn response_trailers(&mut self) -> TrailersStatus {
+        let status = self.filter.on_response_trailers(&mut self.fake);
+        for slice in std::mem::take(&mut self.fake.bodies[3]) {
+            self.fake.client.extend_from_slice(&slice);
+        }
+        status
+    }
+
+    fn complete(&mut self) {
+        self.filter.on_stream_complete(&mut self.fake);
+    }
+}
+
+/// What the tower body gives a client that asked for `requested`, from the same bytes.
+fn tower(layer: &BypassMarkerLayer, requested: &RequestedAnnotations, body: &[u8]) -> Vec<u8> {
+    match layer.event_stream_filter(requested) {
+        Some(filter) => filter.filter_all([body]).unwrap(),
+        None => body.to_vec(),
+    }
+}
+
+fn stream_body() -> Vec<u8> {
+    [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
+}
+
+#[test]
+fn a_stream_split_at_every_position_and_into_slices_gives_the_tower_bodys_bytes() {
+    let config = Config::parse(b"").unwrap();
+    let body = stream_body();
+    // (Not the configuration's layer: its observer would count these frames too.)
+    let want = tower(
+        &BypassMarkerLayer::dynamo(),
+        &RequestedAnnotations::new(),
+        &body,
+    );
+    for cut in 0..=body.len() {
+        for slices_cut in [0, cut / 2] {
+            let mut d = Driver::new(&config);
+            assert_eq!(d.request("GET", &[], true), HeadersStatus::Continue);
+            assert_eq!(d.sse(), HeadersStatus::Continue);
+            let (a, b) = body.split_at(cut);
+            let (a1, a2) = a.split_at(slices_cut);
+            assert_eq!(d.response_chunk(&[a1, a2], false), BodyStatus::Continue);
+            assert_eq!(d.response_chunk(&[b], true), BodyStatus::Continue);
+            assert_eq!(d.fake.client, want, "cut at {cut}/{slices_cut}");
+            assert!(d.fake.reset.is_none());
+            d.complete();
+            assert_eq!(
+                d.fake
+                    .count(Counter::FramesRemoved, "x-bypass-remote-prefill"),
+                2
+            );
+            assert_eq!(d.fake.count(Counter::FramesRemoved, "request_id"), 1);
+        }
+    }
+}
+
+#[test]
+fn a_stream_in_one_byte_chunks_is_filtered_and_nothing_waits_for_more_data() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    let body = stream_body();
+    let mut expected_so_far = Vec::new();
+    for (i, byte) in body.iter().enumerate() {
+        assert_eq!(d.response_chunk(&[&[*byte]], false), BodyStatus::Continue);
+        // A frame is out as soon as its closing empty line is in.
+        if body[..=i].ends_with(b"\n\n") {
+            expected_so_far = tower(
+                &BypassMarkerLayer::dynamo(),
+                &RequestedAnnotations::new(),
+                &body[..=i],
+            );
+            assert_eq!(d.fake.client, expected_so_far, "after byte {i}");
+        }
+    }
+    assert_eq!(d.response_chunk(&[], true), BodyStatus::Continue);
+    assert_eq!(d.fake.client, expected_so_far);
+}
+
+#[test]
+fn chunks_with_nothing_to_remove_are_not_touched() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    let before = d.fake.mutations;
+    for _ in 0..3 {
+        assert_eq!(d.response_chunk(&[DATA, DATA], false), BodyStatus::Continue);
+    }
+    assert_eq!(d.response_chunk(&[DATA], true), BodyStatus::Continue);
+    assert_eq!(
+        d.fake.mutations, before,
+        "an unchanged chunk must be left where it is"
+    );
+    assert_eq!(d.fake.client, DATA.repeat(7));
+}
+
+#[test]
+fn a_frame_held_across_chunks_is_flushed_on_an_empty_last_chunk() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    // An event whose last line has no end: held, then judged as it stands at the end.
+    assert_eq!(
+        d.response_chunk(&[b"data: tail"], false),
+        BodyStatus::Continue
+    );
+    assert_eq!(d.fake.client, b"");
+    assert_eq!(d.response_chunk(&[], true), BodyStatus::Continue);
+    assert_eq!(d.fake.client, b"data: tail");
+}
+
+#[test]
+fn a_held_frame_goes_out_before_the_response_trailers() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    assert_eq!(
+        d.response_chunk(
+            &[b"event: x-bypass-remote-prefill\n: true\n\ndata: 1\n"],
+            false
+        ),
+        BodyStatus::Continue
+    );
+    assert_eq!(d.response_trailers(), TrailersStatus::Continue);
+    assert_eq!(d.fake.client, b"data: 1\n");
+}
+
+#[test]
+fn the_marker_is_drained_from_the_front_without_copying_the_rest() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    let before = d.fake.mutations;
+    let chunk = [MARKER, DATA].concat();
+    assert_eq!(d.response_chunk(&[&chunk], false), BodyStatus::Continue);
+    // One drain, no append.
+    assert_eq!(d.fake.mutations, before + 1);
+    assert_eq!(d.fake.client, DATA);
+}
+
+#[test]
+fn a_filtered_response_loses_its_content_length() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let status = d.response(
+        &[
+            (":status", "200"),
+            ("content-type", "text/event-stream"),
+            ("content-length", "99"),
+        ],
+        false,
+    );
+    assert_eq!(status, HeadersStatus::Continue);
+    assert!(d.fake.header(Headers::Response, "content-length").is_none());
+}
+
+#[test]
+fn json_responses_and_responses_without_a_body_pass_untouched() {
+    for (headers, end_of_stream) in [
+        (
+            &[
+                (":status", "200"),
+                ("content-type", "application/json"),
+                ("content-length", "2"),
+            ][..],
+            false,
+        ),
+        (
+            &[(":status", "200"), ("content-type", "text/event-stream")][..],
+            true,
+        ),
+        (
+            &[(":status", "204"), ("content-type", "text/event-stream")][..],
+            false,
+        ),
+        (
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+                ("content-encoding", "gzip"),
+            ][..],
+            false,
+        ),
+    ] {
+        let mut d = Driver::dynamo();
+        let _ = d.request("GET", &[], true);
+        assert_eq!(d.response(headers, end_of_stream), HeadersStatus::Continue);
+        let before = d.fake.mutations;
+        if !end_of_stream {
+            assert_eq!(d.response_chunk(&[MARKER], true), BodyStatus::Continue);
+            assert_eq!(d.fake.client, MARKER, "{headers:?}");
+        }
+        assert_eq!(d.fake.mutations, before, "{headers:?}");
+    }
+}
+
+#[test]
+fn a_response_whose_request_was_never_decoded_is_filtered_for_a_client_that_asked_for_nothing() {
+    // Another filter's local reply, or one made before this filter ran: no request hooks.
+    let mut d = Driver::dynamo();
+    assert_eq!(d.sse(), HeadersStatus::Continue);
+    assert_eq!(
+        d.response_chunk(&[&[MARKER, REQUEST_ID, DATA].concat()], true),
+        BodyStatus::Continue
+    );
+    assert_eq!(d.fake.client, DATA);
+}
+
+#[test]
+fn the_opt_in_is_carried_from_the_request_to_its_response_and_counted() {
+    let mut d = Driver::dynamo();
+    let json = [("content-type", "application/json")];
+    assert_eq!(
+        d.request("POST", &json, false),
+        HeadersStatus::StopIteration
+    );
+    let body = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
+    assert_eq!(d.request_chunk(body, true), BodyStatus::Continue);
+    assert_eq!(d.fake.upstream, body);
+    let _ = d.sse();
+    assert_eq!(
+        d.response_chunk(&[&stream_body()], true),
+        BodyStatus::Continue
+    );
+    let mut requested = RequestedAnnotations::new();
+    requested.insert("request_id");
+    assert_eq!(
+        d.fake.client,
+        tower(&BypassMarkerLayer::dynamo(), &requested, &stream_body())
+    );
+    assert_eq!(d.fake.count(Counter::FramesForwarded, "request_id"), 1);
+}
+
+#[test]
+fn a_router_owned_name_is_spliced_out_of_a_body_that_arrives_in_pieces() {
+    let mut d = Driver::dynamo();
+    let body =
+        br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    let length = body.len().to_string();
+    let headers = [
+        ("content-type", "application/json"),
+        ("content-length", length.as_str()),
+    ];
+    assert_eq!(
+        d.request("POST", &headers, false),
+        HeadersStatus::StopIteration
+    );
+    for (i, byte) in body.iter().enumerate() {
+        let last = i + 1 == body.len();
+        let status = d.request_chunk(&[*byte], last);
+        let want = if last {
+            BodyStatus::Continue
+        } else {
+            BodyStatus::StopIterationAndBuffer
+        };
+        assert_eq!(status, want, "byte {i}");
+    }
+    let spliced = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
+    assert_eq!(d.fake.upstream, spliced);
+    assert_eq!(
+        d.fake.header(Headers::Request, "content-length"),
+        Some(spliced.len().to_string().as_bytes())
+    );
+}
+
+#[test]
+fn a_request_body_followed_by_trailers_is_judged_at_the_trailers() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    let body = br#"{"nvext":{"annotations":["x-prefill-continue"]}}"#;
+    assert_eq!(
+        d.request_chunk(body, false),
+        BodyStatus::StopIterationAndBuffer
+    );
+    assert_eq!(d.request_trailers(), TrailersStatus::Continue);
+    assert_eq!(d.fake.upstream, br#"{"nvext":{"annotations":[]}}"#);
+}
+
+#[test]
+fn a_refused_request_gets_the_guards_reply_a_log_line_and_a_count_and_nothing_goes_upstream() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_chunk(br#"{"nvext":{"annotations":"x"}}"#, true),
+        BodyStatus::StopIterationNoBuffer
+    );
+    let (status, body) = d.fake.sent.clone().expect("a local reply");
+    assert_eq!(status, 400);
+    let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "invalid_nvext");
+    assert!(d.fake.upstream.is_empty());
+    assert_eq!(d.fake.count(Counter::RequestsRefused, "400"), 1);
+    let logs = d.fake.logs.clone();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(logs[0].0, Level::Info);
+    assert!(logs[0].1.contains("400"), "{logs:?}");
+    // Envoy's local reply comes back through the response hooks: JSON, passed.
+    let status = d.response(
+        &[(":status", "400"), ("content-type", "application/json")],
+        false,
+    );
+    assert_eq!(status, HeadersStatus::Continue);
+    assert_eq!(d.response_chunk(&[&body], true), BodyStatus::Continue);
+    assert_eq!(d.fake.client, body);
+}
+
+#[test]
+fn a_refusal_at_the_head_stops_the_request_there() {
+    let mut d = Driver::dynamo();
+    let status = d.request(
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        false,
+    );
+    assert_eq!(status, HeadersStatus::StopIteration);
+    assert_eq!(d.fake.sent.as_ref().map(|s| s.0), Some(415));
+    // Envoy may still deliver body chunks it had: none goes on.
+    assert_eq!(
+        d.request_chunk(b"{}", true),
+        BodyStatus::StopIterationNoBuffer
+    );
+    assert!(d.fake.upstream.is_empty());
+}
+
+#[test]
+fn a_body_over_max_body_is_refused_as_soon_as_it_is_known_to_be() {
+    let mut d = Driver::new(&Config::parse(br#"{"max-body":100}"#).unwrap());
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_chunk(&[b' '; 60], false),
+        BodyStatus::StopIterationAndBuffer
+    );
+    assert_eq!(
+        d.request_chunk(&[b' '; 60], false),
+        BodyStatus::StopIterationNoBuffer
+    );
+    let (status, body) = d.fake.sent.clone().unwrap();
+    assert_eq!(status, 413);
+    assert!(String::from_utf8_lossy(&body).contains("invalid_request_error"));
+    assert!(d.fake.upstream.is_empty());
+}
+
+#[test]
+fn a_frame_over_the_limit_resets_the_stream_and_nothing_more_goes_out() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    let mut huge = b"data: ".to_vec();
+    huge.resize(2 << 20, b'x');
+    let status = d.response_chunk(&[&huge], false);
+    assert_eq!(status, BodyStatus::StopIterationNoBuffer);
+    assert_eq!(d.fake.reset.as_deref(), Some("bypass_marker"));
+    assert!(d.fake.client.is_empty());
+    // Later chunks and the end let nothing through either.
+    assert_eq!(
+        d.response_chunk(&[DATA], true),
+        BodyStatus::StopIterationNoBuffer
+    );
+    assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
+    assert!(d.fake.client.is_empty());
+    assert!(
+        d.fake.logs.iter().any(|(level, _)| *level == Level::Warn),
+        "{:?}",
+        d.fake.logs
+    );
+}
+
+#[test]
+fn a_client_that_resets_mid_stream_ends_the_stream_with_its_counts_and_nothing_else() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    let _ = d.response_chunk(&[MARKER, b"data: par"], false);
+    d.complete();
+    assert_eq!(
+        d.fake
+            .count(Counter::FramesRemoved, "x-bypass-remote-prefill"),
+        1
+    );
+    assert!(d.fake.reset.is_none());
+    assert!(d.fake.sent.is_none());
+}
+
+#[test]
+fn a_stream_that_ends_at_its_request_produces_no_response_work() {
+    // A request reset before any response: only request hooks and the end.
+    let mut d = Driver::dynamo();
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_chunk(b"{", false),
+        BodyStatus::StopIterationAndBuffer
+    );
+    d.complete();
+    assert!(d.fake.upstream.is_empty());
+    assert!(d.fake.sent.is_none());
+}
+
+#[test]
+fn every_hook_order_gives_the_tower_bytes_or_a_reset_never_a_partial_clean_end() {
+    // Hook sequences Envoy can produce for one stream, after request headers: body chunks in any
+    // split, with or without an empty last chunk, with or without trailers.
+    let body = stream_body();
+    let want = tower(
+        &BypassMarkerLayer::dynamo(),
+        &RequestedAnnotations::new(),
+        &body,
+    );
+    let mut log = String::new();
+    for split in [1, 2, 7, 13, body.len()] {
+        for ending in ["eos-on-data", "empty-eos", "trailers"] {
+            let mut d = Driver::dynamo();
+            let _ = d.request("GET", &[], true);
+            let _ = d.sse();
+            let chunks: Vec<&[u8]> = body.chunks(split).collect();
+            for (i, chunk) in chunks.iter().enumerate() {
+                let last = i + 1 == chunks.len() && ending == "eos-on-data";
+                assert_eq!(d.response_chunk(&[chunk], last), BodyStatus::Continue);
+            }
+            match ending {
+                "empty-eos" => assert_eq!(d.response_chunk(&[], true), BodyStatus::Continue),
+                "trailers" => assert_eq!(d.response_trailers(), TrailersStatus::Continue),
+                _ => {}
+            }
+            d.complete();
+            let _ = writeln!(log, "{split} {ending}");
+            assert_eq!(d.fake.client, want, "{log}");
+        }
+    }
+}
