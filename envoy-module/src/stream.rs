@@ -477,5 +477,7 @@ impl StreamFilter {
     fn test_panic(&self, _hook: &str) {}
 }
 
+#[cfg(any(test, feature = "memory"))]
+pub mod memory;
 #[cfg(test)]
 mod tests;

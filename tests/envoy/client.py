@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks through Envoy with the processor (started by tests/envoy/run.sh), with a small HTTP/1.1
-client of its own that tells a clean end of a response from a broken one.
+"""Checks through Envoy with the processor (started by tests/envoy/run.sh) or the dynamic module
+(tests/envoy/module.sh: `--front module`), with a small HTTP/1.1 client of its own that tells a
+clean end of a response from a broken one.
 
   client.py checks --envoy URL --upstream URL
       the request side and the pass-through: router-owned names never reach the upstream (any
@@ -29,6 +30,13 @@ client of its own that tells a clean end of a response from a broken one.
   client.py reset --envoy URL --upstream URL
       an upstream that resets its connection in the middle of a stream: the client sees a broken
       stream, never the marker; the next request is served
+  client.py pieces --envoy URL --upstream URL --streams N
+      N scripted streams, one after another, whose upstream writes 1 to 9 bytes at a time (1 ms
+      apart, so that Envoy reads them apart): each byte for byte what its opt-in allows
+  client.py panic --envoy URL --upstream URL --hook HOOK
+      (a module built with feature test-panic) a request whose header makes HOOK panic: the
+      client sees an error or a broken stream, never the marker nor a clean end of a stream; the
+      next request is served
 
 Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
 """
@@ -293,7 +301,10 @@ async def run_checks(args):
         ("a body of 32 MiB + 1 KiB (over --max-body)", max_body + 1024, False, "processor 413"),
         ("a chunked body of 32 MiB + 1 KiB (over --max-body)", max_body + 1024, True, "processor 413"),
         ("a body of 32 MiB + 128 KiB", max_body + (128 << 10), False, "processor 413"),
-        ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True, "envoy 413"),
+        # The processor sees a buffered body only once Envoy has all of it; the module sees every
+        # chunk and refuses as soon as the body is over --max-body, before Envoy's limit.
+        ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True,
+         "processor 413" if args.front == "module" else "envoy 413"),
     ):
         test_id = ids()
         raw = sized_body(size, ["x-bypass-remote-prefill"])
@@ -416,7 +427,7 @@ async def run_concurrent(args):
     total = sum(len(script.stream(i)[1]) for i in range(n))
     report(
         not bad,
-        f"{n} concurrent streams through Envoy and the processor, all in flight at once, each byte "
+        f"{n} concurrent streams through Envoy and the {args.front}, all in flight at once, each byte "
         f"for byte what its opt-in allows ({total} bytes in {elapsed:.1f} s)",
         f"{len(bad)} wrong: " + "; ".join(bad[:5]),
     )
@@ -585,9 +596,50 @@ async def run_reset(args):
     await served_after(args, "after an upstream reset")
 
 
+async def run_pieces(args):
+    bad = []
+    total = 0
+    for stream_id in range(args.streams):
+        body = chat(True, script.annotations_of(stream_id),
+                    {"kind": "script", "id": stream_id, "largest": 9, "pace_ms": 1})
+        res = await request(args.envoy, "/v1/chat/completions", body, timeout=120)
+        _, expected = script.stream(stream_id)
+        total += len(expected)
+        if not (res.status == 200 and res.clean_end and res.body == expected):
+            bad.append(f"stream {stream_id}: status {res.status}, error {res.error}, "
+                       f"{len(res.body)} of {len(expected)} bytes: {show(res.body)}")
+    report(
+        not bad,
+        f"{args.streams} streams written 1 to 9 bytes at a time: each byte for byte what its opt-in "
+        f"allows ({total} bytes)",
+        "; ".join(bad[:3]),
+    )
+
+
+async def run_panic(args):
+    test_id = Ids(f"panic-{args.hook}")()
+    body = chat(True, test={"kind": "paced", "events": 5, "interval_ms": 20})
+    res = await request(args.envoy, "/v1/chat/completions", body,
+                        headers={"x-test-id": test_id, "x-bypass-marker-test-panic": args.hook})
+    # Before the response started Envoy answers with an error or closes the connection; after,
+    # the stream breaks.
+    failed = not res.clean_end or res.status >= 500
+    report(
+        failed and script.MARKER not in res.body and b"[DONE]" not in res.body,
+        f"a panic in {args.hook}: the client gets status {res.status} and "
+        f"{'a broken stream' if not res.clean_end else 'an error'} ({res.error}), never the marker "
+        "nor a clean end of the stream",
+        f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}",
+    )
+    await served_after(args, f"after a panic in {args.hook}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset"])
+    parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
+                                         "pieces", "panic"])
+    parser.add_argument("--front", choices=["processor", "module"], default="processor")
+    parser.add_argument("--hook", default="response_body")
     parser.add_argument("--envoy", required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--streams", type=int, default=1000)

@@ -173,42 +173,8 @@ log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $ro
 # ---------------------------------------------------------------------------------------------
 # The checks
 
-passed=0
-failed=0
-count() {
-  if (($1)); then
-    printf 'PASS %s\n' "$2"
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s\n' "$2"
-    failed=$((failed + 1))
-  fi
-}
-
-# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
-# which check failed counts as one failure.
-run_client() {
-  local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
-  shift
-  # In the background and in a group of its own, so that a signal to this script ends it at once.
-  setsid timeout 180 "$@" >"$out" 2>"$err" &
-  clients+=($!)
-  # (stderr: bash reports there a server of ours that a check killed on purpose)
-  { wait $! || status=$?; } 2>/dev/null
-  cat "$out"
-  p="$(grep -c '^PASS ' "$out" || true)"
-  f="$(grep -c '^FAIL ' "$out" || true)"
-  if ((status != 0 && f == 0)); then
-    printf 'FAIL %s: exited with status %d\n' "$name" "$status"
-    f=1
-  fi
-  if ((f > 0 || status != 0)); then
-    log "$name: stderr follows"
-    sed 's/^/    /' "$err" >&2
-  fi
-  passed=$((passed + p))
-  failed=$((failed + f))
-}
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
 
 listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
 ok=0
@@ -258,23 +224,7 @@ run_client "processor killed" "${client[@]}" kill --envoy "$envoy_upstream" --up
   --pid "$processor_pid"
 run_client "after the processor died" "${client[@]}" down --envoy "$envoy_upstream" --upstream "$upstream"
 
-# Nothing is left behind. Zombies (state Z) are not counted: they hold nothing but a
-# process-table entry.
-stop_all
-leftovers() {
-  ps -eo pid=,pgid=,stat=,args= | awk -v groups=" ${groups[*]} ${clients[*]} " -v work="$work" \
-    '$3 !~ /^Z/ && (index(groups, " " $2 " ") || index($0, work))' | grep -v -e awk -e grep || true
-}
-for ((i = 0; i < 50; i++)); do
-  left="$(leftovers)"
-  [[ -z "$left" ]] && break
-  sleep 0.1
-done
-ok=0
-[[ -z "$left" ]] && ok=1
-count $ok "no process left behind after stopping ${#groups[@]} servers and ${#clients[@]} clients${left:+: $left}"
-groups=()
-clients=()
+nothing_left
 
 log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the builds)"
 echo "envoy: $passed passed, $failed failed"

@@ -61,13 +61,13 @@ def stream(stream_id):
     return b"".join(full), b"".join(expected)
 
 
-def chunks(stream_id):
-    """The upstream's chunks of scripted stream id: 1 to 300 bytes, cutting frames anywhere."""
+def chunks(stream_id, largest=300):
+    """The upstream's chunks of scripted stream id: 1 to `largest` bytes, cutting frames anywhere."""
     full, _ = stream(stream_id)
     rng = random.Random(~stream_id)
     out, at = [], 0
     while at < len(full):
-        n = rng.randrange(1, 301)
+        n = rng.randrange(1, largest + 1)
         out.append(full[at : at + n])
         at += n
     return out

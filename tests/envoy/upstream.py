@@ -6,12 +6,14 @@
   GET  /v1/models               a fixed JSON model list (content-length)
   POST /v1/chat/completions     by the JSON body's "test" object (see script.py):
          absent or stream false    a fixed JSON completion (content-length)
-         {"kind": "script", "id": N, "barrier": K}
+         {"kind": "script", "id": N, "barrier": K, "largest": L, "pace_ms": MS}
                                    the event stream script.stream(N) in the chunks
                                    script.chunks(N): every annotation Dynamo sends, markers
                                    included, frames cut anywhere; with "barrier", each stream waits
                                    halfway until K scripted streams have reached that point (at most
-                                   60 s), so all K are in flight at once
+                                   60 s), so all K are in flight at once; with "largest", chunks
+                                   of 1 to L bytes (default 300); with "pace_ms", MS between
+                                   chunks (so that each arrives in a read of its own)
          {"kind": "paced", "events": N, "interval_ms": MS}
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
@@ -200,10 +202,11 @@ async def handle(reader, writer):
                     if entry:
                         entry["outcome"] = "complete"
                 elif test.get("kind") == "script":
-                    chunks = script.chunks(test["id"])
+                    chunks = script.chunks(test["id"], test.get("largest", 300))
                     if test.get("barrier"):
                         chunks.insert(len(chunks) // 2, barrier_for(test["barrier"]))
-                    if not await send_stream(writer, chunks, entry):
+                    pace = test.get("pace_ms", 0) / 1000
+                    if not await send_stream(writer, chunks, entry, pace=pace):
                         return
                 elif test.get("kind") == "paced":
                     frames = script.paced(test["events"])

