@@ -128,14 +128,18 @@ impl Config {
         };
         // Memory per stream is bounded by the layer's frame limit; past it the stream is reset
         // rather than the frame forwarded unfiltered.
-        let layer = layer
-            .sdk_safe(sdk_safe)
-            .on_overflow(Overflow::Error)
-            .observe(std::sync::Arc::new(Tally));
-        Ok(Self {
+        let layer = layer.sdk_safe(sdk_safe).on_overflow(Overflow::Error);
+        Ok(Self::new(layer, max_body))
+    }
+
+    /// A configuration with this layer and request body limit, its frames counted in Envoy's
+    /// stats ([`Tally`]).
+    pub fn new(layer: BypassMarkerLayer, max_body: usize) -> Self {
+        let layer = layer.observe(std::sync::Arc::new(Tally));
+        Self {
             guard: layer.request_guard().max_body_bytes(max_body),
             layer,
-        })
+        }
     }
 
     /// The layer the streams filter responses with.

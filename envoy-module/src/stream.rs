@@ -176,10 +176,19 @@ impl StreamFilter {
                 return HeadersStatus::StopIteration;
             }
         }
-        match self
+        let step = self
             .exchange
-            .request_headers(method, &headers, end_of_stream)
+            .request_headers(method, &headers, end_of_stream);
+        if matches!(step, Ok(RequestStep::Forward | RequestStep::ReadBody))
+            && !host.set_header(Headers::Request, "accept-encoding", Some(b"identity"))
         {
+            self.fail(
+                host,
+                &ExchangeError::Order("Envoy refused to set accept-encoding"),
+            );
+            return HeadersStatus::StopIteration;
+        }
+        match step {
             Ok(RequestStep::Forward) => HeadersStatus::Continue,
             Ok(RequestStep::ReadBody) => {
                 self.reading = true;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use tower::{service_fn, Layer, Service};
-use tower_bypass_marker::{FilterOutput, FrameTooLarge};
+use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, FrameTooLarge};
 
 use crate::body::{noop_waker, ready, Item, Scripted};
 use crate::case::{Case, CONTENT_TYPES};
@@ -74,33 +74,36 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
 
 /// What a driver saw: the output after each chunk, the whole output, and whether it failed.
 #[derive(Debug, PartialEq, Eq)]
-struct Seen {
-    after: Vec<usize>,
-    out: String,
-    too_large: Option<usize>,
+pub struct Seen {
+    pub after: Vec<usize>,
+    pub out: String,
+    pub too_large: Option<usize>,
 }
 
-/// The tower body and the public filter, given the same response head, opt-in and chunks, output
-/// the same bytes after every chunk and at the end, and fail with the same `FrameTooLarge`.
-pub fn check_filter(case: &Case) {
+/// The response head of `case` (its content type and encoding).
+pub fn response_head(case: &Case) -> HeaderMap {
     let (content_type, encoding, _) = CONTENT_TYPES[case.body.content_type];
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     if let Some(encoding) = encoding {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
     }
-    let chunks = case.chunks();
+    headers
+}
 
-    // The tower body, a `Pending` after each chunk.
+/// The tower body for `case`'s head, opt-in and chunks (a `Pending` after each chunk): the output
+/// after every chunk, the whole output, and its `FrameTooLarge`.
+pub fn body_seen(case: &Case, layer: &BypassMarkerLayer) -> Seen {
+    let headers = response_head(case);
     let mut items = Vec::new();
-    for chunk in &chunks {
+    for chunk in case.chunks() {
         items.push(Item::Data(Bytes::copy_from_slice(chunk)));
         items.push(Item::Pending);
     }
     let mut res = Response::new(Scripted::new(items));
-    *res.headers_mut() = headers.clone();
+    *res.headers_mut() = headers;
     let mut res = Some(res);
-    let mut svc = case.layer().layer(service_fn(move |_req: Request<()>| {
+    let mut svc = layer.layer(service_fn(move |_req: Request<()>| {
         std::future::ready(Ok::<_, Infallible>(res.take().expect("called once")))
     }));
     let mut req = Request::new(());
@@ -128,6 +131,15 @@ pub fn check_filter(case: &Case) {
         }
     }
     from_body.out = esc(&out);
+    from_body
+}
+
+/// The tower body and the public filter, given the same response head, opt-in and chunks, output
+/// the same bytes after every chunk and at the end, and fail with the same `FrameTooLarge`.
+pub fn check_filter(case: &Case) {
+    let headers = response_head(case);
+    let chunks = case.chunks();
+    let from_body = body_seen(case, &case.layer());
 
     // The public filter, for the same head.
     let mut from_filter = Seen {

@@ -8,4 +8,5 @@ pub mod body;
 pub mod case;
 pub mod filter;
 pub mod json;
+pub mod module;
 pub mod oracle;

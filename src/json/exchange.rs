@@ -199,6 +199,11 @@ impl Exchange {
 
     /// The request's head. `end_of_stream`: the request has no body.
     ///
+    /// A request that goes on ([`RequestStep::Forward`], [`RequestStep::ReadBody`]) must ask its
+    /// upstream for `accept-encoding: identity`: an encoded event stream cannot be filtered (it
+    /// passes through), so an upstream that compresses for a client that accepts gzip would carry
+    /// annotations past the filter.
+    ///
     /// # Errors
     ///
     /// [`ExchangeError::Order`] for a second request head.

@@ -434,3 +434,36 @@ fn every_hook_order_gives_the_tower_bytes_or_a_reset_never_a_partial_clean_end()
         }
     }
 }
+
+#[test]
+fn requests_that_go_on_ask_the_upstream_for_identity_encoding() {
+    // Skipped by the guard, and read by it: both go on, both ask for an unencoded response.
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[("accept-encoding", "gzip")], true);
+    assert_eq!(
+        d.fake.header(Headers::Request, "accept-encoding"),
+        Some(&b"identity"[..])
+    );
+    let mut d = Driver::dynamo();
+    let json = [
+        ("content-type", "application/json"),
+        ("accept-encoding", "gzip, br"),
+    ];
+    let _ = d.request("POST", &json, false);
+    assert_eq!(
+        d.fake.header(Headers::Request, "accept-encoding"),
+        Some(&b"identity"[..])
+    );
+    // A refused one goes nowhere.
+    let mut d = Driver::dynamo();
+    let gzipped = [
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+        ("accept-encoding", "gzip"),
+    ];
+    let _ = d.request("POST", &gzipped, false);
+    assert_eq!(
+        d.fake.header(Headers::Request, "accept-encoding"),
+        Some(&b"gzip"[..])
+    );
+}

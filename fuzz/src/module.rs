@@ -1,0 +1,108 @@
+//! The Envoy dynamic module's per-stream layer (`bypass-marker-envoy-module`'s `StreamFilter`),
+//! driven through its in-memory stream in the hook orders Envoy can produce, and compared with the
+//! tower body for the same layer, opt-in and chunks.
+
+use bypass_marker::config::Config;
+use bypass_marker::stream::memory::Simulated;
+use bypass_marker::stream::{BodyStatus, HeadersStatus, TrailersStatus};
+use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
+
+use crate::case::Case;
+use crate::filter::{body_seen, response_head};
+use crate::oracle::esc;
+
+/// How the response body ends, chosen from the case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// `end_of_stream` on the last data chunk.
+    OnData,
+    /// An empty last chunk with `end_of_stream`.
+    EmptyChunk,
+    /// Trailers after the data.
+    Trailers,
+}
+
+pub fn check_module(case: &Case) {
+    let layer = case.layer();
+    let want = body_seen(case, &layer);
+    let config = Config::new(layer, DEFAULT_MAX_BODY_BYTES);
+    let mut stream = Simulated::new(&config);
+
+    // The request: the client's opt-in in `nvext.annotations`, its body in two pieces.
+    let body = serde_json::json!({"stream": true, "nvext": {"annotations": case.requested}})
+        .to_string()
+        .into_bytes();
+    let status = stream.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(status, HeadersStatus::StopIteration, "a JSON body is read");
+    let (a, b) = body.split_at(body.len() / 2);
+    assert_eq!(stream.request_chunk(a, false), BodyStatus::StopIterationAndBuffer);
+    let forwarded = if case.body.trailers {
+        stream.request_chunk(b, false) == BodyStatus::StopIterationAndBuffer
+            && stream.request_trailers() == TrailersStatus::Continue
+    } else {
+        stream.request_chunk(b, true) == BodyStatus::Continue
+    };
+    assert!(forwarded, "the request was not forwarded: {:?}", stream.fake.sent);
+
+    // The response.
+    let head = response_head(case);
+    let mut headers: Vec<(&str, &str)> = vec![(":status", "200")];
+    for (name, value) in &head {
+        headers.push((name.as_str(), value.to_str().unwrap()));
+    }
+    assert_eq!(stream.response(&headers, false), HeadersStatus::Continue);
+    let ending = if case.body.trailers {
+        Ending::Trailers
+    } else if case.input.len() % 2 == 1 {
+        Ending::EmptyChunk
+    } else {
+        Ending::OnData
+    };
+    let chunks = case.chunks();
+    let mut after = Vec::new();
+    let mut reset = false;
+    for (i, chunk) in chunks.iter().enumerate() {
+        if case.body.empty_chunks {
+            assert_eq!(stream.response_chunk(&[], false), BodyStatus::Continue);
+        }
+        let last = i + 1 == chunks.len() && ending == Ending::OnData;
+        // Envoy's buffers come in slices: some chunks in two.
+        let status = if case.body.pending {
+            let (x, y) = chunk.split_at(chunk.len() / 2);
+            stream.response_chunk(&[x, y], last)
+        } else {
+            stream.response_chunk(&[chunk], last)
+        };
+        if status == BodyStatus::StopIterationNoBuffer {
+            reset = true;
+            break;
+        }
+        assert_eq!(status, BodyStatus::Continue);
+        after.push(stream.fake.client.len());
+    }
+    if !reset {
+        let end_reset = match ending {
+            Ending::OnData => false,
+            Ending::EmptyChunk => stream.response_chunk(&[], true) != BodyStatus::Continue,
+            Ending::Trailers => stream.response_trailers() != TrailersStatus::Continue,
+        };
+        reset = end_reset;
+    }
+    stream.complete();
+
+    // Every chunk's output as soon as the tower body's, the same bytes, and a reset exactly where
+    // the body fails with FrameTooLarge.
+    assert_eq!(
+        want.too_large.is_some(),
+        reset,
+        "body failed: {:?}, module reset: {reset} ({:?})",
+        want.too_large,
+        stream.fake.reset
+    );
+    assert_eq!(reset, stream.fake.reset.is_some());
+    assert_eq!(esc(&stream.fake.client), want.out, "the module and the tower body differ");
+    if !reset && !chunks.is_empty() {
+        let n = after.len().min(want.after.len());
+        assert_eq!(after[..n], want.after[..n], "output after each chunk");
+    }
+}
