@@ -746,8 +746,8 @@ fn goals(name: &str, writes: Writes) -> Option<(f64, f64)> {
 
 fn verdict(ratio: f64, goal: Option<f64>) -> String {
     match goal {
-        Some(goal) if ratio <= goal => format!("goal <= {goal:.1}x: met"),
-        Some(goal) => format!("goal <= {goal:.1}x: NOT met"),
+        Some(goal) if ratio <= goal => format!("goal <= {goal:.2}x: met"),
+        Some(goal) => format!("goal <= {goal:.2}x: NOT met"),
         None => String::new(),
     }
 }

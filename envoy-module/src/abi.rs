@@ -309,15 +309,25 @@ impl Host for EnvoyStream {
         unsafe { envoy_dynamic_module_callback_http_get_body_size(self.envoy, body_type(body)) }
     }
 
-    fn body(&self, body: Body) -> Vec<&[u8]> {
+    fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        /// Chunks looked at without an allocation: Envoy's buffers hold 16 KiB slices, so a
+        /// chunk of up to 128 KiB.
+        const ON_STACK: usize = 8;
         let kind = body_type(body);
         // SAFETY: the stream's pointer, during the hook.
         let n =
             unsafe { envoy_dynamic_module_callback_http_get_body_chunks_size(self.envoy, kind) };
         if n == 0 {
-            return Vec::new();
+            return f(&[]);
         }
-        let mut chunks = vec![EnvoyBuffer::EMPTY; n];
+        let mut stack = [EnvoyBuffer::EMPTY; ON_STACK];
+        let mut heap = Vec::new();
+        let chunks = if n <= ON_STACK {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, EnvoyBuffer::EMPTY);
+            &mut heap[..]
+        };
         // SAFETY: `chunks` has room for the `n` buffers Envoy writes.
         let ok = unsafe {
             envoy_dynamic_module_callback_http_get_body_chunks(
@@ -327,15 +337,28 @@ impl Host for EnvoyStream {
             )
         };
         if !ok {
-            return Vec::new();
+            return f(&[]);
         }
-        chunks
-            .into_iter()
+        let mut stack_slices: [&[u8]; ON_STACK] = [&[]; ON_STACK];
+        let mut heap_slices = Vec::new();
+        let slices = if n <= ON_STACK {
+            &mut stack_slices[..n]
+        } else {
+            heap_slices.resize(n, &[][..]);
+            &mut heap_slices[..]
+        };
+        let mut len = 0;
+        for chunk in chunks.iter() {
             // SAFETY: a body chunk stays valid until the hook returns or a setter is called; the
-            // slices borrow `self`, so no setter (`&mut self`) can be called while they live.
-            .map(|chunk| unsafe { chunk.bytes() })
-            .filter(|slice| !slice.is_empty())
-            .collect()
+            // slices live only during `f`, which gets no way to call a setter (`&self` is
+            // borrowed, and setters take `&mut self`).
+            let slice = unsafe { chunk.bytes() };
+            if !slice.is_empty() {
+                slices[len] = slice;
+                len += 1;
+            }
+        }
+        f(&slices[..len])
     }
 
     fn drain_body(&mut self, body: Body, n: usize) -> bool {

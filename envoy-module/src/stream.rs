@@ -57,8 +57,9 @@ pub trait Host {
     fn set_header(&mut self, headers: Headers, name: &str, value: Option<&[u8]>) -> bool;
     /// The bytes in a body buffer (0 if it does not exist).
     fn body_len(&self, body: Body) -> usize;
-    /// The slices of a body buffer, in order; valid until the next call that changes the stream.
-    fn body(&self, body: Body) -> Vec<&[u8]>;
+    /// Calls `f` with the slices of a body buffer, in order (Envoy's own memory: valid only until
+    /// something changes the stream, so only within `f`).
+    fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R;
     /// Removes the first `n` bytes of a body buffer.
     fn drain_body(&mut self, body: Body, n: usize) -> bool;
     /// Appends `data` to a body buffer.
@@ -115,6 +116,8 @@ pub struct StreamFilter {
     /// The filter reset the stream: nothing more goes through.
     failed: bool,
     edit: ChunkEdit,
+    /// A rebuilt response chunk, before it goes back into Envoy's buffer; reused.
+    out: Vec<u8>,
     #[cfg(feature = "test-panic")]
     panic_at: Option<String>,
 }
@@ -139,6 +142,7 @@ impl StreamFilter {
             refused: false,
             failed: false,
             edit: ChunkEdit::new(),
+            out: Vec::new(),
             #[cfg(feature = "test-panic")]
             panic_at: None,
         }
@@ -248,9 +252,11 @@ impl StreamFilter {
             host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest),
         );
         for part in [Body::BufferedRequest, Body::ReceivedRequest] {
-            for slice in host.body(part) {
-                body.extend_from_slice(slice);
-            }
+            host.with_body(part, |slices| {
+                for slice in slices {
+                    body.extend_from_slice(slice);
+                }
+            });
         }
         match self.exchange.request_body(Bytes::from(body), true) {
             Ok(BodyStep::Forward) => BodyStatus::Continue,
@@ -370,11 +376,19 @@ impl StreamFilter {
         if !self.exchange.filters_response() {
             return BodyStatus::Continue;
         }
-        let slices = host.body(Body::ReceivedResponse);
-        let out =
-            self.exchange
-                .response_body(slices.iter().copied(), end_of_stream, &mut self.edit);
-        if let Err(err) = out {
+        // Scanned where the chunk lies; copied out only when it must be rebuilt (a frame removed
+        // from its middle, or a frame held across chunks released into it or cut from its end),
+        // before the buffer changes.
+        self.out.clear();
+        let (exchange, edit, out) = (&mut self.exchange, &mut self.edit, &mut self.out);
+        let scanned = host.with_body(Body::ReceivedResponse, |slices| {
+            exchange.response_body(slices.iter().copied(), end_of_stream, edit)?;
+            if !edit.is_unchanged() && edit.skip_front().is_none() {
+                edit.write_to(slices, out);
+            }
+            Ok(())
+        });
+        if let Err(err) = scanned {
             self.flush_counts(host);
             self.fail(host, &err);
             return BodyStatus::StopIterationNoBuffer;
@@ -384,10 +398,8 @@ impl StreamFilter {
         } else if let Some(n) = self.edit.skip_front() {
             host.drain_body(Body::ReceivedResponse, n)
         } else {
-            let out = self.edit.to_vec(&slices);
-            let len = self.edit.input_len();
-            host.drain_body(Body::ReceivedResponse, len)
-                && (out.is_empty() || host.append_body(Body::ReceivedResponse, &out))
+            host.drain_body(Body::ReceivedResponse, self.edit.input_len())
+                && (self.out.is_empty() || host.append_body(Body::ReceivedResponse, &self.out))
         };
         self.flush_counts(host);
         if !ok {
@@ -415,8 +427,9 @@ impl StreamFilter {
             self.fail(host, &err);
             return TrailersStatus::StopIteration;
         }
-        let out = self.edit.to_vec(&[]);
-        if !out.is_empty() && !host.append_body(Body::BufferedResponse, &out) {
+        self.out.clear();
+        self.edit.write_to(&[], &mut self.out);
+        if !self.out.is_empty() && !host.append_body(Body::BufferedResponse, &self.out) {
             self.fail(
                 host,
                 &ExchangeError::Order("Envoy refused the end of the response body"),

@@ -104,12 +104,13 @@ impl Host for MemoryHost {
         self.bodies[index(body)].iter().map(Vec::len).sum()
     }
 
-    fn body(&self, body: Body) -> Vec<&[u8]> {
-        self.bodies[index(body)]
+    fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let slices: Vec<&[u8]> = self.bodies[index(body)]
             .iter()
             .map(Vec::as_slice)
             .filter(|s| !s.is_empty())
-            .collect()
+            .collect();
+        f(&slices)
     }
 
     fn drain_body(&mut self, body: Body, mut n: usize) -> bool {
