@@ -17,7 +17,8 @@
 #     to the router (the control); a raw client's bytes, opted in or not;
 #   - streams the upstream writes 1 to 9 bytes at a time; 1,000 concurrent streams intact;
 #   - a client that goes away, an upstream that resets;
-#   - a bad filter_config: Envoy refuses to start, and its log names the field;
+#   - a bad filter_config: Envoy refuses to start, and its log names the field; every bootstrap
+#     under examples/envoy/ passes `envoy --mode validate`;
 #   - the module's counters in /stats/prometheus;
 #   - a panic in a hook (the test-panic build): a broken stream, never the marker, and Envoy
 #     serves the next request;
@@ -202,6 +203,16 @@ done
 ok=0
 grep -Eq '\[info\]\[dynamic_modules\].*bypass_marker: refused a request with 400' "$work/envoy-upstream.log" && ok=1
 count $ok "a refusal is logged through Envoy's logger at info"
+
+# Every shipped bootstrap passes Envoy's own validation (the module's with the module built here).
+for bootstrap in "$root"/examples/envoy/*.yaml; do
+  status=0
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$modules" timeout 60 "$envoy_bin" --mode validate -c "$bootstrap" \
+    >"$work/validate.log" 2>&1 || status=$?
+  ok=0
+  ((status == 0)) && ok=1
+  count $ok "envoy --mode validate -c examples/envoy/${bootstrap##*/}: status $status$( ((status)) && printf ': %s' "$(tail -n 3 "$work/validate.log" | tr '\n' ' ')")"
+done
 
 # A bad filter_config: Envoy refuses it at start, and says which field.
 for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe'; do
