@@ -209,15 +209,15 @@ impl EventStreamFilter {
         Ok(out)
     }
 
-    /// Acts on a chunk that the caller keeps (a host's own buffer, such as Envoy's): appends to
-    /// `edit` what to forward for it, as ranges of the chunk and the few bytes the filter owns
-    /// (a frame that spanned chunks). Nothing of `input` is copied unless it belongs to a frame
-    /// that is still open at its end. A chunk that comes as several slices is passed one slice
-    /// at a time into the same `edit`: its ranges count from the start of the first.
+    /// Acts on a chunk that the caller keeps (a host's own buffer, such as Envoy's), given as the
+    /// slices it is made of: appends to `edit` what to forward for it, as ranges of the chunk
+    /// (counted from the start of its first slice) and the few bytes the filter owns (a frame
+    /// that began in an earlier chunk). Nothing of the chunk is copied but a frame that is still
+    /// open at its end; a frame that spans two of its slices stays where it is.
     ///
     /// The borrowed-chunk counterpart of [`push`](Self::push) and
-    /// [`poll_output`](Self::poll_output); the two can be mixed between chunks, not within one.
-    /// At the end of the body call [`edit_end`](Self::edit_end).
+    /// [`poll_output`](Self::poll_output); the two can be mixed between chunks. At the end of the
+    /// body call [`edit_end`](Self::edit_end).
     ///
     /// ```
     /// use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit, RequestedAnnotations};
@@ -226,7 +226,7 @@ impl EventStreamFilter {
     /// let mut filter = layer.event_stream_filter(&RequestedAnnotations::new()).unwrap();
     /// let mut edit = ChunkEdit::new();
     /// let chunk = b"event: x-bypass-remote-prefill\n: true\n\ndata: {}\n\n";
-    /// filter.edit(chunk, &mut edit)?;
+    /// filter.edit(&[chunk], &mut edit)?;
     /// // Forward the chunk from byte 39 on: the front of the buffer is drained, nothing copied.
     /// assert_eq!(edit.skip_front(), Some(39));
     /// assert_eq!(edit.to_vec(&[&chunk[..]]), b"data: {}\n\n");
@@ -240,7 +240,7 @@ impl EventStreamFilter {
     /// # Panics
     ///
     /// When output of a [`push`](Self::push)ed chunk has not been taken, or after the end.
-    pub fn edit(&mut self, input: &[u8], edit: &mut ChunkEdit) -> Result<(), FrameTooLarge> {
+    pub fn edit(&mut self, chunk: &[&[u8]], edit: &mut ChunkEdit) -> Result<(), FrameTooLarge> {
         assert!(
             self.state == State::Open,
             "EventStreamFilter::edit after finish"
@@ -249,13 +249,30 @@ impl EventStreamFilter {
             self.chunk.is_empty() && self.frames.ready.is_empty(),
             "EventStreamFilter::edit before poll_output returned NeedInput"
         );
-        let base = edit.len;
-        edit.len += input.len();
-        let out = self.frames.edit(input, base, edit);
-        if out.is_err() {
-            self.state = State::Ended;
+        // The open frame's bytes in this chunk, from this offset on, left where they are.
+        let mut span = None;
+        let start = edit.len;
+        for slice in chunk {
+            let base = edit.len;
+            edit.len += slice.len();
+            if let Err(err) = self.frames.edit(slice, base, &mut span, edit) {
+                self.state = State::Ended;
+                return Err(err);
+            }
         }
-        out
+        // A frame still open at the end of the chunk: its bytes are copied now, while the
+        // slices are still there.
+        if let Some(from) = span {
+            let mut at = start;
+            for slice in chunk {
+                let end = at + slice.len();
+                if end > from {
+                    self.frames.hold(&slice[from.saturating_sub(at)..]);
+                }
+                at = end;
+            }
+        }
+        Ok(())
     }
 
     /// The end of a body driven by [`edit`](Self::edit): appends to `edit` what the end
@@ -534,12 +551,15 @@ impl Frames {
         }
     }
 
-    /// [`Self::drain`] for a borrowed input: every step's output goes into `edit` (ranges count
-    /// from `base`), none is returned.
+    /// [`Self::drain`] for one slice of a borrowed chunk: every step's output goes into `edit`
+    /// (ranges count from `base`). `span`: where in the chunk the bytes of a frame still open
+    /// begin, when all of them are in this chunk (they stay where they are until the frame is
+    /// released, discarded, or the chunk ends).
     fn edit(
         &mut self,
         input: &[u8],
         base: usize,
+        span: &mut Option<usize>,
         edit: &mut ChunkEdit,
     ) -> Result<(), FrameTooLarge> {
         if input.is_empty() {
@@ -577,29 +597,45 @@ impl Frames {
                     at += n;
                 }
                 Step::Hold(n) => {
-                    self.hold(&input[at..at + n]);
+                    // A frame open at the end of a slice: left in place while the whole of it is
+                    // in this chunk (and the output's start is settled), else held.
+                    if span.is_none() {
+                        if self.held.is_empty() && !self.scanner.lead_open() {
+                            *span = Some(base + at);
+                        } else {
+                            self.hold(&input[at..at + n]);
+                        }
+                    }
                     at += n;
                 }
                 Step::Release(n) => {
-                    self.held.extend_from_slice(&input[at..at + n]);
-                    at += n;
-                    if !self.held.is_empty() {
-                        let data = self.held.split().freeze();
-                        if let Some(data) = self.lead(data) {
-                            edit.push_bytes(data);
-                        }
-                        let ready = std::mem::take(&mut self.ready);
-                        if !ready.is_empty() {
-                            edit.push_bytes(ready);
+                    if let Some(from) = span.take() {
+                        edit.push_input(from..base + at + n);
+                    } else {
+                        self.held.extend_from_slice(&input[at..at + n]);
+                        if !self.held.is_empty() {
+                            let data = self.held.split().freeze();
+                            if let Some(data) = self.lead(data) {
+                                edit.push_bytes(data);
+                            }
+                            let ready = std::mem::take(&mut self.ready);
+                            if !ready.is_empty() {
+                                edit.push_bytes(ready);
+                            }
                         }
                     }
+                    at += n;
                 }
                 Step::DiscardHeld(n) => {
-                    self.note_removed(self.held.len() + n);
+                    let in_place = span.take().map_or(0, |from| base + at - from);
+                    self.note_removed(self.held.len() + in_place + n);
                     self.held.clear();
                     at += n;
                 }
-                Step::Overflow => return Err(self.overflow()),
+                Step::Overflow => {
+                    *span = None;
+                    return Err(self.overflow());
+                }
                 Step::NeedInput => return Ok(()),
             }
             if at == input.len() {

@@ -448,3 +448,44 @@ fn the_tower_body_reports_to_the_observer_too() {
     );
     assert_eq!(counts.calls.load(Ordering::Relaxed), 1);
 }
+
+/// A chunk given as slices is filtered as one chunk: a frame that spans two slices is neither
+/// copied nor held, a removed one goes wherever it lies, and what is open at the chunk's end is
+/// held for the next chunk, whatever the cut.
+#[test]
+fn edit_of_a_chunk_in_slices_is_the_edit_of_the_whole_chunk() {
+    use tower_bypass_marker::{ChunkEdit, Piece};
+    let layer = BypassMarkerLayer::new();
+    let body: &[u8] = b"data: 1\n\nevent: x-bypass-remote-prefill\n: true\n\ndata: 2\n\ndata: 3";
+    let whole = {
+        let mut filter = layer
+            .event_stream_filter(&RequestedAnnotations::new())
+            .unwrap();
+        let mut edit = ChunkEdit::new();
+        filter.edit(&[body], &mut edit).unwrap();
+        edit
+    };
+    assert_eq!(
+        whole.pieces(),
+        [Piece::Input(0..9), Piece::Input(48..57)],
+        "the marker's bytes are skipped, the open `data: 3` is held"
+    );
+    for cut in 0..=body.len() {
+        let (a, b) = body.split_at(cut);
+        let mut filter = layer
+            .event_stream_filter(&RequestedAnnotations::new())
+            .unwrap();
+        let mut edit = ChunkEdit::new();
+        filter.edit(&[a, b], &mut edit).unwrap();
+        assert_eq!(edit.to_vec(&[a, b]), whole.to_vec(&[body]), "cut at {cut}");
+        // Past the body's first frame (until which a byte order mark is watched for, so a
+        // frame across slices there is held), the very same ranges.
+        if cut > 9 {
+            assert_eq!(edit, whole, "cut at {cut}");
+        }
+        // What was held comes out at the end.
+        let mut end = ChunkEdit::new();
+        filter.edit_end(&mut end).unwrap();
+        assert_eq!(end.to_vec(&[]), b"data: 3", "cut at {cut}");
+    }
+}

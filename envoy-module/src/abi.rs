@@ -7,7 +7,7 @@
 //! - Envoy resolves every symbol when it loads the module, so only callbacks that 1.38.3, 1.39.3
 //!   and 1.40.0 all export are referenced (`log`, not 1.40's `log_v2`), and every hook Envoy
 //!   looks up for an HTTP filter is exported, the ones the filter does not use included
-//!   (`tests/envoy_module/run.sh` loads the module in all three).
+//!   (`tests/envoy/module.sh` loads the module in all three).
 //! - Every hook that runs the filter's code catches a panic: the stream is reset (the client sees
 //!   a broken stream, never an unfiltered or a clean-looking truncated one), its later hooks let
 //!   nothing through, and Envoy goes on serving. Nothing unwinds into Envoy. This relies on the

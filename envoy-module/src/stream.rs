@@ -382,7 +382,7 @@ impl StreamFilter {
         self.out.clear();
         let (exchange, edit, out) = (&mut self.exchange, &mut self.edit, &mut self.out);
         let scanned = host.with_body(Body::ReceivedResponse, |slices| {
-            exchange.response_body(slices.iter().copied(), end_of_stream, edit)?;
+            exchange.response_body(slices, end_of_stream, edit)?;
             if !edit.is_unchanged() && edit.skip_front().is_none() {
                 edit.write_to(slices, out);
             }
@@ -421,7 +421,7 @@ impl StreamFilter {
         if !self.exchange.filters_response() {
             return TrailersStatus::Continue;
         }
-        let out = self.exchange.response_body([], true, &mut self.edit);
+        let out = self.exchange.response_body(&[], true, &mut self.edit);
         self.flush_counts(host);
         if let Err(err) = out {
             self.fail(host, &err);

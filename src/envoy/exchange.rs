@@ -212,13 +212,13 @@ impl Exchange {
             // Passed through (a body Envoy sends when the mode was not overridden), or an error
             // for a body whose headers were never judged.
             self.exchange
-                .response_body([], b.end_of_stream, &mut self.edit)
+                .response_body(&[], b.end_of_stream, &mut self.edit)
                 .map_err(status)?;
             return Ok(proto::unchanged_body());
         }
         let input = b.body;
         self.exchange
-            .response_body([&input[..]], b.end_of_stream, &mut self.edit)
+            .response_body(&[&input[..]], b.end_of_stream, &mut self.edit)
             .map_err(status)?;
         if self.edit.input_len() == input.len() && self.edit.is_unchanged() {
             return Ok(proto::unchanged_body());

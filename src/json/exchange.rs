@@ -55,7 +55,7 @@ use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, Requ
 ///
 /// let chunk = b"event: x-bypass-remote-prefill\n: true\n\ndata: {}\n\n";
 /// let mut edit = ChunkEdit::new();
-/// exchange.response_body([&chunk[..]], true, &mut edit)?;
+/// exchange.response_body(&[chunk], true, &mut edit)?;
 /// assert_eq!(edit.to_vec(&[&chunk[..]]), b"data: {}\n\n");
 /// # Ok::<_, tower_bypass_marker::json::ExchangeError>(())
 /// ```
@@ -345,9 +345,9 @@ impl Exchange {
     ///
     /// [`ExchangeError::Order`] for a body before the response's head;
     /// [`ExchangeError::FrameTooLarge`] when a frame outgrew the cap: the stream must be reset.
-    pub fn response_body<'a>(
+    pub fn response_body(
         &mut self,
-        chunk: impl IntoIterator<Item = &'a [u8]>,
+        chunk: &[&[u8]],
         end_of_stream: bool,
         edit: &mut ChunkEdit,
     ) -> Result<(), ExchangeError> {
@@ -362,16 +362,13 @@ impl Exchange {
                 ))
             }
         };
-        let out = chunk
-            .into_iter()
-            .try_for_each(|slice| filter.edit(slice, edit))
-            .and_then(|()| {
-                if end_of_stream {
-                    filter.edit_end(edit)
-                } else {
-                    Ok(())
-                }
-            });
+        let out = filter.edit(chunk, edit).and_then(|()| {
+            if end_of_stream {
+                filter.edit_end(edit)
+            } else {
+                Ok(())
+            }
+        });
         if end_of_stream || out.is_err() {
             self.response = ResponseState::Done;
         }
