@@ -173,6 +173,8 @@ enum RequestState {
 }
 
 /// Where the response is.
+// One per stream, for the stream's life: boxing the filter would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum ResponseState {
     /// No response headers yet.
