@@ -1,5 +1,5 @@
 //! What the filter does for one HTTP stream, in safe Rust: the shared
-//! [`Exchange`](tower_bypass_marker::json::Exchange) state machine driven from Envoy's hooks,
+//! [`Exchange`] state machine driven from Envoy's hooks,
 //! over the few stream operations of [`Host`]. The FFI file implements `Host` on Envoy's
 //! callbacks; the tests implement it on a fake stream.
 
