@@ -557,3 +557,111 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
         assert!(std::net::TcpStream::connect(&addr).is_err());
     }
 }
+
+/// Runs the binary with `args` (no `BYPASS_MARKER_*` variables) and expects it to exit within
+/// `PATIENCE` (it is killed otherwise, and the test fails).
+async fn exits(args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let child = command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} started on an address in use"))
+        .unwrap()
+}
+
+/// A second proxy on an address in use fails to start, whatever `--threads` the first and the
+/// second were given: with `SO_REUSEPORT` on every listener, a second `--threads 2` instance (here
+/// one with `--no-layer`) joined the first one's port and served a share of its clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_proxy_on_an_address_in_use_fails_to_start_whatever_the_threads() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    for (first, second) in [("2", "2"), ("1", "2"), ("2", "1"), ("3", "3")] {
+        let base = [
+            "--upstream",
+            &upstream,
+            "--preset",
+            "none",
+            "--opt-in",
+            "x-custom",
+        ];
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--listen", "127.0.0.1:0", "--threads", first]);
+        let (_child, addr) = spawn_proxy(&args, &[]).await;
+        let mut args = vec!["proxy"];
+        args.extend_from_slice(&base);
+        args.extend_from_slice(&["--listen", &addr, "--threads", second, "--no-layer"]);
+        let out = exits(&args).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{first} then {second}: {stderr}"
+        );
+        assert!(
+            stderr.contains("cannot listen") && stderr.contains("in use"),
+            "{first} then {second}: {stderr}"
+        );
+        // Every client still reaches the first proxy, which filters.
+        let streams: Vec<_> = (0..12)
+            .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+            .collect();
+        for stream in streams {
+            let body = tokio::time::timeout(PATIENCE, stream)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(body, expected_stream(), "{first} then {second}");
+        }
+    }
+}
+
+/// The same for `ext-proc`: a second processor on an address in use fails to start.
+#[tokio::test]
+async fn a_second_ext_proc_on_an_address_in_use_fails_to_start() {
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .args(["ext-proc", "--listen", "127.0.0.1:0", "--threads", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
+                return rest.split(' ').next().unwrap().to_owned();
+            }
+        }
+        panic!("the processor exited without listening");
+    })
+    .await
+    .expect("the processor listens");
+    for threads in ["1", "2"] {
+        let out = exits(&["ext-proc", "--listen", &addr, "--threads", threads]).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--threads {threads}: {stderr}");
+        assert!(
+            stderr.contains("cannot listen") && stderr.contains("in use"),
+            "--threads {threads}: {stderr}"
+        );
+    }
+}

@@ -227,12 +227,13 @@ pub struct ProxyArgs {
     /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
-    /// Threads that serve connections, each with its own listener on `--listen` (SO_REUSEPORT:
-    /// the kernel spreads new connections over them) and its own upstream connections, so a
-    /// stream stays on one thread. 1 (the default) costs the least CPU per event: on a 2-core
-    /// machine shared with the upstream, a fifth less in bulk and a third less paced than two
-    /// threads, at the same throughput (see BENCHMARKS.md); one thread forwards several hundred
-    /// thousand events a second. Give more to a proxy that needs more than one core.
+    /// Threads that serve connections, each accepting from the one listener on `--listen` (the
+    /// address is this process's alone: a second proxy on it fails to start) with its own
+    /// upstream connections, so a stream stays on one thread. 1 (the default) costs the least
+    /// CPU per event: on a 2-core machine shared with the upstream, a fifth less in bulk and a
+    /// third less paced than two threads, at the same throughput (see BENCHMARKS.md); one thread
+    /// forwards several hundred thousand events a second. Give more to a proxy that needs more
+    /// than one core.
     #[arg(
         long,
         value_name = "N",

@@ -40,8 +40,9 @@
 //!   the next read from the upstream (on the binary's single-threaded runtimes; unless the
 //!   client's socket is full).
 //! - **Threads** ([`serve_threads`], `--threads`, 1 by default): the binary serves on one
-//!   single-threaded runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own
-//!   upstream client, so a stream and its upstream connection stay on the thread that accepted it.
+//!   single-threaded runtime per thread, each accepting from the one listener (no `SO_REUSEPORT`:
+//!   the address is the process's alone) with its own upstream client, so a stream and its
+//!   upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
 //! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
 //!   response ends ([`logs`](crate::cli::logs)).
@@ -94,34 +95,26 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
-/// Listens on `addr` `n` times, one listener for each serving thread of [`serve_threads`], with a
-/// queue of `backlog` connections each. With `n` above 1 every listener has `SO_REUSEPORT`, so
-/// that the kernel spreads new connections over them (when `addr`'s port is 0, the others take
-/// the first one's port); with 1 it is [`bind`]'s. Call it within a tokio runtime: the listeners
+/// Listens on `addr` once, with a queue of `backlog` connections, and gives `n` handles to that
+/// one listener, one for each serving thread of [`serve_threads`]: each thread accepts from the
+/// same queue (a thread that is busy accepts less). Call it within a tokio runtime: the handles
 /// come back deregistered from it, for each thread's runtime to take.
+///
+/// The address is this process's alone, whatever `n`: a second proxy on it fails with "address in
+/// use". (One listener per thread with `SO_REUSEPORT` would let the kernel spread connections, but
+/// also let any other process of the same user join the group and silently serve a share of the
+/// clients: a stale instance, or one configured differently.)
 pub fn bind_each(
     addr: SocketAddr,
     backlog: u32,
     n: usize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
-    if n <= 1 {
-        return Ok(vec![bind(addr, backlog)?.into_std()?]);
+    let listener = bind(addr, backlog)?.into_std()?;
+    let mut listeners = Vec::with_capacity(n.max(1));
+    for _ in 1..n {
+        listeners.push(listener.try_clone()?);
     }
-    let mut addr = addr;
-    let mut listeners = Vec::with_capacity(n);
-    for _ in 0..n {
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
-        socket.bind(addr)?;
-        let listener = socket.listen(backlog)?;
-        addr = listener.local_addr()?;
-        listeners.push(listener.into_std()?);
-    }
+    listeners.push(listener);
     Ok(listeners)
 }
 
