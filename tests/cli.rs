@@ -120,6 +120,21 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             &[("BYPASS_MARKER_THREADS", "many")],
             "--threads <N>",
         ),
+        // Credentials in the upstream's URL are refused.
+        (
+            &[
+                "proxy",
+                "--upstream",
+                "http://svc-user:s3cret@127.0.0.1:8000",
+            ],
+            &[],
+            "must not carry credentials",
+        ),
+        (
+            &["proxy"],
+            &[("BYPASS_MARKER_UPSTREAM", "http://svc-user:s3cret@x/v1")],
+            "must not carry credentials",
+        ),
         (&["frobnicate"], &[], "frobnicate"),
     ] {
         let out = run(args, env);
@@ -130,7 +145,67 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             "{args:?} {env:?}: {says:?} not in {stderr}"
         );
         assert!(stderr.starts_with("error:"), "{stderr}");
+        // Nor is the secret repeated.
+        assert!(!stderr.contains("s3cret"), "{stderr}");
     }
+}
+
+/// A 502 tells the client only that the upstream is unavailable; the log says which upstream and
+/// why (the OS error), for the operator.
+#[tokio::test]
+async fn an_unreachable_upstream_is_detailed_in_the_log_not_to_the_client() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = free.local_addr().unwrap();
+    drop(free);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+        .arg(format!("http://{upstream}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(PATIENCE, stdout.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("listening on");
+        if let Some(url) = line.strip_prefix("listening on http://") {
+            break url.to_owned();
+        }
+    };
+    let body = get(format!("http://{addr}/v1/models")).await.unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(!message.contains(&upstream.port().to_string()), "{json}");
+    assert!(!message.contains("os error"), "{json}");
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("cannot reach the upstream"))
+        .unwrap_or_else(|| panic!("no log line for the 502 in:\n{stderr}"));
+    assert!(line.contains(" WARN "), "{line}");
+    assert!(line.contains(&format!("http://{upstream}")), "{line}");
+    assert!(line.contains("os error"), "{line}");
 }
 
 #[test]

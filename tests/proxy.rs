@@ -315,6 +315,26 @@ async fn an_unreachable_upstream_is_a_502_in_openai_shape() {
     assert_eq!(reply.headers[header::CONTENT_TYPE], "application/json");
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
+    discloses_nothing(&json, addr);
+}
+
+/// A proxy's own error tells the client what kind of failure it was, and nothing of the
+/// upstream: not its address (nor port), not the OS error. That goes to the log.
+fn discloses_nothing(json: &serde_json::Value, upstream: SocketAddr) {
+    let message = json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for secret in [
+        upstream.ip().to_string(),
+        upstream.port().to_string(),
+        "os error".to_owned(),
+        "refused".to_owned(),
+        "http://".to_owned(),
+        "closed".to_owned(),
+    ] {
+        assert!(!message.contains(&secret), "{secret:?} in {json}");
+    }
 }
 
 #[tokio::test]
@@ -338,6 +358,7 @@ async fn an_upstream_that_fails_before_its_head_is_a_502() {
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_failed", "{json}");
+    discloses_nothing(&json, addr);
 }
 
 #[tokio::test]
@@ -363,6 +384,8 @@ async fn a_late_response_head_is_a_504_after_the_response_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(500));
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_timeout", "{json}");
+    discloses_nothing(&json, addr);
+    assert!(!json["error"]["message"].as_str().unwrap().contains("500ms"));
 }
 
 /// Sends a signal when dropped: tells the test that the upstream stopped serving a request.

@@ -181,7 +181,7 @@ SECS may have a fraction (0.5). Errors are JSON in OpenAI's shape:
 before its response head, 504 when the head is late.")]
 pub struct ProxyArgs {
     /// The server to forward to, http://HOST:PORT[/PREFIX].
-    #[arg(long, value_name = "URL", value_parser = Upstream::parse, env = "BYPASS_MARKER_UPSTREAM")]
+    #[arg(long, value_name = "URL", value_parser = UpstreamParser, env = "BYPASS_MARKER_UPSTREAM")]
     pub upstream: Upstream,
     /// Address to listen on (port 0 picks a free one).
     #[arg(
@@ -356,6 +356,15 @@ impl Upstream {
             _ => return Err("the upstream must start with http://".to_owned()),
         }
         let authority = uri.authority().cloned().ok_or("the upstream has no host")?;
+        if authority.as_str().contains('@') {
+            // Not echoed: the value holds a secret.
+            return Err(
+                "the upstream must not carry credentials (user:password@): they would \
+                        be sent upstream in the Host header and shown in logs; give the proxy a \
+                        network path to the upstream that needs none"
+                    .to_owned(),
+            );
+        }
         if uri.query().is_some() {
             return Err("the upstream must not have a query".to_owned());
         }
@@ -380,6 +389,33 @@ impl Upstream {
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// Parses `--upstream` with [`Upstream::parse`], as clap's own parsers would, except that a
+/// value with credentials in it is not repeated in the error.
+#[derive(Debug, Clone, Copy)]
+struct UpstreamParser;
+
+impl clap::builder::TypedValueParser for UpstreamParser {
+    type Value = Upstream;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Upstream, clap::Error> {
+        let arg = arg.map_or_else(|| "--upstream <URL>".to_owned(), ToString::to_string);
+        let value = value.to_string_lossy();
+        Upstream::parse(&value).map_err(|why| {
+            let message = if value.contains('@') {
+                format!("invalid value for '{arg}': {why}")
+            } else {
+                format!("invalid value '{value}' for '{arg}': {why}")
+            };
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message + "\n").with_cmd(cmd)
+        })
     }
 }
 
