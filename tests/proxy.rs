@@ -1328,6 +1328,36 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
     assert_eq!(forwarded.load(Ordering::SeqCst), 1);
 }
 
+/// `CONNECT` gets a 405 from the proxy itself (with `Allow`, and the connection closed): it was
+/// forwarded as `CONNECT <upstream authority>` and answered 200 with an empty event stream.
+#[tokio::test]
+async fn connect_is_refused_and_never_forwarded() {
+    let forwarded = Arc::new(AtomicUsize::new(0));
+    let counted = forwarded.clone();
+    let app = axum::Router::new().fallback(move |req: Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        echo(req)
+    });
+    let upstream = spawn_upstream(app).await;
+    for args in [&[][..], &["--no-layer"][..]] {
+        let proxy = start_proxy(&format!("http://{upstream}"), args).await;
+        for target in [format!("{upstream}"), "example.com:443".to_owned()] {
+            let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+            let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+            let (head, body) = split_head(&response);
+            assert!(
+                head.starts_with("HTTP/1.1 405"),
+                "{args:?} {target}: {head}"
+            );
+            let names = header_names(&head);
+            assert!(names.contains(&"allow".to_owned()), "{head}");
+            let json = error_json(body);
+            assert_eq!(json["error"]["code"], "method_not_allowed", "{json}");
+        }
+    }
+    assert_eq!(forwarded.load(Ordering::SeqCst), 0);
+}
+
 /// An upstream on raw TCP that answers one request with an event stream: first `together` (one
 /// chunk each, all in one write), then, once `go` fires, `after` in a write of its own, then the
 /// end.

@@ -14,7 +14,8 @@
 //!   `--header-read-timeout`; a request body that stops arriving for `--body-timeout` ends the
 //!   request with a 408. A request whose `Transfer-Encoding` names a coding other than `chunked`
 //!   gets a 501 (RFC 9112 section 6.1: the proxy would otherwise forward the still-encoded body as
-//!   if it were plain).
+//!   if it were plain). `CONNECT` gets a 405 and never reaches the upstream: the proxy is not a
+//!   tunnel.
 //! - **Hop-by-hop headers** (RFC 9110 section 7.6.1: `Connection` and every header it names,
 //!   `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`, `Upgrade`, `Trailer`) are
 //!   removed from the request *before* the guard reads it, so the guard decides on exactly the
@@ -311,12 +312,15 @@ where
             // Decided on the request as the client sent it; then the hop-by-hop headers go, before
             // the guard reads any header.
             let unsupported = unsupported_transfer_coding(req.headers());
+            let connect = req.method() == http::Method::CONNECT;
             remove_hop_by_hop(req.headers_mut());
             let req = req.map(|b| StallTimeout::new(b, body, service_watch.clone()));
             let stack = stack.clone();
             let watch = service_watch.clone();
             async move {
-                let res: Response<Answer<B>> = if unsupported {
+                let res: Response<Answer<B>> = if connect {
+                    method_not_allowed().map(Either::Right)
+                } else if unsupported {
                     not_implemented().map(Either::Right)
                 } else {
                     let res = stack.oneshot(req).await?;
@@ -387,6 +391,26 @@ fn not_implemented() -> Response<UpstreamBody> {
     // Answered by the proxy itself: not counted as forwarded.
     res.extensions_mut().remove::<FromForward>();
     // The body was not read: the connection cannot be reused.
+    res.headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    res
+}
+
+/// The answer to `CONNECT`: the proxy is a reverse proxy for one upstream, not a tunnel (hyper
+/// would turn the client's connection into one on a 2xx).
+fn method_not_allowed() -> Response<UpstreamBody> {
+    let mut res = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        "CONNECT is not supported".to_owned(),
+    );
+    res.extensions_mut().remove::<FromForward>();
+    res.headers_mut().insert(
+        header::ALLOW,
+        http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH"),
+    );
+    // What the client sends after its `CONNECT` is meant for a tunnel, not a request head.
     res.headers_mut()
         .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
     res
