@@ -1454,3 +1454,154 @@ async fn read_until_closed_or_end(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
         }
     }
 }
+
+/// A proxy with metrics the test can read.
+async fn start_metered(upstream: &str, args: &[&str]) -> (Proxy, Arc<proxy::Metrics>) {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+    all.extend_from_slice(args);
+    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
+    let metrics = proxy::proxy::metrics_for(&config).unwrap();
+    let listener = proxy::bind(config.listen, config.backlog).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(proxy::serve_metered(
+        listener,
+        config,
+        metrics.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let proxy = Proxy {
+        addr,
+        stop: Some(stop),
+        task,
+    };
+    (proxy, metrics)
+}
+
+/// A client connection with a 4 KiB receive buffer: it stops taking bytes soon after it stops
+/// reading.
+async fn small_window_client(addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// 16 KiB events as fast as the connection takes them, forever; the stream holds a
+/// [`DropSignal`].
+async fn flood(State(observed): State<Observed>) -> Response {
+    let signal = observed.take();
+    let event = Bytes::from(format!("data: {}\n\n", "x".repeat(16 << 10)));
+    let stream = futures_util::stream::unfold(signal, move |signal| {
+        let event = event.clone();
+        async move { Some((Ok::<_, Infallible>(event), signal)) }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// A client that stops reading is cut off once a write has made no progress for
+/// `--write-timeout`, and its upstream request is cancelled; the metrics count it. (The idle and
+/// header timeouts do not run while a request is in flight, and `--response-timeout` ends at the
+/// response head: both connections stayed open for good.)
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_after_the_write_timeout() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/flood", axum::routing::get(flood))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
+    let dropped = observed.expect();
+    let mut conn = small_window_client(proxy.addr).await;
+    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The client reads nothing: the upstream request is cancelled ...
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream request is cancelled")
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(
+        metrics
+            .encode()
+            .contains("bypass_marker_write_timeouts_total 1\n"),
+        "{}",
+        metrics.encode()
+    );
+    // ... and the connection closed: what the socket holds, then the end.
+    let mut buf = vec![0; 64 << 10];
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the proxy closes the connection");
+}
+
+/// 4 MiB of events as fast as the connection takes them, then the end.
+async fn burst() -> Response {
+    let body: String = (0..256)
+        .map(|i| format!("data: {i:03}{}\n\n", "x".repeat((16 << 10) - 13)))
+        .collect();
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+/// A slow reader gets the whole response: the idle clock starts once the response's last byte has
+/// been written to the socket, not when hyper drops the finished body with its last bytes still
+/// in its write buffer (the idle timer then aborted the connection, and clients reading a 17.7 MB
+/// stream at 320 to 640 KB/s lost its tail). The client here reads 8 KiB every 2 ms; the proxy's
+/// socket holds some 3 MB, so hyper holds the tail for longer than the idle timeout.
+#[tokio::test]
+async fn a_slow_reader_gets_the_whole_response_before_the_idle_clock_starts() {
+    let app = axum::Router::new().route("/burst", axum::routing::get(burst));
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--idle-timeout", "0.3"]).await;
+    let mut conn = small_window_client(proxy.addr).await;
+    conn.write_all(b"GET /burst HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    let mut buf = vec![0; 64 << 10];
+    tokio::time::timeout(PATIENCE, async {
+        while !response.ends_with(b"0\r\n\r\n") {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => response.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("the response ends in time");
+    let (head, body) = split_head(&response);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let text = String::from_utf8_lossy(body);
+    assert_eq!(text.matches("data: ").count(), 256, "events are missing");
+    assert!(
+        body.ends_with(b"0\r\n\r\n"),
+        "the terminal chunk is missing"
+    );
+    // Once it is written, the connection is idle and closed after the idle timeout.
+    let (rest, _) = read_until_closed(&mut conn).await;
+    assert!(rest.is_empty());
+    assert!(
+        metrics
+            .encode()
+            .contains("bypass_marker_streams_active 0\n"),
+        "{}",
+        metrics.encode()
+    );
+}

@@ -217,6 +217,10 @@ pub struct ProxyArgs {
     /// Longest pause within a request body before a 408.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_BODY_TIMEOUT")]
     pub body_timeout: Duration,
+    /// Longest a write to a client may make no progress (the client stopped reading) before its
+    /// connection is closed and its upstream request cancelled.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
+    pub write_timeout: Duration,
     /// Time to connect to the upstream.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "5", env = "BYPASS_MARKER_CONNECT_TIMEOUT")]
     pub connect_timeout: Duration,

@@ -10,7 +10,8 @@
 //!   runs out of file descriptors, the accept loop backs off (10 ms, doubling to 1 s) instead of
 //!   spinning or stopping, and serves again once descriptors are free.
 //! - **Reading the request.** HTTP/1.1. A connection that is idle between requests is closed after
-//!   `--idle-timeout`; one that has started a request head must finish it within
+//!   `--idle-timeout` (idle from the moment its last response's last byte was written to the
+//!   socket); one that has started a request head must finish it within
 //!   `--header-read-timeout`; a request body that stops arriving for `--body-timeout` ends the
 //!   request with a 408. A request whose `Transfer-Encoding` names a coding other than `chunked`
 //!   gets a 501 (RFC 9112 section 6.1: the proxy would otherwise forward the still-encoded body as
@@ -45,8 +46,11 @@
 //!   the address is the process's alone) with its own upstream client, so a stream and its
 //!   upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
-//! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
-//!   response ends ([`logs`](crate::cli::logs)).
+//! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
+//!   client stopped reading) closes its connection, which cancels its upstream request.
+//! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line once its
+//!   response's last byte has been written to the socket, or the connection has ended
+//!   ([`logs`](crate::cli::logs)).
 //! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,
 //!   lets the requests in flight finish for up to `--shutdown-grace`, then returns.
 //!
@@ -76,7 +80,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tower::{Service, ServiceBuilder, ServiceExt as _};
 
 use crate::cli::args::ProxyArgs;
-use crate::cli::conn::{Busy, StallTimeout, Watch, Watched};
+use crate::cli::conn::{Busy, Expired, StallTimeout, Watch, Watched};
 use crate::cli::forward::{error, remove_hop_by_hop, stalled, trim_ows, FromForward};
 use crate::cli::logs::Exchange;
 use crate::cli::metrics::{removed_on_this_thread, Metrics, UpstreamError};
@@ -268,10 +272,11 @@ where
     // small frames is cheaper than a `writev` of three slices (chunk size, data, CRLF) for each.
     http.writev(false);
     let graceful = GracefulShutdown::new();
-    let (idle, header, body) = (
+    let (idle, header, body, write) = (
         config.idle_timeout,
         config.header_read_timeout,
         config.body_timeout,
+        config.write_timeout,
     );
     tokio::pin!(shutdown);
     let mut backoff = Duration::ZERO;
@@ -302,6 +307,7 @@ where
         };
         let _ = stream.set_nodelay(true);
         let watch = Watch::new();
+        let counted = metrics.clone();
         let stack = service.clone();
         let service_watch = watch.clone();
         let metrics = metrics.clone();
@@ -349,11 +355,18 @@ where
         // The timeouts in a task of their own, which ends the connection's: in one `select!`
         // with the connection, `expired` would be polled at every wake-up of the connection,
         // once per streamed frame (callgrind: about 200 instructions per event).
+        // Aborting the connection drops its response bodies, and so cancels their upstream
+        // requests.
         let serving = conn.abort_handle();
         tokio::spawn(async move {
             tokio::select! {
                 _ = conn => {}
-                () = watch.expired(idle, header) => serving.abort(),
+                expired = watch.expired(idle, header, write) => {
+                    if expired == Expired::Write {
+                        counted.write_timeout();
+                    }
+                    serving.abort();
+                }
             }
         });
     }
@@ -418,24 +431,30 @@ fn method_not_allowed() -> Response<UpstreamBody> {
 
 pin_project! {
     /// A response body that keeps its connection busy and its request's [`Exchange`] open until
-    /// it is dropped, counting the bytes it yields and the frames the layer removed for it.
+    /// its last bytes have been written to the socket, counting the bytes it yields and the
+    /// frames the layer removed for it.
     ///
     /// Per frame it does no more than that: two reads of a thread-local counter and an addition.
-    /// Whether the body completed is read once, when it is dropped.
+    /// Whether the body completed is read once, when it is dropped; the exchange then waits for
+    /// hyper to flush ([`Busy::finish`]): hyper drops a body when it has taken its last frame,
+    /// which may still sit in its write buffer, and only bytes in the socket are sent.
     struct Tracked<B: Body> {
         #[pin]
         body: B,
         busy: Busy,
-        exchange: Exchange,
+        exchange: Option<Exchange>,
     }
 
     impl<B: Body> PinnedDrop for Tracked<B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // hyper stops polling a body once `is_end_stream` is true, without polling it to
-            // `None`.
-            if this.body.is_end_stream() {
-                this.exchange.complete = true;
+            if let Some(mut exchange) = this.exchange.take() {
+                // hyper stops polling a body once `is_end_stream` is true, without polling it to
+                // `None`.
+                if this.body.is_end_stream() {
+                    exchange.complete = true;
+                }
+                this.busy.finish(exchange);
             }
         }
     }
@@ -446,7 +465,7 @@ impl<B: Body> Tracked<B> {
         Self {
             body,
             busy,
-            exchange,
+            exchange: Some(exchange),
         }
     }
 }
@@ -467,7 +486,9 @@ where
         // The layer's observer runs within this call, on this thread.
         let before = removed_on_this_thread();
         let poll = this.body.as_mut().poll_frame(cx);
-        let exchange = this.exchange;
+        let Some(exchange) = this.exchange.as_mut() else {
+            return poll;
+        };
         exchange.frames_removed += removed_on_this_thread() - before;
         match &poll {
             Poll::Ready(Some(Ok(frame))) => {
