@@ -740,3 +740,69 @@ async fn a_second_ext_proc_on_an_address_in_use_fails_to_start() {
         );
     }
 }
+
+/// Out of file descriptors, no accepted request is refused its upstream connection: under an
+/// open-file limit of 48, 40 clients streaming at once are all served whole, a few at a time
+/// (the default `--max-connections` is 7 there; the others wait in the backlog). Without the
+/// cap, the proxy accepted clients until the descriptors ran out, and their requests got 502s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    // SAFETY: setrlimit is async-signal-safe, and only changes the child's own limit.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 48,
+                rlim_max: 48,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("listening on http://") {
+                return url.to_owned();
+            }
+        }
+        panic!("the proxy exited without listening");
+    })
+    .await
+    .expect("the proxy listens");
+    // Each client on a connection of its own (a fresh hyper client per request).
+    let streams: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+        .collect();
+    for stream in streams {
+        let body = tokio::time::timeout(PATIENCE * 2, stream)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            expected_stream(),
+            "a request was refused"
+        );
+    }
+    drop(child);
+}

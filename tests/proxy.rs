@@ -1605,3 +1605,50 @@ async fn a_slow_reader_gets_the_whole_response_before_the_idle_clock_starts() {
         metrics.encode()
     );
 }
+
+/// Past `--max-connections`, a connection waits in the backlog: the second client is answered
+/// only once the first one's connection has ended.
+#[tokio::test]
+async fn connections_past_max_connections_wait_in_the_backlog() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &["--max-connections", "1"]).await;
+    let ask = |events: u64| {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            let request = format!(
+                "GET /paced?events={events}&gap_ms=100 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let response = raw_exchange(addr, request.as_bytes()).await;
+            (response, Instant::now())
+        })
+    };
+    // The first client holds the only place for about a second ...
+    let first = ask(10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ... the second connects (the backlog takes it) and asks meanwhile.
+    let second = ask(1);
+    let (first, first_done) = first.await.unwrap();
+    let (second, second_done) = second.await.unwrap();
+    for (response, events) in [(&first, 10), (&second, 1)] {
+        let (head, body) = split_head(response);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let body = String::from_utf8_lossy(body);
+        assert!(
+            body.contains(&format!("data: {}\n\n", events - 1)),
+            "{body}"
+        );
+    }
+    // Its one event comes 100 ms after it is accepted: after the first has ended.
+    assert!(second_done >= first_done + Duration::from_millis(100));
+}
+
+/// The default cap: half of what the open-file limit leaves once 32 descriptors and 2 per thread
+/// are kept for the process; at least 1; no cap without a limit.
+#[test]
+fn max_connections_defaults_to_half_the_descriptors_left() {
+    assert_eq!(proxy::default_max_connections(Some(1024), 1), 495);
+    assert_eq!(proxy::default_max_connections(Some(65536), 2), 32750);
+    assert_eq!(proxy::default_max_connections(Some(48), 1), 7);
+    assert_eq!(proxy::default_max_connections(Some(10), 1), 1);
+    assert!(proxy::default_max_connections(None, 1) > 1 << 40);
+}

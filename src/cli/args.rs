@@ -221,6 +221,12 @@ pub struct ProxyArgs {
     /// connection is closed and its upstream request cancelled.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
     pub write_timeout: Duration,
+    /// Most client connections held at once; more wait in the listen backlog. Each may hold an
+    /// upstream connection too, so the default is half of the open-file limit (RLIMIT_NOFILE),
+    /// less 32 descriptors and 2 per thread for the process itself: running out of descriptors
+    /// cannot then refuse an accepted request its upstream connection.
+    #[arg(long, value_name = "N", env = "BYPASS_MARKER_MAX_CONNECTIONS")]
+    pub max_connections: Option<NonZeroUsize>,
     /// Time to connect to the upstream.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "5", env = "BYPASS_MARKER_CONNECT_TIMEOUT")]
     pub connect_timeout: Duration,

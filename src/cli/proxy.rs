@@ -6,9 +6,12 @@
 //! What it does, in the order a request meets it:
 //!
 //! - **Accepting.** It listens with a backlog of `--backlog` (1024 by default; tokio's
-//!   `TcpListener::bind` uses 128, which bursts of new connections overflow). When the process
-//!   runs out of file descriptors, the accept loop backs off (10 ms, doubling to 1 s) instead of
-//!   spinning or stopping, and serves again once descriptors are free.
+//!   `TcpListener::bind` uses 128, which bursts of new connections overflow). It holds at most
+//!   `--max-connections` client connections (by default half of what the open-file limit leaves
+//!   the process: each may need an upstream connection too); more wait in the backlog. When the
+//!   process runs out of file descriptors all the same, the accept loop backs off (10 ms,
+//!   doubling to 1 s) instead of spinning or stopping, and serves again once descriptors are
+//!   free.
 //! - **Reading the request.** HTTP/1.1. A connection that is idle between requests is closed after
 //!   `--idle-timeout` (idle from the moment its last response's last byte was written to the
 //!   socket); one that has started a request head must finish it within
@@ -65,7 +68,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap};
@@ -142,9 +145,14 @@ where
 {
     let (done, mut results) = tokio::sync::mpsc::unbounded_channel();
     let n = listeners.len();
+    // The connections are shared out between the threads (at least one each).
+    let total = max_connections(&config, n);
+    tracing::info!("at most {total} client connections at once (--max-connections)");
     for (i, listener) in listeners.into_iter().enumerate() {
-        let (config, metrics, shutdown, done) =
+        let (mut config, metrics, shutdown, done) =
             (config.clone(), metrics.clone(), shutdown(), done.clone());
+        let share = total / n + usize::from(i < total % n);
+        config.max_connections = std::num::NonZeroUsize::new(share.max(1));
         std::thread::Builder::new()
             .name(format!("bypass-marker-{i}"))
             .spawn(move || {
@@ -169,6 +177,43 @@ where
         }
     }
     Ok(())
+}
+
+/// The most permits a semaphore takes: the cap when the open-file limit is unlimited.
+const UNLIMITED: usize = tokio::sync::Semaphore::MAX_PERMITS;
+
+/// The default of `--max-connections` for `threads` serving threads under a soft open-file limit
+/// of `open_files` (`None`: unlimited): each client connection may hold an upstream connection
+/// too, so half of what is left once 32 descriptors, and 2 per thread, are kept for the process
+/// itself (standard streams, runtimes, listeners, metrics). At least 1.
+pub fn default_max_connections(open_files: Option<u64>, threads: usize) -> usize {
+    let Some(open_files) = open_files else {
+        return UNLIMITED;
+    };
+    let own = 32 + 2 * threads as u64;
+    usize::try_from(open_files.saturating_sub(own) / 2)
+        .unwrap_or(UNLIMITED)
+        .clamp(1, UNLIMITED)
+}
+
+/// The process's soft open-file limit (`RLIMIT_NOFILE`); `None` when unlimited or unknown.
+fn open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// `--max-connections`, or its default for `threads` threads and this process's open-file limit.
+fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
+    config.max_connections.map_or_else(
+        || default_max_connections(open_file_limit(), threads),
+        |n| n.get().min(UNLIMITED),
+    )
 }
 
 /// Whether an `accept` error is about one connection (go on at once) rather than the process
@@ -280,7 +325,29 @@ where
     );
     tokio::pin!(shutdown);
     let mut backoff = Duration::ZERO;
+    // Past the cap, connections wait in the backlog rather than take the descriptors that
+    // accepted requests need for their upstream connections.
+    let cap = max_connections(&config, 1);
+    let connections = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut warned: Option<Instant> = None;
     loop {
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(
+                        "{cap} connections open (--max-connections): new ones wait in the backlog"
+                    );
+                    warned = Some(Instant::now());
+                }
+                tokio::select! {
+                    permit = connections.clone().acquire_owned() => {
+                        permit.expect("the semaphore is never closed")
+                    }
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
@@ -359,6 +426,8 @@ where
         // requests.
         let serving = conn.abort_handle();
         tokio::spawn(async move {
+            // The connection's place, given back when it ends.
+            let _permit = permit;
             tokio::select! {
                 _ = conn => {}
                 expired = watch.expired(idle, header, write) => {
