@@ -578,8 +578,8 @@ async fn spawn_proxy(args: &[&str], env: &[(&str, &str)]) -> (tokio::process::Ch
     (child, addr)
 }
 
-/// `--threads N` (or `BYPASS_MARKER_THREADS`): N listeners on one port (port 0: the first one's
-/// for the others), each thread filtering what it accepts; SIGTERM stops every thread.
+/// `--threads N` (or `BYPASS_MARKER_THREADS`): N threads accepting from one listener, each
+/// filtering what it accepts; SIGTERM stops every thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn threads_share_one_port_and_each_filters_and_stops() {
     let upstream = format!("http://{}", spawn_upstream().await);
@@ -600,7 +600,7 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
         ];
         all.extend_from_slice(args);
         let (mut child, addr) = spawn_proxy(&all, env).await;
-        // Enough connections at once that the kernel hands some to each listener.
+        // Enough connections at once that more than one thread accepts some.
         let streams: Vec<_> = (0..12)
             .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
             .collect();
