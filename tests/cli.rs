@@ -120,6 +120,21 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             &[("BYPASS_MARKER_THREADS", "many")],
             "--threads <N>",
         ),
+        // Credentials in the upstream's URL are refused.
+        (
+            &[
+                "proxy",
+                "--upstream",
+                "http://svc-user:s3cret@127.0.0.1:8000",
+            ],
+            &[],
+            "must not carry credentials",
+        ),
+        (
+            &["proxy"],
+            &[("BYPASS_MARKER_UPSTREAM", "http://svc-user:s3cret@x/v1")],
+            "must not carry credentials",
+        ),
         (&["frobnicate"], &[], "frobnicate"),
     ] {
         let out = run(args, env);
@@ -130,7 +145,67 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             "{args:?} {env:?}: {says:?} not in {stderr}"
         );
         assert!(stderr.starts_with("error:"), "{stderr}");
+        // Nor is the secret repeated.
+        assert!(!stderr.contains("s3cret"), "{stderr}");
     }
+}
+
+/// A 502 tells the client only that the upstream is unavailable; the log says which upstream and
+/// why (the OS error), for the operator.
+#[tokio::test]
+async fn an_unreachable_upstream_is_detailed_in_the_log_not_to_the_client() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = free.local_addr().unwrap();
+    drop(free);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+        .arg(format!("http://{upstream}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(PATIENCE, stdout.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("listening on");
+        if let Some(url) = line.strip_prefix("listening on http://") {
+            break url.to_owned();
+        }
+    };
+    let body = get(format!("http://{addr}/v1/models")).await.unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(!message.contains(&upstream.port().to_string()), "{json}");
+    assert!(!message.contains("os error"), "{json}");
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("cannot reach the upstream"))
+        .unwrap_or_else(|| panic!("no log line for the 502 in:\n{stderr}"));
+    assert!(line.contains(" WARN "), "{line}");
+    assert!(line.contains(&format!("http://{upstream}")), "{line}");
+    assert!(line.contains("os error"), "{line}");
 }
 
 #[test]
@@ -503,8 +578,8 @@ async fn spawn_proxy(args: &[&str], env: &[(&str, &str)]) -> (tokio::process::Ch
     (child, addr)
 }
 
-/// `--threads N` (or `BYPASS_MARKER_THREADS`): N listeners on one port (port 0: the first one's
-/// for the others), each thread filtering what it accepts; SIGTERM stops every thread.
+/// `--threads N` (or `BYPASS_MARKER_THREADS`): N threads accepting from one listener, each
+/// filtering what it accepts; SIGTERM stops every thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn threads_share_one_port_and_each_filters_and_stops() {
     let upstream = format!("http://{}", spawn_upstream().await);
@@ -525,7 +600,7 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
         ];
         all.extend_from_slice(args);
         let (mut child, addr) = spawn_proxy(&all, env).await;
-        // Enough connections at once that the kernel hands some to each listener.
+        // Enough connections at once that more than one thread accepts some.
         let streams: Vec<_> = (0..12)
             .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
             .collect();
@@ -556,4 +631,178 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
         assert!(status.success(), "{args:?} {env:?}: {status}");
         assert!(std::net::TcpStream::connect(&addr).is_err());
     }
+}
+
+/// Runs the binary with `args` (no `BYPASS_MARKER_*` variables) and expects it to exit within
+/// `PATIENCE` (it is killed otherwise, and the test fails).
+async fn exits(args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let child = command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} started on an address in use"))
+        .unwrap()
+}
+
+/// A second proxy on an address in use fails to start, whatever `--threads` the first and the
+/// second were given: with `SO_REUSEPORT` on every listener, a second `--threads 2` instance (here
+/// one with `--no-layer`) joined the first one's port and served a share of its clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_proxy_on_an_address_in_use_fails_to_start_whatever_the_threads() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    for (first, second) in [("2", "2"), ("1", "2"), ("2", "1"), ("3", "3")] {
+        let base = [
+            "--upstream",
+            &upstream,
+            "--preset",
+            "none",
+            "--opt-in",
+            "x-custom",
+        ];
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--listen", "127.0.0.1:0", "--threads", first]);
+        let (_child, addr) = spawn_proxy(&args, &[]).await;
+        let mut args = vec!["proxy"];
+        args.extend_from_slice(&base);
+        args.extend_from_slice(&["--listen", &addr, "--threads", second, "--no-layer"]);
+        let out = exits(&args).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{first} then {second}: {stderr}"
+        );
+        assert!(
+            stderr.contains("cannot listen") && stderr.contains("in use"),
+            "{first} then {second}: {stderr}"
+        );
+        // Every client still reaches the first proxy, which filters.
+        let streams: Vec<_> = (0..12)
+            .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+            .collect();
+        for stream in streams {
+            let body = tokio::time::timeout(PATIENCE, stream)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(body, expected_stream(), "{first} then {second}");
+        }
+    }
+}
+
+/// The same for `ext-proc`: a second processor on an address in use fails to start.
+#[tokio::test]
+async fn a_second_ext_proc_on_an_address_in_use_fails_to_start() {
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
+        .args(["ext-proc", "--listen", "127.0.0.1:0", "--threads", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
+                return rest.split(' ').next().unwrap().to_owned();
+            }
+        }
+        panic!("the processor exited without listening");
+    })
+    .await
+    .expect("the processor listens");
+    for threads in ["1", "2"] {
+        let out = exits(&["ext-proc", "--listen", &addr, "--threads", threads]).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--threads {threads}: {stderr}");
+        assert!(
+            stderr.contains("cannot listen") && stderr.contains("in use"),
+            "--threads {threads}: {stderr}"
+        );
+    }
+}
+
+/// Out of file descriptors, no accepted request is refused its upstream connection: under an
+/// open-file limit of 48, 40 clients streaming at once are all served whole, a few at a time
+/// (the default `--max-connections` is 7 there; the others wait in the backlog). Without the
+/// cap, the proxy accepted clients until the descriptors ran out, and their requests got 502s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    // SAFETY: setrlimit is async-signal-safe, and only changes the child's own limit.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 48,
+                rlim_max: 48,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("listening on http://") {
+                return url.to_owned();
+            }
+        }
+        panic!("the proxy exited without listening");
+    })
+    .await
+    .expect("the proxy listens");
+    // Each client on a connection of its own (a fresh hyper client per request).
+    let streams: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+        .collect();
+    for stream in streams {
+        let body = tokio::time::timeout(PATIENCE * 2, stream)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            expected_stream(),
+            "a request was refused"
+        );
+    }
+    drop(child);
 }

@@ -1888,3 +1888,88 @@ async fn the_generated_server_fails_a_call_whose_message_it_cannot_read() {
     assert_ne!(err.code(), Code::Ok);
     own.stop().await;
 }
+
+/// A headers message with more headers than one `http::HeaderMap` takes (about 24,576 and up made
+/// the processor panic while it reserved room for them) fails its stream with
+/// `RESOURCE_EXHAUSTED`, request or response headers, through `serve` and through tonic's
+/// generated server; a message with 16,384 is judged.
+#[tokio::test]
+async fn a_headers_message_with_too_many_headers_fails_with_resource_exhausted() {
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+
+    let processor = ExtProc::new(BypassMarkerLayer::new());
+    let own = start_own(
+        ExternalProcessorServer::new(processor.clone())
+            .max_decoding_message_size(processor.max_message_bytes()),
+    )
+    .await;
+    let server = start(processor).await;
+    let names: Vec<String> = (0..40_000).map(|i| format!("x-h{i}")).collect();
+    let headers = |pseudo: (&'static str, &'static [u8]), n: usize| {
+        let mut pairs: Vec<(&str, &[u8])> = vec![pseudo, ("content-type", b"text/plain")];
+        pairs.extend(names[..n - 2].iter().map(|k| (k.as_str(), &b"v"[..])));
+        headers_msg(&pairs, true, true)
+    };
+    for (which, client) in [("serve", &server), ("generated", &own)] {
+        let mut client = client.client().await;
+        for n in [24_576, 40_000] {
+            for (side, message) in [
+                (
+                    "request",
+                    Msg::RequestHeaders(headers((":method", b"GET"), n)),
+                ),
+                (
+                    "response",
+                    Msg::ResponseHeaders(headers((":status", b"200"), n)),
+                ),
+            ] {
+                let mut stream = Stream::open(&mut client).await;
+                let status = stream
+                    .call(message)
+                    .await
+                    .expect_err("too many headers are refused");
+                assert_eq!(status.code(), Code::ResourceExhausted, "{which} {side} {n}");
+            }
+        }
+        // Up to the limit, the message is judged.
+        let mut stream = Stream::open(&mut client).await;
+        let answer = stream
+            .call(Msg::RequestHeaders(headers((":method", b"GET"), 16_384)))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer.response, Some(Answer::RequestHeaders(_))),
+            "{which}"
+        );
+    }
+    own.stop().await;
+    server.stop().await;
+}
+
+/// `serve` advertises `SETTINGS_MAX_CONCURRENT_STREAMS` (1,024: Envoy's 1,000 concurrent streams
+/// of tests/envoy/run.sh fit on one connection; Envoy opens another past it).
+#[tokio::test]
+async fn serve_advertises_a_max_concurrent_streams() {
+    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
+    let mut client = h2_client(server.addr).await;
+    // One call, so that the server's SETTINGS have been read.
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!("http://{}{PROCESS}", server.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, _send) = client.send_request(request, true).unwrap();
+    tokio::time::timeout(PATIENCE, response)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        client.current_max_send_streams(),
+        envoy::MAX_CONCURRENT_STREAMS as usize
+    );
+    assert_eq!(envoy::MAX_CONCURRENT_STREAMS, 1024);
+    drop(client);
+    server.stop().await;
+}

@@ -315,6 +315,26 @@ async fn an_unreachable_upstream_is_a_502_in_openai_shape() {
     assert_eq!(reply.headers[header::CONTENT_TYPE], "application/json");
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
+    discloses_nothing(&json, addr);
+}
+
+/// A proxy's own error tells the client what kind of failure it was, and nothing of the
+/// upstream: not its address (nor port), not the OS error. That goes to the log.
+fn discloses_nothing(json: &serde_json::Value, upstream: SocketAddr) {
+    let message = json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for secret in [
+        upstream.ip().to_string(),
+        upstream.port().to_string(),
+        "os error".to_owned(),
+        "refused".to_owned(),
+        "http://".to_owned(),
+        "closed".to_owned(),
+    ] {
+        assert!(!message.contains(&secret), "{secret:?} in {json}");
+    }
 }
 
 #[tokio::test]
@@ -338,6 +358,7 @@ async fn an_upstream_that_fails_before_its_head_is_a_502() {
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_failed", "{json}");
+    discloses_nothing(&json, addr);
 }
 
 #[tokio::test]
@@ -363,6 +384,8 @@ async fn a_late_response_head_is_a_504_after_the_response_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(500));
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_timeout", "{json}");
+    discloses_nothing(&json, addr);
+    assert!(!json["error"]["message"].as_str().unwrap().contains("500ms"));
 }
 
 /// Sends a signal when dropped: tells the test that the upstream stopped serving a request.
@@ -1305,6 +1328,36 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
     assert_eq!(forwarded.load(Ordering::SeqCst), 1);
 }
 
+/// `CONNECT` gets a 405 from the proxy itself (with `Allow`, and the connection closed): it was
+/// forwarded as `CONNECT <upstream authority>` and answered 200 with an empty event stream.
+#[tokio::test]
+async fn connect_is_refused_and_never_forwarded() {
+    let forwarded = Arc::new(AtomicUsize::new(0));
+    let counted = forwarded.clone();
+    let app = axum::Router::new().fallback(move |req: Request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        echo(req)
+    });
+    let upstream = spawn_upstream(app).await;
+    for args in [&[][..], &["--no-layer"][..]] {
+        let proxy = start_proxy(&format!("http://{upstream}"), args).await;
+        for target in [format!("{upstream}"), "example.com:443".to_owned()] {
+            let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+            let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+            let (head, body) = split_head(&response);
+            assert!(
+                head.starts_with("HTTP/1.1 405"),
+                "{args:?} {target}: {head}"
+            );
+            let names = header_names(&head);
+            assert!(names.contains(&"allow".to_owned()), "{head}");
+            let json = error_json(body);
+            assert_eq!(json["error"]["code"], "method_not_allowed", "{json}");
+        }
+    }
+    assert_eq!(forwarded.load(Ordering::SeqCst), 0);
+}
+
 /// An upstream on raw TCP that answers one request with an event stream: first `together` (one
 /// chunk each, all in one write), then, once `go` fires, `after` in a write of its own, then the
 /// end.
@@ -1400,4 +1453,202 @@ async fn read_until_closed_or_end(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
             return (out, Instant::now());
         }
     }
+}
+
+/// A proxy with metrics the test can read.
+async fn start_metered(upstream: &str, args: &[&str]) -> (Proxy, Arc<proxy::Metrics>) {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+    all.extend_from_slice(args);
+    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
+    let metrics = proxy::proxy::metrics_for(&config).unwrap();
+    let listener = proxy::bind(config.listen, config.backlog).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(proxy::serve_metered(
+        listener,
+        config,
+        metrics.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let proxy = Proxy {
+        addr,
+        stop: Some(stop),
+        task,
+    };
+    (proxy, metrics)
+}
+
+/// A client connection with a 4 KiB receive buffer: it stops taking bytes soon after it stops
+/// reading.
+async fn small_window_client(addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// 16 KiB events as fast as the connection takes them, forever; the stream holds a
+/// [`DropSignal`].
+async fn flood(State(observed): State<Observed>) -> Response {
+    let signal = observed.take();
+    let event = Bytes::from(format!("data: {}\n\n", "x".repeat(16 << 10)));
+    let stream = futures_util::stream::unfold(signal, move |signal| {
+        let event = event.clone();
+        async move { Some((Ok::<_, Infallible>(event), signal)) }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// A client that stops reading is cut off once a write has made no progress for
+/// `--write-timeout`, and its upstream request is cancelled; the metrics count it. (The idle and
+/// header timeouts do not run while a request is in flight, and `--response-timeout` ends at the
+/// response head: both connections stayed open for good.)
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_after_the_write_timeout() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/flood", axum::routing::get(flood))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
+    let dropped = observed.expect();
+    let mut conn = small_window_client(proxy.addr).await;
+    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The client reads nothing: the upstream request is cancelled ...
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream request is cancelled")
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(
+        metrics
+            .encode()
+            .contains("bypass_marker_write_timeouts_total 1\n"),
+        "{}",
+        metrics.encode()
+    );
+    // ... and the connection closed: what the socket holds, then the end.
+    let mut buf = vec![0; 64 << 10];
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the proxy closes the connection");
+}
+
+/// 4 MiB of events as fast as the connection takes them, then the end.
+async fn burst() -> Response {
+    let body: String = (0..256)
+        .map(|i| format!("data: {i:03}{}\n\n", "x".repeat((16 << 10) - 13)))
+        .collect();
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+/// A slow reader gets the whole response: the idle clock starts once the response's last byte has
+/// been written to the socket, not when hyper drops the finished body with its last bytes still
+/// in its write buffer (the idle timer then aborted the connection, and clients reading a 17.7 MB
+/// stream at 320 to 640 KB/s lost its tail). The client here reads 8 KiB every 2 ms; the proxy's
+/// socket holds some 3 MB, so hyper holds the tail for longer than the idle timeout.
+#[tokio::test]
+async fn a_slow_reader_gets_the_whole_response_before_the_idle_clock_starts() {
+    let app = axum::Router::new().route("/burst", axum::routing::get(burst));
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--idle-timeout", "0.3"]).await;
+    let mut conn = small_window_client(proxy.addr).await;
+    conn.write_all(b"GET /burst HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    let mut buf = vec![0; 64 << 10];
+    tokio::time::timeout(PATIENCE, async {
+        while !response.ends_with(b"0\r\n\r\n") {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => response.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("the response ends in time");
+    let (head, body) = split_head(&response);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let text = String::from_utf8_lossy(body);
+    assert_eq!(text.matches("data: ").count(), 256, "events are missing");
+    assert!(
+        body.ends_with(b"0\r\n\r\n"),
+        "the terminal chunk is missing"
+    );
+    // Once it is written, the connection is idle and closed after the idle timeout.
+    let (rest, _) = read_until_closed(&mut conn).await;
+    assert!(rest.is_empty());
+    assert!(
+        metrics
+            .encode()
+            .contains("bypass_marker_streams_active 0\n"),
+        "{}",
+        metrics.encode()
+    );
+}
+
+/// Past `--max-connections`, a connection waits in the backlog: the second client is answered
+/// only once the first one's connection has ended.
+#[tokio::test]
+async fn connections_past_max_connections_wait_in_the_backlog() {
+    let upstream = spawn_upstream(timeout_app()).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &["--max-connections", "1"]).await;
+    let ask = |events: u64| {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            let request = format!(
+                "GET /paced?events={events}&gap_ms=100 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let response = raw_exchange(addr, request.as_bytes()).await;
+            (response, Instant::now())
+        })
+    };
+    // The first client holds the only place for about a second ...
+    let first = ask(10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ... the second connects (the backlog takes it) and asks meanwhile.
+    let second = ask(1);
+    let (first, first_done) = first.await.unwrap();
+    let (second, second_done) = second.await.unwrap();
+    for (response, events) in [(&first, 10), (&second, 1)] {
+        let (head, body) = split_head(response);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let body = String::from_utf8_lossy(body);
+        assert!(
+            body.contains(&format!("data: {}\n\n", events - 1)),
+            "{body}"
+        );
+    }
+    // Its one event comes 100 ms after it is accepted: after the first has ended.
+    assert!(second_done >= first_done + Duration::from_millis(100));
+}
+
+/// The default cap: half of what the open-file limit leaves once 32 descriptors and 2 per thread
+/// are kept for the process; at least 1; no cap without a limit.
+#[test]
+fn max_connections_defaults_to_half_the_descriptors_left() {
+    assert_eq!(proxy::default_max_connections(Some(1024), 1), 495);
+    assert_eq!(proxy::default_max_connections(Some(65536), 2), 32750);
+    assert_eq!(proxy::default_max_connections(Some(48), 1), 7);
+    assert_eq!(proxy::default_max_connections(Some(10), 1), 1);
+    assert!(proxy::default_max_connections(None, 1) > 1 << 40);
 }

@@ -181,7 +181,7 @@ SECS may have a fraction (0.5). Errors are JSON in OpenAI's shape:
 before its response head, 504 when the head is late.")]
 pub struct ProxyArgs {
     /// The server to forward to, http://HOST:PORT[/PREFIX].
-    #[arg(long, value_name = "URL", value_parser = Upstream::parse, env = "BYPASS_MARKER_UPSTREAM")]
+    #[arg(long, value_name = "URL", value_parser = UpstreamParser, env = "BYPASS_MARKER_UPSTREAM")]
     pub upstream: Upstream,
     /// Address to listen on (port 0 picks a free one).
     #[arg(
@@ -217,6 +217,16 @@ pub struct ProxyArgs {
     /// Longest pause within a request body before a 408.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_BODY_TIMEOUT")]
     pub body_timeout: Duration,
+    /// Longest a write to a client may make no progress (the client stopped reading) before its
+    /// connection is closed and its upstream request cancelled.
+    #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
+    pub write_timeout: Duration,
+    /// Most client connections held at once; more wait in the listen backlog. Each may hold an
+    /// upstream connection too, so the default is half of the open-file limit (RLIMIT_NOFILE),
+    /// less 32 descriptors and 2 per thread for the process itself: running out of descriptors
+    /// cannot then refuse an accepted request its upstream connection.
+    #[arg(long, value_name = "N", env = "BYPASS_MARKER_MAX_CONNECTIONS")]
+    pub max_connections: Option<NonZeroUsize>,
     /// Time to connect to the upstream.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "5", env = "BYPASS_MARKER_CONNECT_TIMEOUT")]
     pub connect_timeout: Duration,
@@ -227,12 +237,13 @@ pub struct ProxyArgs {
     /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
-    /// Threads that serve connections, each with its own listener on `--listen` (SO_REUSEPORT:
-    /// the kernel spreads new connections over them) and its own upstream connections, so a
-    /// stream stays on one thread. 1 (the default) costs the least CPU per event: on a 2-core
-    /// machine shared with the upstream, a fifth less in bulk and a third less paced than two
-    /// threads, at the same throughput (see BENCHMARKS.md); one thread forwards several hundred
-    /// thousand events a second. Give more to a proxy that needs more than one core.
+    /// Threads that serve connections, each accepting from the one listener on `--listen` (the
+    /// address is this process's alone: a second proxy on it fails to start) with its own
+    /// upstream connections, so a stream stays on one thread. 1 (the default) costs the least
+    /// CPU per event: on a 2-core machine shared with the upstream, a fifth less in bulk and a
+    /// third less paced than two threads, at the same throughput (see BENCHMARKS.md); one thread
+    /// forwards several hundred thousand events a second. Give more to a proxy that needs more
+    /// than one core.
     #[arg(
         long,
         value_name = "N",
@@ -355,6 +366,15 @@ impl Upstream {
             _ => return Err("the upstream must start with http://".to_owned()),
         }
         let authority = uri.authority().cloned().ok_or("the upstream has no host")?;
+        if authority.as_str().contains('@') {
+            // Not echoed: the value holds a secret.
+            return Err(
+                "the upstream must not carry credentials (user:password@): they would \
+                        be sent upstream in the Host header and shown in logs; give the proxy a \
+                        network path to the upstream that needs none"
+                    .to_owned(),
+            );
+        }
         if uri.query().is_some() {
             return Err("the upstream must not have a query".to_owned());
         }
@@ -379,6 +399,33 @@ impl Upstream {
 impl fmt::Display for Upstream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// Parses `--upstream` with [`Upstream::parse`], as clap's own parsers would, except that a
+/// value with credentials in it is not repeated in the error.
+#[derive(Debug, Clone, Copy)]
+struct UpstreamParser;
+
+impl clap::builder::TypedValueParser for UpstreamParser {
+    type Value = Upstream;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Upstream, clap::Error> {
+        let arg = arg.map_or_else(|| "--upstream <URL>".to_owned(), ToString::to_string);
+        let value = value.to_string_lossy();
+        Upstream::parse(&value).map_err(|why| {
+            let message = if value.contains('@') {
+                format!("invalid value for '{arg}': {why}")
+            } else {
+                format!("invalid value '{value}' for '{arg}': {why}")
+            };
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message + "\n").with_cmd(cmd)
+        })
     }
 }
 

@@ -1,5 +1,5 @@
-//! One client connection: its idle and header timeouts ([`Watch`]), and the request body's stall
-//! timeout ([`StallTimeout`]).
+//! One client connection: its idle, header and write timeouts ([`Watch`]), and the request body's
+//! stall timeout ([`StallTimeout`]).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
+use crate::cli::logs::Exchange;
 use crate::BoxError;
 
 pin_project! {
@@ -105,18 +106,47 @@ fn stamp(epoch: Instant) -> u64 {
     epoch.elapsed().as_millis() as u64 + 1
 }
 
-/// What one connection is doing, for its idle and header timeouts.
+/// What one connection is doing, for its idle, header and write timeouts.
 pub(crate) struct Watch {
     epoch: Instant,
-    /// Requests whose response has not finished.
+    /// Requests whose response has not been written to the socket yet.
     in_flight: AtomicUsize,
     /// When the connection last became idle ([`stamp`]).
     idle_since: AtomicU64,
     /// When the first byte of the next request head arrived ([`stamp`]), 0 if none has.
     head_since: AtomicU64,
+    /// When a write to the client found its socket full with no progress since ([`stamp`]), 0
+    /// if the last write made progress.
+    blocked_since: AtomicU64,
     /// The body of the request in flight stalled (see [`StallTimeout`]).
     pub(crate) stalled: AtomicBool,
+    /// Responses whose body has ended (or been dropped) while hyper may still hold their last
+    /// bytes: they stay in flight, and their exchange open, until hyper flushes (see
+    /// [`Watched`]'s `poll_flush`).
+    finishing: Mutex<Vec<Exchange>>,
+    /// `finishing.len()`, read without the lock at every flush.
+    finishing_len: AtomicUsize,
     changed: Notify,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // Responses handed over after their connection had gone: never written whole.
+        let finishing = self.finishing.get_mut().unwrap_or_else(|e| e.into_inner());
+        for exchange in finishing.iter_mut() {
+            exchange.complete = false;
+        }
+    }
+}
+
+/// Why [`Watch::expired`] completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// Idle between requests for the idle timeout, or reading a request head for the header
+    /// timeout.
+    Idle,
+    /// A write to the client made no progress for the write timeout.
+    Write,
 }
 
 impl Watch {
@@ -127,7 +157,10 @@ impl Watch {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(stamp(epoch)),
             head_since: AtomicU64::new(0),
+            blocked_since: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            finishing: Mutex::new(Vec::new()),
+            finishing_len: AtomicUsize::new(0),
             changed: Notify::new(),
         })
     }
@@ -142,38 +175,108 @@ impl Watch {
         }
     }
 
-    /// A request head was read: the connection is busy until the returned guard is dropped.
+    /// A write to the client returned `poll`: the write clock starts at the first write that
+    /// finds the socket full, and stops at the next that takes bytes.
+    fn wrote(&self, poll: &Poll<io::Result<usize>>) {
+        match poll {
+            Poll::Pending => {
+                if self.blocked_since.load(Ordering::Relaxed) == 0 {
+                    self.blocked_since
+                        .store(stamp(self.epoch), Ordering::Release);
+                    self.changed.notify_one();
+                }
+            }
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                if self.blocked_since.load(Ordering::Relaxed) != 0 {
+                    self.blocked_since.store(0, Ordering::Release);
+                }
+            }
+            Poll::Ready(_) => {}
+        }
+    }
+
+    /// hyper flushed: every byte it had for the client is in the socket, so the responses that
+    /// had ended are done (in flight no more, their exchanges complete).
+    fn flushed(&self) {
+        if self.finishing_len.load(Ordering::Relaxed) > 0 {
+            self.finish(true);
+        }
+    }
+
+    /// Ends the responses that were finishing; `written`: their last bytes reached the socket
+    /// (else the connection ended before they did, and none of them is complete).
+    fn finish(&self, written: bool) {
+        let mut done = std::mem::take(&mut *self.lock_finishing());
+        self.finishing_len.store(0, Ordering::Relaxed);
+        if done.is_empty() {
+            return;
+        }
+        self.idle_since.store(stamp(self.epoch), Ordering::Release);
+        self.in_flight.fetch_sub(done.len(), Ordering::AcqRel);
+        self.changed.notify_one();
+        for exchange in &mut done {
+            exchange.complete &= written;
+        }
+        // Logged and measured now.
+        drop(done);
+    }
+
+    fn lock_finishing(&self) -> std::sync::MutexGuard<'_, Vec<Exchange>> {
+        self.finishing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request head was read: the connection is busy until the returned guard is dropped, or
+    /// its response is written ([`Busy::finish`]).
     pub(crate) fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(0, Ordering::Release);
         self.stalled.store(false, Ordering::Release);
         self.changed.notify_one();
-        Busy(self.clone())
+        Busy {
+            watch: self.clone(),
+            handed_over: false,
+        }
     }
 
-    /// Completes when the connection has been idle for `idle`, or has been reading a request head
-    /// for `header`.
-    pub(crate) async fn expired(&self, idle: Duration, header: Duration) {
+    /// The instant `limit` after `since` (a [`stamp`]).
+    fn after(&self, since: u64, limit: Duration) -> Instant {
+        self.epoch + Duration::from_millis(since - 1) + limit
+    }
+
+    /// Completes when the connection has been idle for `idle`, has been reading a request head
+    /// for `header`, or a write to the client has made no progress for `write`.
+    pub(crate) async fn expired(
+        &self,
+        idle: Duration,
+        header: Duration,
+        write: Duration,
+    ) -> Expired {
         loop {
             let notified = self.changed.notified();
-            let deadline = if self.in_flight.load(Ordering::Acquire) > 0 {
+            let write_at = match self.blocked_since.load(Ordering::Acquire) {
+                0 => None,
+                since => Some(self.after(since, write)),
+            };
+            let idle_at = if self.in_flight.load(Ordering::Acquire) > 0 {
                 None
             } else {
                 match self.head_since.load(Ordering::Acquire) {
-                    0 => Some((self.idle_since.load(Ordering::Acquire), idle)),
-                    since => Some((since, header)),
+                    0 => Some(self.after(self.idle_since.load(Ordering::Acquire), idle)),
+                    since => Some(self.after(since, header)),
                 }
             };
-            match deadline {
+            let now = Instant::now();
+            if write_at.is_some_and(|at| now >= at) {
+                return Expired::Write;
+            }
+            if idle_at.is_some_and(|at| now >= at) {
+                return Expired::Idle;
+            }
+            match write_at.into_iter().chain(idle_at).min() {
                 None => notified.await,
-                Some((since, limit)) => {
-                    let at = self.epoch + Duration::from_millis(since - 1) + limit;
+                Some(at) => {
                     tokio::select! {
-                        () = tokio::time::sleep_until(at.into()) => {
-                            if Instant::now() >= at && self.in_flight.load(Ordering::Acquire) == 0 {
-                                return;
-                            }
-                        }
+                        () = tokio::time::sleep_until(at.into()) => {}
                         () = notified => {}
                     }
                 }
@@ -183,11 +286,36 @@ impl Watch {
 }
 
 /// A request in flight on a [`Watch`]ed connection.
-pub(crate) struct Busy(Arc<Watch>);
+pub(crate) struct Busy {
+    watch: Arc<Watch>,
+    /// The response is finishing ([`Busy::finish`]): the watch ends it.
+    handed_over: bool,
+}
+
+impl Busy {
+    /// The response's body has ended or been dropped: the request stays in flight, and
+    /// `exchange` open, until hyper has written the response's last bytes to the socket (or the
+    /// connection ends first: then the exchange is not complete).
+    pub(crate) fn finish(&mut self, exchange: Exchange) {
+        if self.handed_over {
+            return;
+        }
+        self.handed_over = true;
+        let watch = &self.watch;
+        let mut finishing = watch.lock_finishing();
+        finishing.push(exchange);
+        watch
+            .finishing_len
+            .store(finishing.len(), Ordering::Relaxed);
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let watch = &self.0;
+        if self.handed_over {
+            return;
+        }
+        let watch = &self.watch;
         watch
             .idle_since
             .store(stamp(watch.epoch), Ordering::Release);
@@ -222,7 +350,10 @@ pin_project! {
 
     impl PinnedDrop for Watched {
         fn drop(this: Pin<&mut Self>) {
-            this.project().gathering.release();
+            let this = this.project();
+            this.gathering.release();
+            // The connection is gone: responses whose last bytes were not flushed never will be.
+            this.watch.finish(false);
         }
     }
 }
@@ -537,11 +668,19 @@ impl AsyncWrite for Watched {
         }
         let poll = this.io.poll_write(cx, buf);
         this.gathering.wrote(buf.len(), &poll);
+        this.watch.wrote(&poll);
         poll
     }
 
+    /// hyper calls it only once its write buffer is empty: every byte of the responses so far is
+    /// in the socket.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().io.poll_flush(cx)
+        let this = self.project();
+        let poll = this.io.poll_flush(cx);
+        if let Poll::Ready(Ok(())) = poll {
+            this.watch.flushed();
+        }
+        poll
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -562,6 +701,7 @@ impl AsyncWrite for Watched {
         }
         let poll = this.io.poll_write_vectored(cx, bufs);
         this.gathering.wrote(len, &poll);
+        this.watch.wrote(&poll);
         poll
     }
 
@@ -854,5 +994,80 @@ mod tests {
             Poll::Ready(Ok(()))
         ));
         assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
+    }
+
+    /// The access lines logged while `f` runs.
+    fn access_lines(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    fn exchange(complete: bool) -> Exchange {
+        let metrics = Arc::new(crate::cli::Metrics::new([], false));
+        let mut exchange = Exchange::begin(metrics, http::Method::GET, "/x".parse().unwrap());
+        exchange.complete = complete;
+        exchange
+    }
+
+    /// A response whose body has ended stays in flight, and is logged, only once hyper has
+    /// flushed its last bytes (`complete=true`), or when the connection ends first
+    /// (`complete=false`): not when hyper drops the finished body.
+    #[test]
+    fn a_finished_response_is_done_when_flushed_and_incomplete_if_never_flushed() {
+        for flushed in [true, false] {
+            let watch = Watch::new();
+            let logged = access_lines(|| {
+                let mut busy = watch.begin();
+                busy.finish(exchange(true));
+                drop(busy);
+                // Still in flight: the idle clock has not started, nothing is logged.
+                assert_eq!(watch.in_flight.load(Ordering::Acquire), 1);
+                if flushed {
+                    watch.flushed();
+                } else {
+                    // What the connection's `Watched` does when it is dropped.
+                    watch.finish(false);
+                }
+                assert_eq!(watch.in_flight.load(Ordering::Acquire), 0);
+            });
+            let line = logged.lines().find(|l| l.contains("bypass_marker::access"));
+            let line = line.unwrap_or_else(|| panic!("no access line: {logged}"));
+            assert!(line.contains(&format!("complete={flushed}")), "{line}");
+        }
+    }
+
+    /// The write clock runs from the first write that found the socket full to the next write
+    /// that took bytes.
+    #[test]
+    fn the_write_clock_runs_only_while_writes_make_no_progress() {
+        let watch = Watch::new();
+        watch.wrote(&Poll::Ready(Ok(10)));
+        assert_eq!(watch.blocked_since.load(Ordering::Acquire), 0);
+        watch.wrote(&Poll::Pending);
+        let since = watch.blocked_since.load(Ordering::Acquire);
+        assert_ne!(since, 0);
+        // Still blocked: the clock keeps its start.
+        watch.wrote(&Poll::Pending);
+        assert_eq!(watch.blocked_since.load(Ordering::Acquire), since);
+        watch.wrote(&Poll::Ready(Ok(1)));
+        assert_eq!(watch.blocked_since.load(Ordering::Acquire), 0);
     }
 }

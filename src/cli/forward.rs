@@ -212,14 +212,16 @@ async fn forward(
         Ok(Err(err)) => return upstream_error(forward, err),
         Err(_) => {
             forward.metrics.upstream_error(UpstreamError::Timeout);
+            tracing::warn!(
+                upstream = %forward.upstream,
+                "504: no response head from the upstream within {:?}",
+                forward.response_timeout
+            );
             return error(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_error",
                 "upstream_timeout",
-                format!(
-                    "no response head from the upstream {} within {:?}",
-                    forward.upstream, forward.response_timeout
-                ),
+                "the upstream server did not answer in time".to_owned(),
             );
         }
     };
@@ -250,6 +252,8 @@ pub(crate) fn source_is<E: std::error::Error + 'static>(
     false
 }
 
+/// The 502 for a request the upstream did not answer. The client learns only which of the two
+/// failures it was: the upstream's address and the OS error go to the log, not to a client.
 fn upstream_error(
     forward: &Forwarding,
     err: hyper_util::client::legacy::Error,
@@ -257,22 +261,32 @@ fn upstream_error(
     if source_is::<BodyStalled>(&err) {
         return stalled();
     }
-    let upstream = &forward.upstream;
-    let (code, what) = if err.is_connect() {
+    let (code, what, message) = if err.is_connect() {
         forward.metrics.upstream_error(UpstreamError::Connect);
-        ("upstream_unreachable", "cannot reach the upstream")
+        (
+            "upstream_unreachable",
+            "cannot reach the upstream",
+            "the upstream server is unavailable",
+        )
     } else {
         forward.metrics.upstream_error(UpstreamError::BeforeHead);
         (
             "upstream_failed",
             "the upstream failed before its response head",
+            "the upstream server failed before answering",
         )
     };
-    let mut message = format!("{what} {upstream}: {err}");
+    let mut detail = err.to_string();
     let mut source = std::error::Error::source(&err);
     while let Some(s) = source {
-        message.push_str(&format!(": {s}"));
+        detail.push_str(&format!(": {s}"));
         source = s.source();
     }
-    error(StatusCode::BAD_GATEWAY, "upstream_error", code, message)
+    tracing::warn!(upstream = %forward.upstream, "502: {what}: {detail}");
+    error(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        code,
+        message.to_owned(),
+    )
 }

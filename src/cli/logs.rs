@@ -2,10 +2,11 @@
 //! when unset), `--log-format` the format (`text`, or `json`: one object per line).
 //!
 //! The proxy logs one `info` line per request, target `bypass_marker::access`, when its response
-//! has been sent (or dropped): `method`, `path` (without the query), `status`, `duration_ms`
-//! (from the request head to the end of the response body), `bytes` (of response body sent),
-//! `frames_removed` (annotation frames the layer removed from this response) and `complete`
-//! (`false`: the body failed or the client went away before its end). For example:
+//! has been written to the socket (or dropped): `method`, `path` (without the query), `status`,
+//! `duration_ms` (from the request head to the response's last byte in the socket), `bytes` (of
+//! response body sent), `frames_removed` (annotation frames the layer removed from this
+//! response) and `complete` (`false`: the body failed, or the client went away or was cut off
+//! before its last byte was written). For example:
 //!
 //! ```text
 //! 2026-12-01T04:12:00.123456Z  INFO bypass_marker::access: request method=POST path=/v1/chat/completions status=200 duration_ms=812.4 bytes=5321 frames_removed=1 complete=true

@@ -7,7 +7,8 @@
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head in time (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
-//! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response body has been sent or dropped |
+//! | `bypass_marker_write_timeouts_total` | | client connections closed because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
+//! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |
 //! | `bypass_marker_request_duration_seconds` | | histogram of the same span, per request |
 //!
 //! The frame counts come from the layer itself ([`FrameObserver`], called as each frame is
@@ -116,6 +117,7 @@ pub struct Metrics {
     removed_unnamed: Option<Counter>,
     refused: Family<StatusLabel, Counter>,
     upstream_errors: [Counter; 4],
+    write_timeouts: Counter,
     streams_active: Gauge<i64, AtomicI64>,
     duration: Histogram,
 }
@@ -207,6 +209,12 @@ impl Metrics {
                 })
                 .clone()
         });
+        let write_timeouts = Counter::default();
+        proxy_series.register(
+            "write_timeouts",
+            "Client connections closed because a write to them made no progress for --write-timeout",
+            write_timeouts.clone(),
+        );
         let streams_active = Gauge::<i64, AtomicI64>::default();
         proxy_series.register(
             "streams_active",
@@ -228,6 +236,7 @@ impl Metrics {
             removed_unnamed,
             refused,
             upstream_errors,
+            write_timeouts,
             streams_active,
             duration,
         }
@@ -267,6 +276,11 @@ impl Metrics {
     /// The upstream failed.
     pub(crate) fn upstream_error(&self, kind: UpstreamError) {
         self.upstream_errors[kind as usize].inc();
+    }
+
+    /// A client connection was closed for its write timeout.
+    pub(crate) fn write_timeout(&self) {
+        self.write_timeouts.inc();
     }
 
     /// A request arrived.

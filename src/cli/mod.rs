@@ -29,4 +29,7 @@ pub use args::{
 pub use conn::StallTimeout;
 pub use forward::{Forward, UpstreamBody};
 pub use metrics::Metrics;
-pub use proxy::{bind, bind_each, serve, serve_metered, serve_threads, serve_with, RequestBody};
+pub use proxy::{
+    bind, bind_each, default_max_connections, serve, serve_metered, serve_threads, serve_with,
+    RequestBody,
+};

@@ -6,15 +6,20 @@
 //! What it does, in the order a request meets it:
 //!
 //! - **Accepting.** It listens with a backlog of `--backlog` (1024 by default; tokio's
-//!   `TcpListener::bind` uses 128, which bursts of new connections overflow). When the process
-//!   runs out of file descriptors, the accept loop backs off (10 ms, doubling to 1 s) instead of
-//!   spinning or stopping, and serves again once descriptors are free.
+//!   `TcpListener::bind` uses 128, which bursts of new connections overflow). It holds at most
+//!   `--max-connections` client connections (by default half of what the open-file limit leaves
+//!   the process: each may need an upstream connection too); more wait in the backlog. When the
+//!   process runs out of file descriptors all the same, the accept loop backs off (10 ms,
+//!   doubling to 1 s) instead of spinning or stopping, and serves again once descriptors are
+//!   free.
 //! - **Reading the request.** HTTP/1.1. A connection that is idle between requests is closed after
-//!   `--idle-timeout`; one that has started a request head must finish it within
+//!   `--idle-timeout` (idle from the moment its last response's last byte was written to the
+//!   socket); one that has started a request head must finish it within
 //!   `--header-read-timeout`; a request body that stops arriving for `--body-timeout` ends the
 //!   request with a 408. A request whose `Transfer-Encoding` names a coding other than `chunked`
 //!   gets a 501 (RFC 9112 section 6.1: the proxy would otherwise forward the still-encoded body as
-//!   if it were plain).
+//!   if it were plain). `CONNECT` gets a 405 and never reaches the upstream: the proxy is not a
+//!   tunnel.
 //! - **Hop-by-hop headers** (RFC 9110 section 7.6.1: `Connection` and every header it names,
 //!   `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`, `Upgrade`, `Trailer`) are
 //!   removed from the request *before* the guard reads it, so the guard decides on exactly the
@@ -40,11 +45,15 @@
 //!   the next read from the upstream (on the binary's single-threaded runtimes; unless the
 //!   client's socket is full).
 //! - **Threads** ([`serve_threads`], `--threads`, 1 by default): the binary serves on one
-//!   single-threaded runtime per thread, each with its own listener (`SO_REUSEPORT`) and its own
-//!   upstream client, so a stream and its upstream connection stay on the thread that accepted it.
+//!   single-threaded runtime per thread, each accepting from the one listener (no `SO_REUSEPORT`:
+//!   the address is the process's alone) with its own upstream client, so a stream and its
+//!   upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
-//! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line when its
-//!   response ends ([`logs`](crate::cli::logs)).
+//! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
+//!   client stopped reading) closes its connection, which cancels its upstream request.
+//! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line once its
+//!   response's last byte has been written to the socket, or the connection has ended
+//!   ([`logs`](crate::cli::logs)).
 //! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,
 //!   lets the requests in flight finish for up to `--shutdown-grace`, then returns.
 //!
@@ -59,7 +68,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap};
@@ -74,7 +83,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tower::{Service, ServiceBuilder, ServiceExt as _};
 
 use crate::cli::args::ProxyArgs;
-use crate::cli::conn::{Busy, StallTimeout, Watch, Watched};
+use crate::cli::conn::{Busy, Expired, StallTimeout, Watch, Watched};
 use crate::cli::forward::{error, remove_hop_by_hop, stalled, trim_ows, FromForward};
 use crate::cli::logs::Exchange;
 use crate::cli::metrics::{removed_on_this_thread, Metrics, UpstreamError};
@@ -94,34 +103,26 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
-/// Listens on `addr` `n` times, one listener for each serving thread of [`serve_threads`], with a
-/// queue of `backlog` connections each. With `n` above 1 every listener has `SO_REUSEPORT`, so
-/// that the kernel spreads new connections over them (when `addr`'s port is 0, the others take
-/// the first one's port); with 1 it is [`bind`]'s. Call it within a tokio runtime: the listeners
+/// Listens on `addr` once, with a queue of `backlog` connections, and gives `n` handles to that
+/// one listener, one for each serving thread of [`serve_threads`]: each thread accepts from the
+/// same queue (a thread that is busy accepts less). Call it within a tokio runtime: the handles
 /// come back deregistered from it, for each thread's runtime to take.
+///
+/// The address is this process's alone, whatever `n`: a second proxy on it fails with "address in
+/// use". (One listener per thread with `SO_REUSEPORT` would let the kernel spread connections, but
+/// also let any other process of the same user join the group and silently serve a share of the
+/// clients: a stale instance, or one configured differently.)
 pub fn bind_each(
     addr: SocketAddr,
     backlog: u32,
     n: usize,
 ) -> io::Result<Vec<std::net::TcpListener>> {
-    if n <= 1 {
-        return Ok(vec![bind(addr, backlog)?.into_std()?]);
+    let listener = bind(addr, backlog)?.into_std()?;
+    let mut listeners = Vec::with_capacity(n.max(1));
+    for _ in 1..n {
+        listeners.push(listener.try_clone()?);
     }
-    let mut addr = addr;
-    let mut listeners = Vec::with_capacity(n);
-    for _ in 0..n {
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
-        socket.bind(addr)?;
-        let listener = socket.listen(backlog)?;
-        addr = listener.local_addr()?;
-        listeners.push(listener.into_std()?);
-    }
+    listeners.push(listener);
     Ok(listeners)
 }
 
@@ -144,9 +145,14 @@ where
 {
     let (done, mut results) = tokio::sync::mpsc::unbounded_channel();
     let n = listeners.len();
+    // The connections are shared out between the threads (at least one each).
+    let total = max_connections(&config, n);
+    tracing::info!("at most {total} client connections at once (--max-connections)");
     for (i, listener) in listeners.into_iter().enumerate() {
-        let (config, metrics, shutdown, done) =
+        let (mut config, metrics, shutdown, done) =
             (config.clone(), metrics.clone(), shutdown(), done.clone());
+        let share = total / n + usize::from(i < total % n);
+        config.max_connections = std::num::NonZeroUsize::new(share.max(1));
         std::thread::Builder::new()
             .name(format!("bypass-marker-{i}"))
             .spawn(move || {
@@ -171,6 +177,43 @@ where
         }
     }
     Ok(())
+}
+
+/// The most permits a semaphore takes: the cap when the open-file limit is unlimited.
+const UNLIMITED: usize = tokio::sync::Semaphore::MAX_PERMITS;
+
+/// The default of `--max-connections` for `threads` serving threads under a soft open-file limit
+/// of `open_files` (`None`: unlimited): each client connection may hold an upstream connection
+/// too, so half of what is left once 32 descriptors, and 2 per thread, are kept for the process
+/// itself (standard streams, runtimes, listeners, metrics). At least 1.
+pub fn default_max_connections(open_files: Option<u64>, threads: usize) -> usize {
+    let Some(open_files) = open_files else {
+        return UNLIMITED;
+    };
+    let own = 32 + 2 * threads as u64;
+    usize::try_from(open_files.saturating_sub(own) / 2)
+        .unwrap_or(UNLIMITED)
+        .clamp(1, UNLIMITED)
+}
+
+/// The process's soft open-file limit (`RLIMIT_NOFILE`); `None` when unlimited or unknown.
+fn open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// `--max-connections`, or its default for `threads` threads and this process's open-file limit.
+fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
+    config.max_connections.map_or_else(
+        || default_max_connections(open_file_limit(), threads),
+        |n| n.get().min(UNLIMITED),
+    )
 }
 
 /// Whether an `accept` error is about one connection (go on at once) rather than the process
@@ -274,14 +317,37 @@ where
     // small frames is cheaper than a `writev` of three slices (chunk size, data, CRLF) for each.
     http.writev(false);
     let graceful = GracefulShutdown::new();
-    let (idle, header, body) = (
+    let (idle, header, body, write) = (
         config.idle_timeout,
         config.header_read_timeout,
         config.body_timeout,
+        config.write_timeout,
     );
     tokio::pin!(shutdown);
     let mut backoff = Duration::ZERO;
+    // Past the cap, connections wait in the backlog rather than take the descriptors that
+    // accepted requests need for their upstream connections.
+    let cap = max_connections(&config, 1);
+    let connections = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut warned: Option<Instant> = None;
     loop {
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(
+                        "{cap} connections open (--max-connections): new ones wait in the backlog"
+                    );
+                    warned = Some(Instant::now());
+                }
+                tokio::select! {
+                    permit = connections.clone().acquire_owned() => {
+                        permit.expect("the semaphore is never closed")
+                    }
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
@@ -308,6 +374,7 @@ where
         };
         let _ = stream.set_nodelay(true);
         let watch = Watch::new();
+        let counted = metrics.clone();
         let stack = service.clone();
         let service_watch = watch.clone();
         let metrics = metrics.clone();
@@ -318,12 +385,15 @@ where
             // Decided on the request as the client sent it; then the hop-by-hop headers go, before
             // the guard reads any header.
             let unsupported = unsupported_transfer_coding(req.headers());
+            let connect = req.method() == http::Method::CONNECT;
             remove_hop_by_hop(req.headers_mut());
             let req = req.map(|b| StallTimeout::new(b, body, service_watch.clone()));
             let stack = stack.clone();
             let watch = service_watch.clone();
             async move {
-                let res: Response<Answer<B>> = if unsupported {
+                let res: Response<Answer<B>> = if connect {
+                    method_not_allowed().map(Either::Right)
+                } else if unsupported {
                     not_implemented().map(Either::Right)
                 } else {
                     let res = stack.oneshot(req).await?;
@@ -352,11 +422,20 @@ where
         // The timeouts in a task of their own, which ends the connection's: in one `select!`
         // with the connection, `expired` would be polled at every wake-up of the connection,
         // once per streamed frame (callgrind: about 200 instructions per event).
+        // Aborting the connection drops its response bodies, and so cancels their upstream
+        // requests.
         let serving = conn.abort_handle();
         tokio::spawn(async move {
+            // The connection's place, given back when it ends.
+            let _permit = permit;
             tokio::select! {
                 _ = conn => {}
-                () = watch.expired(idle, header) => serving.abort(),
+                expired = watch.expired(idle, header, write) => {
+                    if expired == Expired::Write {
+                        counted.write_timeout();
+                    }
+                    serving.abort();
+                }
             }
         });
     }
@@ -399,26 +478,52 @@ fn not_implemented() -> Response<UpstreamBody> {
     res
 }
 
+/// The answer to `CONNECT`: the proxy is a reverse proxy for one upstream, not a tunnel (hyper
+/// would turn the client's connection into one on a 2xx).
+fn method_not_allowed() -> Response<UpstreamBody> {
+    let mut res = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        "CONNECT is not supported".to_owned(),
+    );
+    res.extensions_mut().remove::<FromForward>();
+    res.headers_mut().insert(
+        header::ALLOW,
+        http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH"),
+    );
+    // What the client sends after its `CONNECT` is meant for a tunnel, not a request head.
+    res.headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    res
+}
+
 pin_project! {
     /// A response body that keeps its connection busy and its request's [`Exchange`] open until
-    /// it is dropped, counting the bytes it yields and the frames the layer removed for it.
+    /// its last bytes have been written to the socket, counting the bytes it yields and the
+    /// frames the layer removed for it.
     ///
     /// Per frame it does no more than that: two reads of a thread-local counter and an addition.
-    /// Whether the body completed is read once, when it is dropped.
+    /// Whether the body completed is read once, when it is dropped; the exchange then waits for
+    /// hyper to flush ([`Busy::finish`]): hyper drops a body when it has taken its last frame,
+    /// which may still sit in its write buffer, and only bytes in the socket are sent.
     struct Tracked<B: Body> {
         #[pin]
         body: B,
         busy: Busy,
-        exchange: Exchange,
+        exchange: Option<Exchange>,
     }
 
     impl<B: Body> PinnedDrop for Tracked<B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // hyper stops polling a body once `is_end_stream` is true, without polling it to
-            // `None`.
-            if this.body.is_end_stream() {
-                this.exchange.complete = true;
+            if let Some(mut exchange) = this.exchange.take() {
+                // hyper stops polling a body once `is_end_stream` is true, without polling it to
+                // `None`.
+                if this.body.is_end_stream() {
+                    exchange.complete = true;
+                }
+                this.busy.finish(exchange);
             }
         }
     }
@@ -429,7 +534,7 @@ impl<B: Body> Tracked<B> {
         Self {
             body,
             busy,
-            exchange,
+            exchange: Some(exchange),
         }
     }
 }
@@ -450,7 +555,9 @@ where
         // The layer's observer runs within this call, on this thread.
         let before = removed_on_this_thread();
         let poll = this.body.as_mut().poll_frame(cx);
-        let exchange = this.exchange;
+        let Some(exchange) = this.exchange.as_mut() else {
+            return poll;
+        };
         exchange.frames_removed += removed_on_this_thread() - before;
         match &poll {
             Poll::Ready(Some(Ok(frame))) => {

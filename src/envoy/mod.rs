@@ -124,6 +124,8 @@
 //!   `observability_mode` (Envoy ignores every answer there, so nothing would be stripped or
 //!   filtered), a request body before its headers or a response body before its headers
 //!   (`request_header_mode` or `response_header_mode` set to `SKIP`), a second headers message.
+//! - **A headers message with more than 16,384 headers** (Envoy forwards 100 by default,
+//!   `max_headers_count`) fails the gRPC stream with `RESOURCE_EXHAUSTED` (Envoy answers 500).
 //! - **Response trailers**: Envoy does not tell the processor that a body ended when trailers
 //!   end it. Bytes held for a frame still open at that point (a stream that ends in the middle of
 //!   a frame, then sends trailers) are dropped rather than judged; complete frames are never held.
@@ -143,6 +145,7 @@
 //! - [`ExtProc::new`]`(layer)`, [`ExtProc::max_body_bytes`]`(n)`: the processor.
 //! - [`serve`]`(listener, processor, shutdown)`: the processor and `grpc.health.v1` on a
 //!   `tokio::net::TcpListener`, until `shutdown` completes; returns `tonic::transport::Error`.
+//!   It allows [`MAX_CONCURRENT_STREAMS`] streams per HTTP/2 connection.
 //! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
 mod exchange;
@@ -153,6 +156,6 @@ mod service;
 mod stream;
 
 pub use processor::ExtProc;
-pub use serve::serve;
+pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;
 pub use stream::ProcessStream;

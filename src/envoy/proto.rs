@@ -17,7 +17,34 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use http::header::{HeaderMap, HeaderName, HeaderValue as HttpHeaderValue};
 
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, ProcessingRequest,
+};
+use tonic::Status;
+
 use crate::json::Refusal;
+
+/// The most header entries (pseudo-headers included) one headers message may carry: far more
+/// than Envoy forwards by default (`max_headers_count`, 100), and well under what one
+/// `http::HeaderMap` holds (reserving room for about 24,576 entries or more at once panics).
+pub(crate) const MAX_HEADERS: usize = 16 * 1024;
+
+/// Refuses, with `RESOURCE_EXHAUSTED`, a message whose headers are more than [`MAX_HEADERS`]:
+/// every front door calls it before the message reaches the exchange, so that
+/// [`to_header_map`] never meets one.
+pub(crate) fn admit(msg: &ProcessingRequest) -> Result<(), Status> {
+    let headers = match &msg.request {
+        Some(Request::RequestHeaders(h) | Request::ResponseHeaders(h)) => h.headers.as_ref(),
+        _ => None,
+    };
+    let n = headers.map_or(0, |h| h.headers.len());
+    if n > MAX_HEADERS {
+        return Err(Status::resource_exhausted(format!(
+            "{n} headers in one message, more than {MAX_HEADERS}"
+        )));
+    }
+    Ok(())
+}
 
 /// The headers of a proto `HeaderMap` as an `http::HeaderMap`, and the pseudo-headers the
 /// processor needs (`:method` or `:status`), as bytes.
@@ -35,6 +62,7 @@ pub(crate) fn to_header_map(
     let Some(proto) = proto else {
         return (map, wanted);
     };
+    // At most `MAX_HEADERS` (see `admit`).
     map.reserve(proto.headers.len());
     for entry in &proto.headers {
         let value = raw_value(entry);

@@ -11,6 +11,13 @@ use tonic::transport::Server;
 
 use super::{ExtProc, ExtProcService};
 
+/// The most concurrent gRPC streams (HTTP requests in Envoy) [`serve`] allows on one HTTP/2
+/// connection, advertised in its `SETTINGS_MAX_CONCURRENT_STREAMS`: Envoy opens another
+/// connection for the streams past it (its HTTP/2 pool establishes as many as it needs). Without a
+/// limit, one client could open streams on a connection until memory runs out; with it, 1,000
+/// concurrent streams from one Envoy worker still share one connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
 /// Serves `processor` and gRPC health (`grpc.health.v1`) on `listener` until `shutdown`
 /// completes, then stops gracefully.
 ///
@@ -41,6 +48,7 @@ pub async fn serve(
         reporter.set_not_serving::<ExtProcService>().await;
     };
     Server::builder()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .add_service(health)
         .add_service(processor.into_service())
         .serve_with_incoming_shutdown(Accepting::new(listener), signal)

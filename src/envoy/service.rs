@@ -14,7 +14,7 @@ use tonic::server::NamedService;
 use tonic::Status;
 
 use super::exchange::Exchange;
-use super::ExtProc;
+use super::{proto, ExtProc};
 
 /// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.
 const PROCESS: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
@@ -252,7 +252,7 @@ where
             };
             let answer = ProcessingRequest::decode(message)
                 .map_err(|err| Status::internal(format!("undecodable message: {err}")))
-                .and_then(|msg| this.exchange.answer(msg))
+                .and_then(|msg| proto::admit(&msg).and_then(|()| this.exchange.answer(msg)))
                 .and_then(|answer| answer.map(|answer| framed(&answer)).transpose());
             match answer {
                 Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),

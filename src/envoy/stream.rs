@@ -7,6 +7,7 @@ use futures_core::Stream;
 use tonic::{Status, Streaming};
 
 use super::exchange::Exchange;
+use super::proto;
 
 /// The processor's side of one `Process` call: one response for each message Envoy sends, in
 /// order, computed as the message arrives (no task, no channel, no queue).
@@ -51,14 +52,16 @@ impl Stream for ProcessStream {
                     this.done = true;
                     return Poll::Ready(Some(Err(status)));
                 }
-                Some(Ok(msg)) => match this.exchange.answer(msg) {
-                    Err(status) => {
-                        this.done = true;
-                        return Poll::Ready(Some(Err(status)));
+                Some(Ok(msg)) => {
+                    match proto::admit(&msg).and_then(|()| this.exchange.answer(msg)) {
+                        Err(status) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(status)));
+                        }
+                        Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
+                        Ok(None) => {}
                     }
-                    Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
-                    Ok(None) => {}
-                },
+                }
             }
         }
     }
