@@ -752,7 +752,7 @@ fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize>
 /// the sidecar proxy (one chat event per chunk) the first reads of the chunk were then the
 /// layer's largest cost per event, each line a miss of its own. Touching every line first makes
 /// the misses overlap: `proxy_bench --throughput-only --rounds 1000 --events 300` went from 0.963
-/// to 0.985 of `--no-layer` (BENCHMARKS.md, "Through the sidecar proxy"). A proxy without the
+/// to 0.985 of `--no-layer` (BENCHMARKS.md as of b155826, "Through the sidecar proxy"). A proxy without the
 /// layer never reads the bytes at all: the kernel copies them from the buffer to the client.
 ///
 /// Only chunks of up to [`TOUCH_LINES_MAX`] bytes are touched. Longer chunks are read as a

@@ -34,8 +34,8 @@ const SMALL: usize = 64 << 10;
 /// itself (a 5-byte prefix each): every message Envoy sends is decoded as soon as its last byte
 /// is in, and its answer is the next frame of the response body. That leaves out tonic's
 /// per-message streaming adapters (`Streaming`, `EncodeBody`), which cost about a fifth of the
-/// processor's CPU per streamed chunk in `envoy_bench` (BENCHMARKS.md, "Envoy with the external
-/// processor"); tonic still serves the connection, HTTP/2 and the routing. A call it cannot
+/// processor's CPU per streamed chunk in `envoy_bench` (BENCHMARKS.md as of 05c9ef8, "Envoy with
+/// the external processor"); tonic still serves the connection, HTTP/2 and the routing. A call it cannot
 /// read fails with a status, never a clean end (which would let Envoy go on without the
 /// processor): compressed messages with `UNIMPLEMENTED` (Envoy sends none), a message over the
 /// processor's limit with `RESOURCE_EXHAUSTED` (judged on its prefix), bytes that are no

@@ -304,6 +304,7 @@ impl fmt::Debug for RequestGuard {
 impl BypassMarkerLayer {
     /// The request-side guard's decisions for this layer's names, without tower: see
     /// [`RequestGuard`]. The body cap is [`DEFAULT_MAX_BODY_BYTES`].
+    #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
     pub fn request_guard(&self) -> RequestGuard {
         RequestGuard::new(self.config.clone(), DEFAULT_MAX_BODY_BYTES)
     }

@@ -41,6 +41,7 @@ impl BypassMarkerLayer {
     ///
     /// The guard keeps a copy of the configuration as it is now; names added to this layer later
     /// are not seen by a guard made before.
+    #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
     pub fn json_guard(&self) -> JsonGuardLayer {
         JsonGuardLayer {
             config: self.config.clone(),
