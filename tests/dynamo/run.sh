@@ -245,41 +245,10 @@ fi
 # ---------------------------------------------------------------------------------------------
 # The checks
 
-passed=0
-failed=0
-count() {
-  if (($1)); then
-    printf 'PASS %s\n' "$2"
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s\n' "$2"
-    failed=$((failed + 1))
-  fi
-}
-
-# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
-# which check failed counts as one failure.
-run_client() {
-  local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
-  shift
-  # In the background and in a group of its own, so that a signal to this script ends it at once.
-  setsid timeout 120 "$@" >"$out" 2>"$err" &
-  clients+=($!)
-  wait $! || status=$?
-  cat "$out"
-  p="$(grep -c '^PASS ' "$out" || true)"
-  f="$(grep -c '^FAIL ' "$out" || true)"
-  if ((status != 0 && f == 0)); then
-    printf 'FAIL %s: exited with status %d\n' "$name" "$status"
-    f=1
-  fi
-  if ((f > 0 || status != 0)); then
-    log "$name: stderr follows"
-    sed 's/^/    /' "$err" >&2
-  fi
-  passed=$((passed + p))
-  failed=$((failed + f))
-}
+# Clients get 120 s each.
+CLIENT_TIMEOUT=120
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
 
 replies="$work/replies.json"
 run_client "raw client, direct" "$python" "$here/client.py" direct --url "$dynamo" --replies "$replies"
@@ -359,25 +328,9 @@ ok=0
 [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
 count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
 
-# Nothing is left behind: no process in the groups, none with the scratch directory in its
-# command line. Zombies (state Z) are not counted: they have exited and hold nothing but a
-# process-table entry. A worker's orphaned child is re-parented to PID 1, and on some machines
-# (a CI sandbox whose PID 1 is not an init) nobody reaps it; that is not ours to fix.
-stop_all
-leftovers() {
-  ps -eo pid=,pgid=,stat=,args= | awk -v groups=" ${groups[*]} ${clients[*]} " -v work="$work" \
-    '$3 !~ /^Z/ && (index(groups, " " $2 " ") || index($0, work))' | grep -v -e awk -e grep || true
-}
-for ((i = 0; i < 50; i++)); do
-  left="$(leftovers)"
-  [[ -z "$left" ]] && break
-  sleep 0.1
-done
-ok=0
-[[ -z "$left" ]] && ok=1
-count $ok "no process left behind after stopping ${#groups[@]} servers and ${#clients[@]} clients${left:+: $left}"
-groups=()
-clients=()
+# Nothing is left behind. A worker's orphaned child is re-parented to PID 1, and on some machines
+# (a CI sandbox whose PID 1 is not an init) nobody reaps it: zombies are not counted.
+nothing_left
 
 log "$(grep -h '^holder: ' "$work/holder.log" || echo "holder: stopped in flight")"
 log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the build)"

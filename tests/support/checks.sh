@@ -1,5 +1,5 @@
 # The checks' bookkeeping shared by the end-to-end suites (tests/envoy/run.sh,
-# tests/envoy/module.sh): PASS/FAIL counting, clients run in groups of their own, and the final
+# tests/envoy/module.sh, tests/dynamo/run.sh): PASS/FAIL counting, clients run in groups of their own, and the final
 # check that nothing started is left. Source tests/support/procs.sh first.
 
 passed=0
@@ -14,13 +14,13 @@ count() {
   fi
 }
 
-# Runs a client ("$@") and counts its PASS and FAIL lines; a client that fails without saying
-# which check failed counts as one failure.
+# Runs a client ("$@") for at most $CLIENT_TIMEOUT seconds (default 180) and counts its PASS and
+# FAIL lines; a client that fails without saying which check failed counts as one failure.
 run_client() {
   local name="$1" out="$work/client.out" err="$work/client.err" status=0 p f
   shift
   # In the background and in a group of its own, so that a signal to this script ends it at once.
-  setsid timeout 180 "$@" >"$out" 2>"$err" &
+  setsid timeout "${CLIENT_TIMEOUT:-180}" "$@" >"$out" 2>"$err" &
   clients+=($!)
   # (stderr: bash reports there a server of ours that a check killed on purpose)
   { wait $! || status=$?; } 2>/dev/null
