@@ -233,6 +233,16 @@ PY
   count $ok "filter_config $config: Envoy refuses it (status $status) and its log names \"$field\""
 done
 
+# Every Envoy callback the module calls is exported by each Envoy tested (Envoy resolves them all
+# when it loads the module).
+imports="$(nm -D --undefined-only "$modules/libbypass_marker.so" | awk '/envoy_dynamic_module_callback/ {print $2}' | sort)"
+for version in 1.40.0 $older; do
+  missing="$(comm -23 <(echo "$imports") <(nm -D --defined-only "${envoys[$version]}" | awk '{print $3}' | sort))"
+  ok=0
+  [[ -n "$imports" && -z "$missing" ]] && ok=1
+  count $ok "Envoy $version exports all $(wc -l <<<"$imports") callbacks the module calls${missing:+; missing: $missing}"
+done
+
 # The older Envoys load the same module and filter split streams.
 for version in $older; do
   start_envoy "envoy-$version" "$version" "${upstream##*:}" "$modules"
