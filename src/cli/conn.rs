@@ -915,29 +915,35 @@ mod tests {
     #[tokio::test]
     async fn a_write_after_one_the_socket_did_not_take_whole_does_not_yield() {
         let (mut watched, _client, mut upstream, _far) = setup().await;
-        let count = Arc::new(Count::default());
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        // The client reads nothing: fill its socket with writes of the gathering limit (which go
-        // at once) until one is not taken whole.
-        let big = vec![b'x'; GATHER_MAX];
-        let mut filled = false;
-        for _ in 0..10_000 {
-            match write(&mut watched, &mut cx, &big) {
-                Poll::Ready(n) if n == big.len() => {}
-                _ => {
-                    filled = true;
-                    break;
+        // Filling the socket takes a hundred writes or more, as many as tokio's cooperative budget
+        // for one poll of a task (128 operations), past which its sockets answer Pending whatever
+        // they hold: no budget here, so that Pending means a full socket.
+        tokio::task::unconstrained(async move {
+            let count = Arc::new(Count::default());
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            // The client reads nothing: fill its socket with writes of the gathering limit (which
+            // go at once) until one is not taken whole.
+            let big = vec![b'x'; GATHER_MAX];
+            let mut filled = false;
+            for _ in 0..10_000 {
+                match write(&mut watched, &mut cx, &big) {
+                    Poll::Ready(n) if n == big.len() => {}
+                    _ => {
+                        filled = true;
+                        break;
+                    }
                 }
             }
-        }
-        assert!(filled, "the client's socket never filled");
-        let woken = count.woken();
-        // A small write now goes straight to the socket (which is full): no yield, no wake-up
-        // of its own, and the gate stays open for the upstream.
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-        assert_eq!(count.woken(), woken);
-        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
+            assert!(filled, "the client's socket never filled");
+            let woken = count.woken();
+            // A small write now goes straight to the socket (which is full): no yield, no
+            // wake-up of its own, and the gate stays open for the upstream.
+            assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
+            assert_eq!(count.woken(), woken);
+            assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
+        })
+        .await;
     }
 
     #[tokio::test]
