@@ -68,10 +68,8 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-module.XXXXXX")"
 source "$here/../support/procs.sh"
 # shellcheck source=tests/support/checks.sh
 source "$here/../support/checks.sh"
-listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
-envoy_ready() {
-  "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
-}
+# shellcheck source=tests/envoy/servers.sh
+source "$here/servers.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Installs and builds
@@ -98,25 +96,14 @@ log "building the module with feature test-panic (its own target directory)"
 (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module --features test-panic \
   --target-dir "$target/test-panic") || die "cannot build the test-panic module"
 panic_modules="$target/test-panic/release"
-log "building the router example"
-(cd "$root" && cargo build --quiet --example router)
-router="$target/debug/examples/router"
-[[ -x "$router" ]] || die "no router binary at $router"
+build_router
 log "installs and builds ready in $((SECONDS - started)) s"
 
 # ---------------------------------------------------------------------------------------------
 # Servers
 
 suite=$SECONDS
-start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
-wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"
-upstream="$url"
-start router-envoy "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
-wait_for "$last_group" 100 listening router-envoy || die "the router did not start: $(cat "$work/router-envoy.log")"
-router_behind="$url"
-start router-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
-wait_for "$last_group" 100 listening router-direct || die "the router did not start: $(cat "$work/router-direct.log")"
-router_direct="$url"
+start_upstreams
 
 # Starts an Envoy named $1 (version $2) from the shipped bootstrap with upstream port $3 and the
 # module from directory $4; sets `url` to its listener and `admin_url` to its admin.
@@ -161,22 +148,7 @@ run_client "streams in 1-9 byte pieces" "${client[@]}" pieces --front module --e
 run_client "$streams concurrent streams" "${client[@]}" concurrent --front module --envoy "$envoy_upstream" \
   --upstream "$upstream" --streams "$streams"
 
-sdk_client="$root/tests/sdk/client.py"
-for v in "${py_versions[@]}"; do
-  label="python openai $v"
-  run_client "$label, through Envoy" "${py_bin[$v]}" "$sdk_client" sdk \
-    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy + module" --version "$v"
-  run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
-    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-done
-for v in "${node_versions[@]}"; do
-  label="node openai $v"
-  run_client "$label, through Envoy" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy + module" --version "$v"
-  run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-done
-run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$envoy_router" --no-layer-url "$router_direct"
+run_sdk_clients "$envoy_router" "$router_direct" "Envoy + module"
 
 run_client "client disconnect" "${client[@]}" disconnect --front module --envoy "$envoy_upstream" --upstream "$upstream"
 run_client "upstream reset" "${client[@]}" reset --front module --envoy "$envoy_upstream" --upstream "$upstream"

@@ -76,12 +76,11 @@ source "$here/render.sh"
 work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-envoy.XXXXXX")"
 # shellcheck source=tests/support/procs.sh
 source "$here/../support/procs.sh"
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
+# shellcheck source=tests/envoy/servers.sh
+source "$here/servers.sh"
 accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Sets `url` from the `listening on http://...` line of $work/$1.log.
-listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
-envoy_ready() {
-  "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
-}
 
 # ---------------------------------------------------------------------------------------------
 # Installs and builds
@@ -108,25 +107,14 @@ fi
 if ! "$bin" ext-proc --help >"$work/ext-proc-help" 2>&1; then
   die "$bin has no working \`ext-proc\` subcommand (\`$bin ext-proc --help\` failed: $(head -c 300 "$work/ext-proc-help")); the Envoy processor is not wired into the binary yet"
 fi
-log "building the router example"
-(cd "$root" && cargo build --quiet --example router)
-router="$target/debug/examples/router"
-[[ -x "$router" ]] || die "no router binary at $router"
+build_router
 log "installs and builds ready in $((SECONDS - started)) s"
 
 # ---------------------------------------------------------------------------------------------
 # Servers
 
 suite=$SECONDS
-start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
-wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"
-upstream="$url"
-start router-envoy "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
-wait_for "$last_group" 100 listening router-envoy || die "the router did not start: $(cat "$work/router-envoy.log")"
-router_behind="$url"
-start router-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
-wait_for "$last_group" 100 listening router-direct || die "the router did not start: $(cat "$work/router-direct.log")"
-router_direct="$url"
+start_upstreams
 
 ext_proc_port="$(free_port)"
 start processor "$bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
@@ -173,8 +161,6 @@ log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $ro
 # ---------------------------------------------------------------------------------------------
 # The checks
 
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 
 listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
 ok=0
@@ -195,24 +181,7 @@ run_client "request side, pass-through, opt-ins" "${client[@]}" checks --envoy "
 run_client "$streams concurrent streams" "${client[@]}" concurrent --envoy "$envoy_upstream" --upstream "$upstream" \
   --streams "$streams"
 
-sdk_client="$root/tests/sdk/client.py"
-for v in "${py_versions[@]}"; do
-  label="python openai $v"
-  run_client "$label, through Envoy" "${py_bin[$v]}" "$sdk_client" sdk \
-    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy" --version "$v"
-  run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
-    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-done
-for v in "${node_versions[@]}"; do
-  label="node openai $v"
-  run_client "$label, through Envoy" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$envoy_router/v1" --expect pass --label "$label via Envoy" --version "$v"
-  run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$router_direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-done
-# The raw client's "with layer" checks run through Envoy, its "without layer" ones (the control)
-# straight to the other router.
-run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$envoy_router" --no-layer-url "$router_direct"
+run_sdk_clients "$envoy_router" "$router_direct" "Envoy"
 
 run_client "processor down" "${client[@]}" down --envoy "$envoy_down" --upstream "$upstream"
 run_client "client disconnect" "${client[@]}" disconnect --envoy "$envoy_upstream" --upstream "$upstream"
