@@ -1,19 +1,16 @@
 //! One client connection: its idle, header and write timeouts ([`Watch`]), and the request body's
 //! stall timeout ([`StallTimeout`]).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http_body::{Body, Frame, SizeHint};
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -324,34 +321,22 @@ impl Drop for Busy {
     }
 }
 
-/// Up to this many bytes are gathered into one write (see [`Watched`]).
-const GATHER_MAX: usize = 32 * 1024;
-
 pin_project! {
-    /// A connection that tells its [`Watch`] when bytes arrive, and gathers the frames that are
-    /// ready into one write.
+    /// A client connection that tells its [`Watch`] when bytes arrive, when a write makes
+    /// progress (or finds the socket full) and when hyper has flushed.
     ///
-    /// hyper writes as soon as the response body has no frame ready; the upstream's body hands
-    /// over one frame at a time (hyper's client decodes one chunk, then waits for it to be
-    /// taken), so every event would cost a `write` of its own even when many arrived in one read.
-    /// When hyper asks to write more bytes than the last time, the write yields once instead:
-    /// the task is woken at once and runs again after the tasks already ready on this thread,
-    /// among them the upstream connection's, which decodes the next chunk if it already has it
-    /// in its buffer. While a write is gathering, the upstream connections of this thread do not
-    /// read their sockets (see [`Gate`]): a complete frame is written before the next read. The
-    /// write happens as soon as a turn brings nothing new (nothing waits for data that has not
-    /// arrived), or `GATHER_MAX` bytes are waiting.
+    /// Frames that are ready together go out in one write without help from here: the upstream's
+    /// body yields what one read from the upstream brought as one frame
+    /// ([`UpstreamResponseBody`](crate::cli::UpstreamResponseBody)).
     pub(crate) struct Watched {
         #[pin]
         pub(crate) io: TcpStream,
         pub(crate) watch: Arc<Watch>,
-        gathering: Gathering,
     }
 
     impl PinnedDrop for Watched {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            this.gathering.release();
             // The connection is gone: responses whose last bytes were not flushed never will be.
             this.watch.finish(false);
         }
@@ -363,280 +348,7 @@ impl Watched {
         Self {
             io,
             watch,
-            gathering: Gathering::default(),
         }
-    }
-}
-
-/// After this many yields in a row that brought nothing new, a connection writes at once ...
-const MISSES_BEFORE_SKIPPING: u8 = 2;
-/// ... except for one write in this many, which yields again to see whether frames now come
-/// together.
-const PROBE_EVERY: u8 = 8;
-
-/// The gathering state of one connection (see [`Watched`]).
-#[derive(Default)]
-struct Gathering {
-    /// The length of the write that last yielded; 0 after a write.
-    len: usize,
-    /// The closing of the gate this connection holds while it yields.
-    closed: Option<Closing>,
-    /// Yields in a row that brought nothing new.
-    misses: u8,
-    /// Writes made at once since the last yield.
-    skipped: u8,
-    /// The last write did not take all its bytes (the client's socket is full): the rest goes
-    /// at once, with no yield.
-    blocked: bool,
-}
-
-impl Gathering {
-    /// Whether a write of `len` bytes yields once more (see [`Watched`]). While it does, the
-    /// gate of this thread is held closed; it opens before the write.
-    ///
-    /// When frames arrive one at a time (a paced stream: an event every few milliseconds), a
-    /// yield brings nothing and costs a turn of two tasks per event; after
-    /// [`MISSES_BEFORE_SKIPPING`] such yields in a row the connection writes at once, and tries a
-    /// yield again every [`PROBE_EVERY`] writes. A write that follows one the socket did not
-    /// take whole does not yield: its bytes were ready long ago.
-    fn hold(&mut self, len: usize, cx: &Context<'_>) -> bool {
-        if self.len > 0 && len > self.len {
-            // The last yield brought more.
-            self.misses = 0;
-        }
-        if self.blocked || len >= GATHER_MAX || len <= self.len {
-            if self.len > 0 && len == self.len {
-                self.misses = self.misses.saturating_add(1);
-            }
-            self.release();
-            return false;
-        }
-        if self.len == 0 {
-            if self.misses >= MISSES_BEFORE_SKIPPING && self.skipped < PROBE_EVERY - 1 {
-                self.skipped += 1;
-                return false;
-            }
-            self.skipped = 0;
-        }
-        self.len = len;
-        if self.closed.is_none() {
-            self.closed = Some(Gate::close_current());
-        }
-        cx.waker().wake_by_ref();
-        true
-    }
-
-    /// Records how much of a write of `len` bytes the socket took.
-    fn wrote(&mut self, len: usize, poll: &Poll<io::Result<usize>>) {
-        self.blocked = match poll {
-            Poll::Ready(Ok(n)) => *n < len,
-            Poll::Ready(Err(_)) => false,
-            Poll::Pending => true,
-        };
-    }
-
-    /// Ends a gathering: the write happens now (or the connection ends).
-    fn release(&mut self) {
-        self.len = 0;
-        if let Some(closing) = self.closed.take() {
-            closing.gate.release(closing.number);
-        }
-    }
-}
-
-/// Keeps the upstream connections of a thread from reading while a client connection of that
-/// thread gathers frames for a write (see [`Watched`]), so that a frame that is complete is
-/// written before the upstream's socket is read again.
-///
-/// One per thread. A gathering connection takes a numbered closing of the gate of the thread it
-/// runs on and keeps it until it writes (tasks may move between threads on a multi-threaded
-/// runtime: it releases the closing of the gate it took it from). An upstream connection asks the
-/// gate of the thread it runs on; when closings are held, the read waits (its waker is kept) until
-/// every closing taken before it was first put off is released. Closings taken later do not hold
-/// it: every connection that had taken a frame of this upstream had closed the gate before the
-/// read was tried (hyper's client reads only once its one-item body channel is empty, that is
-/// once the connection has taken the last frame, and that connection closes the gate in the same
-/// poll, before the upstream's task can run), so all of them have written. A read thus waits for
-/// the writes already under way, never for a stream of later ones.
-#[derive(Default)]
-pub(crate) struct Gate {
-    state: Mutex<GateState>,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// The number of the first closing in `held`.
-    first: u64,
-    /// The closings from `first` on, in the order they were taken: true while still held.
-    held: VecDeque<bool>,
-    /// Upstream reads waiting: until every closing up to this number is released.
-    waiting: Vec<(u64, Waker)>,
-}
-
-thread_local! {
-    static GATE: Arc<Gate> = Arc::default();
-}
-
-/// A closing of a [`Gate`], held by a gathering connection until it writes.
-struct Closing {
-    gate: Arc<Gate>,
-    number: u64,
-}
-
-impl Gate {
-    /// Takes a closing of this thread's gate.
-    fn close_current() -> Closing {
-        let gate = GATE.with(Arc::clone);
-        let number = {
-            let mut state = gate.lock();
-            state.held.push_back(true);
-            state.first + state.held.len() as u64 - 1
-        };
-        Closing { gate, number }
-    }
-
-    /// Releases closing `number`: the reads that waited only for it and earlier ones are woken.
-    fn release(&self, number: u64) {
-        let woken = {
-            let mut state = self.lock();
-            let index = (number - state.first) as usize;
-            state.held[index] = false;
-            let before = state.first;
-            while state.held.front() == Some(&false) {
-                state.held.pop_front();
-                state.first += 1;
-            }
-            if state.first == before || state.waiting.is_empty() {
-                return;
-            }
-            let first = state.first;
-            let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiting)
-                .into_iter()
-                .partition(|(upto, _)| *upto < first);
-            state.waiting = still;
-            ready
-        };
-        for (_, waker) in woken {
-            waker.wake();
-        }
-    }
-
-    /// Whether a read may go ahead on this thread now; if not, `cx` is woken when it may.
-    ///
-    /// `waited` is the read's ticket: the gate and the last closing taken when the read was first
-    /// put off. `empty` tells whether the socket has nothing to read yet (and if so, arranges for
-    /// `cx` to be woken when it has): such a read waits for the socket, as it would anyway, not
-    /// for the gate (which would cost one more poll of its connection when the gate opens).
-    fn ready(
-        waited: &mut Option<(Arc<Gate>, u64)>,
-        cx: &mut Context<'_>,
-        empty: impl FnOnce(&mut Context<'_>) -> bool,
-    ) -> bool {
-        GATE.with(|gate| {
-            let mut state = gate.lock();
-            let upto = match waited {
-                // A ticket of this gate: has every closing up to it been released?
-                Some((of, upto)) if Arc::ptr_eq(of, gate) => *upto,
-                _ => {
-                    if state.held.is_empty() {
-                        *waited = None;
-                        return true;
-                    }
-                    if empty(cx) {
-                        *waited = None;
-                        return false;
-                    }
-                    let upto = state.first + state.held.len() as u64 - 1;
-                    *waited = Some((gate.clone(), upto));
-                    upto
-                }
-            };
-            if upto < state.first {
-                *waited = None;
-                return true;
-            }
-            if let Some(entry) = state
-                .waiting
-                .iter_mut()
-                .find(|(_, w)| w.will_wake(cx.waker()))
-            {
-                entry.0 = upto;
-            } else {
-                state.waiting.push((upto, cx.waker().clone()));
-            }
-            false
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        // The state stays consistent whatever panicked while holding it.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// An upstream connection that reads only while its thread's [`Gate`] lets it.
-pub(crate) struct Gated {
-    io: TokioIo<TcpStream>,
-    /// When a read was put off: the gate, and the last closing taken then.
-    waited: Option<(Arc<Gate>, u64)>,
-}
-
-impl Gated {
-    pub(crate) fn new(io: TokioIo<TcpStream>) -> Self {
-        Self { io, waited: None }
-    }
-}
-
-impl hyper::rt::Read for Gated {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        let socket = this.io.inner();
-        if !Gate::ready(&mut this.waited, cx, |cx| {
-            socket.poll_read_ready(cx).is_pending()
-        }) {
-            return Poll::Pending;
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for Gated {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-}
-
-impl Connection for Gated {
-    fn connected(&self) -> Connected {
-        self.io.connected()
     }
 }
 
@@ -663,11 +375,7 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        if this.gathering.hold(buf.len(), cx) {
-            return Poll::Pending;
-        }
         let poll = this.io.poll_write(cx, buf);
-        this.gathering.wrote(buf.len(), &poll);
         this.watch.wrote(&poll);
         poll
     }
@@ -684,9 +392,7 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.project();
-        this.gathering.release();
-        this.io.poll_shutdown(cx)
+        self.project().io.poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -695,12 +401,7 @@ impl AsyncWrite for Watched {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        let len = bufs.iter().map(|b| b.len()).sum();
-        if this.gathering.hold(len, cx) {
-            return Poll::Pending;
-        }
         let poll = this.io.poll_write_vectored(cx, bufs);
-        this.gathering.wrote(len, &poll);
         this.watch.wrote(&poll);
         poll
     }
@@ -712,295 +413,7 @@ impl AsyncWrite for Watched {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
-    use tokio::io::AsyncWriteExt as _;
-    use tokio::net::TcpListener;
-
     use super::*;
-
-    /// Counts its wake-ups.
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    impl Count {
-        fn woken(&self) -> usize {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
-
-    /// Both ends of a connection on 127.0.0.1.
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let near = TcpStream::connect(listener.local_addr().unwrap());
-        let (near, far) = tokio::join!(near, listener.accept());
-        (near.unwrap(), far.unwrap().0)
-    }
-
-    /// A client connection that gathers, and an upstream connection with bytes waiting to be read.
-    async fn setup() -> (Watched, TcpStream, Gated, TcpStream) {
-        let (client_near, client_far) = pair().await;
-        let (mut upstream_far, upstream_near) = pair().await;
-        upstream_far.write_all(b"data: 2\n\n").await.unwrap();
-        // The bytes have reached the upstream connection's socket.
-        upstream_near.readable().await.unwrap();
-        (
-            Watched::new(client_far, Watch::new()),
-            client_near,
-            Gated::new(TokioIo::new(upstream_near)),
-            upstream_far,
-        )
-    }
-
-    /// Waits (up to 10 s) until `done` holds, letting the runtime's reactor run.
-    async fn until(done: impl Fn() -> bool) {
-        for _ in 0..1000 {
-            if done() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("not done after 10 s");
-    }
-
-    /// A writer's waker, and a reader's waker with its count of wake-ups.
-    fn wakers() -> (Arc<Count>, Waker, Waker) {
-        let reader = Arc::new(Count::default());
-        let reader_waker = Waker::from(reader.clone());
-        (
-            reader,
-            Waker::from(Arc::new(Count::default())),
-            reader_waker,
-        )
-    }
-
-    fn contexts<'a>(waker: &'a Waker, reader: &'a Waker) -> (Context<'a>, Context<'a>) {
-        (Context::from_waker(waker), Context::from_waker(reader))
-    }
-
-    fn read(gated: &mut Gated, cx: &mut Context<'_>) -> Poll<usize> {
-        let mut storage = [0u8; 64];
-        let mut buf = hyper::rt::ReadBuf::new(&mut storage);
-        match hyper::rt::Read::poll_read(Pin::new(gated), cx, buf.unfilled()) {
-            Poll::Ready(read) => {
-                read.unwrap();
-                Poll::Ready(buf.filled().len())
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn write(watched: &mut Watched, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<usize> {
-        Pin::new(watched)
-            .poll_write(cx, bytes)
-            .map(|written| written.unwrap())
-    }
-
-    #[tokio::test]
-    async fn the_upstream_is_not_read_while_a_complete_frame_waits_to_be_written() {
-        let (mut watched, _client, mut upstream, _far) = setup().await;
-        let (writer, reader) = (Arc::new(Count::default()), Arc::new(Count::default()));
-        let writer_waker = Waker::from(writer.clone());
-        let reader_waker = Waker::from(reader.clone());
-        let (mut wcx, mut rcx) = (
-            Context::from_waker(&writer_waker),
-            Context::from_waker(&reader_waker),
-        );
-
-        // The first attempt to write a frame yields once (its task is woken at once) ...
-        assert!(write(&mut watched, &mut wcx, b"data: 1\n\n").is_pending());
-        assert_eq!(writer.woken(), 1);
-        // ... and until it has written, the upstream's bytes stay in its socket.
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        assert_eq!(reader.woken(), 0);
-        // The next turn brings nothing new: the frame is written, and the read may go ahead.
-        assert_eq!(
-            write(&mut watched, &mut wcx, b"data: 1\n\n"),
-            Poll::Ready(9)
-        );
-        assert_eq!(reader.woken(), 1);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn a_write_that_grew_yields_again_and_one_that_did_not_is_written() {
-        let (mut watched, _client, _upstream, _far) = setup().await;
-        let count = Arc::new(Count::default());
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n").is_pending());
-        assert_eq!(
-            write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n"),
-            Poll::Ready(18)
-        );
-        // After a write, the next one gathers again.
-        assert!(write(&mut watched, &mut cx, b"data: 3\n\n").is_pending());
-        assert_eq!(count.woken(), 3);
-    }
-
-    #[tokio::test]
-    async fn a_write_of_the_gathering_limit_is_not_held() {
-        let (mut watched, _client, mut upstream, _far) = setup().await;
-        let waker = Waker::from(Arc::new(Count::default()));
-        let mut cx = Context::from_waker(&waker);
-        let big = vec![b'x'; GATHER_MAX];
-        assert!(matches!(write(&mut watched, &mut cx, &big), Poll::Ready(n) if n > 0));
-        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn a_connection_dropped_while_gathering_lets_the_upstream_read() {
-        let (mut watched, _client, mut upstream, _far) = setup().await;
-        let (reader, waker, reader_waker) = wakers();
-        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        drop(watched);
-        assert_eq!(reader.woken(), 1);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn the_gate_stays_closed_until_every_gathering_connection_has_written() {
-        let (mut first, _c1, mut upstream, _far) = setup().await;
-        let (mut second, _c2, _u2, _f2) = setup().await;
-        let (reader, waker, reader_waker) = wakers();
-        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
-        assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
-        assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        assert_eq!(reader.woken(), 0);
-        assert_eq!(write(&mut second, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
-        assert_eq!(reader.woken(), 1);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn a_read_put_off_waits_only_for_the_gatherings_under_way_when_it_was_put_off() {
-        let (mut first, _c1, mut upstream, mut far) = setup().await;
-        let (mut second, _c2, _u2, _f2) = setup().await;
-        let (mut third, _c3, _u3, _f3) = setup().await;
-        let (reader, waker, reader_waker) = wakers();
-        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
-        assert!(write(&mut first, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        // Another connection starts gathering after the read was put off, and is still gathering
-        // when the first one writes: the read does not wait for it.
-        assert!(write(&mut second, &mut cx, b"data: 1\n\n").is_pending());
-        assert_eq!(reader.woken(), 0);
-        assert_eq!(write(&mut first, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
-        assert_eq!(reader.woken(), 1);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-        // The next read, with bytes waiting, is put off again: now behind the second connection
-        // (and a third that starts later does not hold it). First nothing is there to read.
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        far.write_all(b"data: 3\n\n").await.unwrap();
-        until(|| reader.woken() == 2).await;
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        assert!(write(&mut third, &mut cx, b"data: 1\n\n").is_pending());
-        assert_eq!(write(&mut second, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
-        assert_eq!(reader.woken(), 3);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn a_write_after_one_the_socket_did_not_take_whole_does_not_yield() {
-        let (mut watched, _client, mut upstream, _far) = setup().await;
-        // Filling the socket takes a hundred writes or more, as many as tokio's cooperative budget
-        // for one poll of a task (128 operations), past which its sockets answer Pending whatever
-        // they hold: no budget here, so that Pending means a full socket.
-        tokio::task::unconstrained(async move {
-            let count = Arc::new(Count::default());
-            let waker = Waker::from(count.clone());
-            let mut cx = Context::from_waker(&waker);
-            // The client reads nothing: fill its socket with writes of the gathering limit (which
-            // go at once) until one is not taken whole.
-            let big = vec![b'x'; GATHER_MAX];
-            let mut filled = false;
-            for _ in 0..10_000 {
-                match write(&mut watched, &mut cx, &big) {
-                    Poll::Ready(n) if n == big.len() => {}
-                    _ => {
-                        filled = true;
-                        break;
-                    }
-                }
-            }
-            assert!(filled, "the client's socket never filled");
-            let woken = count.woken();
-            // A small write now goes straight to the socket (which is full): no yield, no
-            // wake-up of its own, and the gate stays open for the upstream.
-            assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-            assert_eq!(count.woken(), woken);
-            assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn a_read_with_nothing_to_read_waits_for_the_socket_not_for_the_gate() {
-        let (mut watched, _client, mut upstream, mut far) = setup().await;
-        let (reader, waker, reader_waker) = wakers();
-        let (mut cx, mut rcx) = contexts(&waker, &reader_waker);
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(read(&mut upstream, &mut rcx).is_pending());
-        // The gate opens: the read, which had nothing to read, is not polled for nothing.
-        assert_eq!(write(&mut watched, &mut cx, b"data: 1\n\n"), Poll::Ready(9));
-        assert_eq!(reader.woken(), 0);
-        // Bytes arrive: the socket wakes it.
-        far.write_all(b"data: 3\n\n").await.unwrap();
-        until(|| reader.woken() == 1).await;
-        assert_eq!(read(&mut upstream, &mut rcx), Poll::Ready(9));
-    }
-
-    #[tokio::test]
-    async fn frames_that_come_one_at_a_time_are_written_at_once_with_a_yield_every_few_writes() {
-        let (mut watched, _client, _upstream, _far) = setup().await;
-        let waker = Waker::from(Arc::new(Count::default()));
-        let mut cx = Context::from_waker(&waker);
-        let frame = b"data: 1\n\n";
-        // Two yields that bring nothing new ...
-        for _ in 0..MISSES_BEFORE_SKIPPING {
-            assert!(write(&mut watched, &mut cx, frame).is_pending());
-            assert_eq!(write(&mut watched, &mut cx, frame), Poll::Ready(9));
-        }
-        // ... and the next writes go at once, but for one in PROBE_EVERY, which yields again.
-        for _ in 0..PROBE_EVERY - 1 {
-            assert_eq!(write(&mut watched, &mut cx, frame), Poll::Ready(9));
-        }
-        assert!(write(&mut watched, &mut cx, frame).is_pending());
-        // That yield brings more: gathering is back.
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n").is_pending());
-        assert_eq!(
-            write(&mut watched, &mut cx, b"data: 1\n\ndata: 2\n\n"),
-            Poll::Ready(18)
-        );
-        assert!(write(&mut watched, &mut cx, frame).is_pending());
-    }
-
-    #[tokio::test]
-    async fn shutting_down_a_gathering_connection_lets_the_upstream_read() {
-        let (mut watched, _client, mut upstream, _far) = setup().await;
-        let waker = Waker::from(Arc::new(Count::default()));
-        let mut cx = Context::from_waker(&waker);
-        assert!(write(&mut watched, &mut cx, b"data: 1\n\n").is_pending());
-        assert!(read(&mut upstream, &mut cx).is_pending());
-        assert!(matches!(
-            Pin::new(&mut watched).poll_shutdown(&mut cx),
-            Poll::Ready(Ok(()))
-        ));
-        assert_eq!(read(&mut upstream, &mut cx), Poll::Ready(9));
-    }
 
     /// The access lines logged while `f` runs.
     fn access_lines(f: impl FnOnce()) -> String {

@@ -10,23 +10,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Either, Full};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
 use crate::cli::args::{ProxyArgs, Upstream};
-use crate::cli::conn::{BodyStalled, Gated};
+use crate::cli::client::{Client, SendError, UpstreamResponseBody};
+use crate::cli::conn::BodyStalled;
 use crate::cli::metrics::{Metrics, UpstreamError};
 use crate::BoxError;
 
 /// The body of a response [`Forward`] gives: the upstream's, or the proxy's own JSON error.
-pub type UpstreamBody = Either<Incoming, Full<Bytes>>;
+pub type UpstreamBody = Either<UpstreamResponseBody, Full<Bytes>>;
 
 /// Put in the extensions of every response [`Forward`] gives, so that the proxy tells a response
 /// that went through the whole stack from one a layer above answered itself (a refusal).
@@ -69,47 +65,24 @@ impl std::fmt::Debug for Forward {
 /// What [`Forward`] needs: the upstream and its client.
 struct Forwarding {
     upstream: Upstream,
-    client: Client<GatedConnector, UnsyncBoxBody<Bytes, BoxError>>,
+    client: Client,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl Forward {
     /// Forwards to `config.upstream`, with `config`'s timeouts; counts the upstream's failures
-    /// in `metrics`.
+    /// in `metrics`. Each `Forward` has its own pool of upstream connections, holding at most as
+    /// many idle ones as `--max-connections` allows client connections (so that the proxy's
+    /// descriptors stay within the open-file limit).
     pub fn new(config: &ProxyArgs, metrics: Arc<Metrics>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(GatedConnector(connector));
+        let max_idle = crate::cli::proxy::max_connections(config, 1);
         Self(Arc::new(Forwarding {
             upstream: config.upstream.clone(),
-            client,
+            client: Client::new(config.upstream.clone(), config.connect_timeout, max_idle),
             response_timeout: config.response_timeout,
             metrics,
         }))
-    }
-}
-
-/// Connects to the upstream; its connections read only while their thread's gate is open (see
-/// [`Watched`](crate::cli::conn::Watched)).
-#[derive(Clone)]
-pub(crate) struct GatedConnector(HttpConnector);
-
-impl Service<Uri> for GatedConnector {
-    type Response = Gated;
-    type Error = <HttpConnector as Service<Uri>>::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.0.call(uri);
-        Box::pin(async move { connecting.await.map(Gated::new) })
     }
 }
 
@@ -128,7 +101,8 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let forwarding = self.0.clone();
-        let req = req.map(|body| body.map_err(Into::into).boxed_unsync());
+        // The body's own error type need not be `Send`; a `BoxError` is.
+        let req = req.map(|body| body.map_err(Into::<BoxError>::into));
         Box::pin(async move { Ok(forward(&forwarding, req).await) })
     }
 }
@@ -176,10 +150,11 @@ pub(crate) fn trim_ows(mut bytes: &[u8]) -> &[u8] {
     bytes
 }
 
-async fn forward(
-    forward: &Forwarding,
-    req: Request<UnsyncBoxBody<Bytes, BoxError>>,
-) -> Response<UpstreamBody> {
+async fn forward<B>(forward: &Forwarding, req: Request<B>) -> Response<UpstreamBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = match forward.upstream.uri(path) {
@@ -193,7 +168,6 @@ async fn forward(
             )
         }
     };
-    parts.version = Version::HTTP_11;
     // Hop-by-hop headers are gone already (`remove_hop_by_hop`, before the guard).
     // The proxy answered any `Expect: 100-continue` itself.
     parts.headers.remove(header::EXPECT);
@@ -206,7 +180,7 @@ async fn forward(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
     );
-    let request = forward.client.request(Request::from_parts(parts, body));
+    let request = forward.client.send(&parts, body);
     let mut res = match tokio::time::timeout(forward.response_timeout, request).await {
         Ok(Ok(res)) => res.map(Either::Left),
         Ok(Err(err)) => return upstream_error(forward, err),
@@ -254,27 +228,27 @@ pub(crate) fn source_is<E: std::error::Error + 'static>(
 
 /// The 502 for a request the upstream did not answer. The client learns only which of the two
 /// failures it was: the upstream's address and the OS error go to the log, not to a client.
-fn upstream_error(
-    forward: &Forwarding,
-    err: hyper_util::client::legacy::Error,
-) -> Response<UpstreamBody> {
-    if source_is::<BodyStalled>(&err) {
-        return stalled();
-    }
-    let (code, what, message) = if err.is_connect() {
-        forward.metrics.upstream_error(UpstreamError::Connect);
-        (
-            "upstream_unreachable",
-            "cannot reach the upstream",
-            "the upstream server is unavailable",
-        )
-    } else {
-        forward.metrics.upstream_error(UpstreamError::BeforeHead);
-        (
-            "upstream_failed",
-            "the upstream failed before its response head",
-            "the upstream server failed before answering",
-        )
+fn upstream_error(forward: &Forwarding, err: SendError) -> Response<UpstreamBody> {
+    let (code, what, message) = match &err {
+        SendError::RequestBody(body) if source_is::<BodyStalled>(body.as_ref()) => {
+            return stalled()
+        }
+        SendError::Connect(_) => {
+            forward.metrics.upstream_error(UpstreamError::Connect);
+            (
+                "upstream_unreachable",
+                "cannot reach the upstream",
+                "the upstream server is unavailable",
+            )
+        }
+        SendError::RequestBody(_) | SendError::BeforeHead(_) => {
+            forward.metrics.upstream_error(UpstreamError::BeforeHead);
+            (
+                "upstream_failed",
+                "the upstream failed before its response head",
+                "the upstream server failed before answering",
+            )
+        }
     };
     let mut detail = err.to_string();
     let mut source = std::error::Error::source(&err);

@@ -16,6 +16,7 @@
 //! - [`logs`]: one line per request, text or JSON, `RUST_LOG` respected.
 
 pub mod args;
+mod client;
 mod conn;
 pub mod ext_proc;
 mod forward;
@@ -26,6 +27,7 @@ pub mod proxy;
 pub use args::{
     Cli, Command, ExtProcArgs, LogFormat, NameError, NamingArgs, Preset, ProxyArgs, Upstream,
 };
+pub use client::UpstreamResponseBody;
 pub use conn::StallTimeout;
 pub use forward::{Forward, UpstreamBody};
 pub use metrics::Metrics;

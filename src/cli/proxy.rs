@@ -209,7 +209,7 @@ fn open_file_limit() -> Option<u64> {
 }
 
 /// `--max-connections`, or its default for `threads` threads and this process's open-file limit.
-fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
+pub(crate) fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
     config.max_connections.map_or_else(
         || default_max_connections(open_file_limit(), threads),
         |n| n.get().min(UNLIMITED),

@@ -1,0 +1,349 @@
+//! The `chunked` transfer coding of HTTP/1.1 responses (RFC 9112 section 7.1), decoded in place.
+//!
+//! [`Decoder::decode`] takes whatever one read brought and moves the data of every chunk in it
+//! together, over the chunk-size lines between them, so that a read that carried 370 events (a
+//! server under load: TCP coalesces its writes) becomes one piece of data, handed on as one frame:
+//! the proxy's cost is per read, not per chunk. A read that holds a single chunk's data moves
+//! nothing. The decoder keeps the state of a chunk-size line, a chunk or the trailers across reads,
+//! so any split of the bytes decodes the same. Each byte is looked at once or moved once.
+//!
+//! Malformed or hostile framing is an error, never a guess: a size that is not hexadecimal or
+//! needs more than 64 bits, a missing CRLF, a chunk-size line or trailer section over its limit.
+
+use std::fmt;
+
+/// The longest chunk-size line (size, extensions and CRLF) accepted.
+pub(crate) const MAX_LINE: usize = 4 * 1024;
+/// The longest trailer section accepted (the trailers are read and dropped).
+pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Where the decoder is in the coding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Reading the hexadecimal chunk size; `digits` so far.
+    Size { value: u64, digits: u8 },
+    /// Past the size: whitespace or extensions until CR.
+    Extension { value: u64 },
+    /// After the CR of a chunk-size line.
+    SizeLf { value: u64 },
+    /// Inside a chunk's data: this many bytes left.
+    Data(u64),
+    /// After a chunk's data: CR, then LF.
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (or the final CRLF).
+    TrailerStart,
+    /// Inside a trailer line.
+    Trailer,
+    /// After the CR of a trailer line.
+    TrailerLf,
+    /// After the CR of the final empty line.
+    EndLf,
+    /// The terminal chunk and its trailers were read: the body is complete.
+    Done,
+}
+
+/// A malformed `chunked` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChunkedError(&'static str);
+
+impl fmt::Display for ChunkedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed chunked response body: {}", self.0)
+    }
+}
+
+impl std::error::Error for ChunkedError {}
+
+/// What [`Decoder::decode`] made of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    /// The decoded data is `buf[start..end]`.
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    /// How many bytes of the buffer the coding took: all of them, unless the body ended before
+    /// the buffer did (the rest then belongs to no message of this exchange).
+    pub(crate) consumed: usize,
+}
+
+/// The decoder of one `chunked` body.
+#[derive(Debug, Clone)]
+pub(crate) struct Decoder {
+    state: State,
+    /// Bytes of the current chunk-size line, or of the trailers so far.
+    line: usize,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self {
+            state: State::Size {
+                value: 0,
+                digits: 0,
+            },
+            line: 0,
+        }
+    }
+}
+
+impl Decoder {
+    /// Whether the terminal chunk and the trailers have been read.
+    pub(crate) fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Decodes `buf` in place: the data of its chunks ends up together in
+    /// `buf[decoded.start..decoded.end]`, where the first chunk's data began (nothing moves when
+    /// `buf` holds the data of one chunk only). Stops at the end of the body.
+    pub(crate) fn decode(&mut self, buf: &mut [u8]) -> Result<Decoded, ChunkedError> {
+        let mut read = 0;
+        // Where the data begins, and where the next chunk's data goes.
+        let mut start = None;
+        let mut write = 0;
+        while read < buf.len() {
+            match self.state {
+                State::Data(left) => {
+                    let n = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(buf.len() - read);
+                    if start.is_none() {
+                        start = Some(read);
+                        write = read;
+                    }
+                    if write != read {
+                        buf.copy_within(read..read + n, write);
+                    }
+                    write += n;
+                    read += n;
+                    let left = left - n as u64;
+                    self.state = if left == 0 {
+                        State::DataCr
+                    } else {
+                        State::Data(left)
+                    };
+                }
+                State::Done => break,
+                _ => {
+                    self.step(buf[read])?;
+                    read += 1;
+                }
+            }
+        }
+        let start = start.unwrap_or(0);
+        Ok(Decoded {
+            start,
+            end: write.max(start),
+            consumed: read,
+        })
+    }
+
+    /// One byte outside a chunk's data.
+    fn step(&mut self, byte: u8) -> Result<(), ChunkedError> {
+        match self.state {
+            State::Size { .. } | State::Extension { .. } | State::SizeLf { .. } => {
+                self.line += 1;
+                if self.line > MAX_LINE {
+                    return Err(ChunkedError("a chunk-size line over 4 KiB"));
+                }
+            }
+            State::TrailerStart | State::Trailer | State::TrailerLf | State::EndLf => {
+                self.line += 1;
+                if self.line > MAX_TRAILERS {
+                    return Err(ChunkedError("trailers over 16 KiB"));
+                }
+            }
+            _ => {}
+        }
+        self.state = match (self.state, byte) {
+            (State::Size { value, digits }, _) if byte.is_ascii_hexdigit() => {
+                if digits == 16 {
+                    return Err(ChunkedError("a chunk size over 64 bits"));
+                }
+                let digit = (byte as char).to_digit(16).unwrap_or(0);
+                State::Size {
+                    value: value << 4 | u64::from(digit),
+                    digits: digits + 1,
+                }
+            }
+            (State::Size { digits: 0, .. }, _) => {
+                return Err(ChunkedError("a chunk-size line without a size"))
+            }
+            (State::Size { value, .. } | State::Extension { value }, b'\r') => {
+                State::SizeLf { value }
+            }
+            (State::Size { .. } | State::Extension { .. }, b'\n') => {
+                return Err(ChunkedError("a chunk-size line ended by LF without CR"))
+            }
+            (State::Size { value, .. }, b' ' | b'\t' | b';') => State::Extension { value },
+            (State::Size { .. }, _) => {
+                return Err(ChunkedError("a chunk size that is not hexadecimal"))
+            }
+            (State::Extension { value }, _) => State::Extension { value },
+            (State::SizeLf { value }, b'\n') => {
+                self.line = 0;
+                if value == 0 {
+                    State::TrailerStart
+                } else {
+                    State::Data(value)
+                }
+            }
+            (State::SizeLf { .. }, _) => {
+                return Err(ChunkedError("a CR without LF after a chunk size"))
+            }
+            (State::DataCr, b'\r') => State::DataLf,
+            (State::DataCr, _) => return Err(ChunkedError("no CRLF after a chunk's data")),
+            (State::DataLf, b'\n') => State::Size {
+                value: 0,
+                digits: 0,
+            },
+            (State::DataLf, _) => return Err(ChunkedError("no CRLF after a chunk's data")),
+            (State::TrailerStart, b'\r') => State::EndLf,
+            (State::TrailerStart | State::Trailer, b'\n') => {
+                return Err(ChunkedError("a trailer line ended by LF without CR"))
+            }
+            (State::Trailer, b'\r') => State::TrailerLf,
+            (State::TrailerStart | State::Trailer, _) => State::Trailer,
+            (State::TrailerLf, b'\n') => State::TrailerStart,
+            (State::TrailerLf, _) => return Err(ChunkedError("a CR without LF in the trailers")),
+            (State::EndLf, b'\n') => State::Done,
+            (State::EndLf, _) => return Err(ChunkedError("a CR without LF at the body's end")),
+            (State::Data(_) | State::Done, _) => unreachable!("handled by `decode`"),
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Decodes `pieces` one after the other, as successive reads: the data, and whether the body
+    /// ended (with how many bytes of the last piece it took).
+    fn decode_all(pieces: &[&[u8]]) -> Result<(Vec<u8>, bool, usize), ChunkedError> {
+        let mut decoder = Decoder::default();
+        let mut data = Vec::new();
+        let mut consumed = 0;
+        for piece in pieces {
+            let mut buf = piece.to_vec();
+            let decoded = decoder.decode(&mut buf)?;
+            data.extend_from_slice(&buf[decoded.start..decoded.end]);
+            consumed = decoded.consumed;
+        }
+        Ok((data, decoder.is_done(), consumed))
+    }
+
+    fn encode(chunks: &[Vec<u8>], ext: bool, trailers: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for chunk in chunks.iter().filter(|c| !c.is_empty()) {
+            out.extend_from_slice(format!("{:X}", chunk.len()).as_bytes());
+            if ext {
+                out.extend_from_slice(b" ; name=\"v\"");
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(chunk);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n");
+        if trailers {
+            out.extend_from_slice(b"x-checksum: abc\r\nx-more: 1\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    #[test]
+    fn many_chunks_in_one_read_become_one_piece_of_data() {
+        let mut buf = b"5\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\n\r\n".to_vec();
+        let mut decoder = Decoder::default();
+        let decoded = decoder.decode(&mut buf).unwrap();
+        assert_eq!(&buf[decoded.start..decoded.end], b"hello world");
+        assert!(decoder.is_done());
+        assert_eq!(decoded.consumed, buf.len());
+    }
+
+    #[test]
+    fn a_read_of_one_chunk_moves_nothing() {
+        let mut buf = b"5\r\nhello\r\n".to_vec();
+        let decoded = Decoder::default().decode(&mut buf).unwrap();
+        assert_eq!((decoded.start, decoded.end), (3, 8));
+        assert_eq!(buf, b"5\r\nhello\r\n");
+    }
+
+    #[test]
+    fn bytes_after_the_end_of_the_body_are_not_consumed() {
+        let (data, done, consumed) = decode_all(&[b"2\r\nok\r\n0\r\n\r\nHTTP/1.1"]).unwrap();
+        assert_eq!((data.as_slice(), done, consumed), (&b"ok"[..], true, 12));
+    }
+
+    #[test]
+    fn a_body_cut_short_is_not_done() {
+        let (data, done, _) = decode_all(&[b"5\r\nhel"]).unwrap();
+        assert_eq!((data.as_slice(), done), (&b"hel"[..], false));
+    }
+
+    #[test]
+    fn malformed_framing_is_an_error_naming_what_is_wrong() {
+        for (bytes, why) in [
+            (&b"g\r\n"[..], "a chunk size that is not hexadecimal"),
+            (b"\r\n", "a chunk-size line without a size"),
+            (b"5\nhello", "a chunk-size line ended by LF without CR"),
+            (b"5\rhello", "a CR without LF after a chunk size"),
+            (b"2\r\nokX\r\n", "no CRLF after a chunk's data"),
+            (b"2\r\nok\rX", "no CRLF after a chunk's data"),
+            (b"10000000000000000\r\n", "a chunk size over 64 bits"),
+            (b"0\r\nx: 1\n", "a trailer line ended by LF without CR"),
+            (b"0\r\n\rX", "a CR without LF at the body's end"),
+        ] {
+            let err = decode_all(&[bytes]).unwrap_err();
+            assert_eq!(err, ChunkedError(why), "{:?}", String::from_utf8_lossy(bytes));
+        }
+    }
+
+    #[test]
+    fn a_size_of_sixteen_hex_digits_is_accepted() {
+        let (data, done, _) = decode_all(&[b"000000000000000A\r\n0123456789\r\n0\r\n\r\n"]).unwrap();
+        assert_eq!((data.as_slice(), done), (&b"0123456789"[..], true));
+    }
+
+    #[test]
+    fn endless_extensions_and_trailers_are_refused() {
+        let mut line = b"1;".to_vec();
+        line.resize(MAX_LINE + 10, b'x');
+        assert_eq!(
+            decode_all(&[&line]).unwrap_err(),
+            ChunkedError("a chunk-size line over 4 KiB")
+        );
+        let mut trailers = b"0\r\n".to_vec();
+        while trailers.len() < MAX_TRAILERS + 100 {
+            trailers.extend_from_slice(b"x-a: b\r\n");
+        }
+        assert_eq!(
+            decode_all(&[&trailers]).unwrap_err(),
+            ChunkedError("trailers over 16 KiB")
+        );
+    }
+
+    proptest! {
+        /// Whatever the chunks, their extensions, the trailers and the way reads split the
+        /// bytes, the data comes out whole and the end is found.
+        #[test]
+        fn any_split_decodes_to_the_data(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..12),
+            ext in any::<bool>(),
+            trailers in any::<bool>(),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let bytes = encode(&chunks, ext, trailers);
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.push(0);
+            at.push(bytes.len());
+            at.sort_unstable();
+            let pieces: Vec<&[u8]> = at.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
+            let (data, done, _) = decode_all(&pieces).unwrap();
+            prop_assert_eq!(data, chunks.concat());
+            prop_assert!(done);
+        }
+    }
+}
