@@ -165,7 +165,7 @@ impl Decoder {
                     digits: digits + 1,
                 }
             }
-            (State::Size { digits: 0, .. }, _) => {
+            (State::Size { digits: 0, .. }, b'\r' | b'\n' | b' ' | b'\t' | b';') => {
                 return Err(ChunkedError("a chunk-size line without a size"))
             }
             (State::Size { value, .. } | State::Extension { value }, b'\r') => {
