@@ -656,3 +656,384 @@ impl Body for UpstreamResponseBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
+    use tokio::io::AsyncReadExt as _;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An upstream on 127.0.0.1 that runs `script` on each connection it accepts (with the
+    /// connection's number, from 0), and counts them.
+    async fn upstream<F, Fut>(script: F) -> (Client, Arc<AtomicUsize>)
+    where
+        F: Fn(usize, TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((io, _)) = listener.accept().await {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(script(n, io));
+            }
+        });
+        let upstream = Upstream::parse(&format!("http://{addr}")).unwrap();
+        (Client::new(upstream, Duration::from_secs(5), 16), accepted)
+    }
+
+    /// Reads one request, head and body (by its `content-length`, or up to the last chunk).
+    async fn read_request(io: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0; 4096];
+        loop {
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map(|n| n.trim().parse::<usize>().unwrap());
+                let complete = match len {
+                    Some(len) => got.len() >= end + 4 + len,
+                    None if head.contains("transfer-encoding: chunked") => {
+                        got.ends_with(b"0\r\n\r\n")
+                    }
+                    None => true,
+                };
+                if complete {
+                    return got;
+                }
+            }
+            let n = io.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return got;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    fn get(path: &str) -> http::request::Parts {
+        http::Request::get(path).body(()).unwrap().into_parts().0
+    }
+
+    fn post(path: &str) -> http::request::Parts {
+        http::Request::post(path).body(()).unwrap().into_parts().0
+    }
+
+    fn chunks(events: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for event in events {
+            out.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+            out.extend_from_slice(event);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    const SSE_HEAD: &[u8] =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    /// Every frame of a body, or its error.
+    async fn frames(body: UpstreamResponseBody) -> Result<Vec<Bytes>, io::Error> {
+        let mut body = std::pin::pin!(body);
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            frames.push(frame?.into_data().unwrap());
+        }
+        Ok(frames)
+    }
+
+    #[tokio::test]
+    async fn a_read_that_carried_many_chunks_is_one_frame() {
+        let event: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\" token\"}}]}\n\n";
+        let (client, _) = upstream(move |_, mut io| async move {
+            read_request(&mut io).await;
+            let mut response = SSE_HEAD.to_vec();
+            response.extend(chunks(&[event; 200]));
+            response.extend_from_slice(b"0\r\n\r\n");
+            io.write_all(&response).await.unwrap();
+            let _ = io.read(&mut [0; 1]).await;
+        })
+        .await;
+        let res = client.send(&get("/v1/stream"), Empty::<Bytes>::new()).await.unwrap();
+        let frames = frames(res.into_body()).await.unwrap();
+        // One write of 12 KiB arrives in one read on loopback: hyper's client made 200 frames.
+        assert!(frames.len() <= 2, "{} frames", frames.len());
+        assert_eq!(frames.concat(), event.repeat(200));
+    }
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn after_a_frame_the_body_yields_once_before_reading_again() {
+        let (more, wait) = tokio::sync::oneshot::channel::<()>();
+        let wait = Mutex::new(Some(wait));
+        let (client, _) = upstream(move |_, mut io| {
+            let wait = wait.lock().unwrap().take().unwrap();
+            async move {
+                read_request(&mut io).await;
+                let mut first = SSE_HEAD.to_vec();
+                first.extend(chunks(&[b"data: 1\n\n"]));
+                io.write_all(&first).await.unwrap();
+                wait.await.unwrap();
+                io.write_all(&chunks(&[b"data: 2\n\n"])).await.unwrap();
+                let _ = io.read(&mut [0; 1]).await;
+            }
+        })
+        .await;
+        let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        let mut body = std::pin::pin!(res.into_body());
+        let count = Arc::new(Count::default());
+        let waker = std::task::Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let first = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        assert_eq!(first.unwrap().unwrap().into_data().unwrap(), "data: 1\n\n");
+        more.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The second event is in the socket; the body lets the first be written first.
+        assert!(body.as_mut().poll_frame(&mut cx).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at once");
+        let second = body.as_mut().poll_frame(&mut cx);
+        let Poll::Ready(Some(Ok(frame))) = second else {
+            panic!("the next poll reads: {second:?}");
+        };
+        assert_eq!(frame.into_data().unwrap(), "data: 2\n\n");
+    }
+
+    /// An upstream that answers every request on a connection with `reply`.
+    fn answering(
+        reply: &'static [u8],
+    ) -> impl Fn(usize, TcpStream) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send
+    {
+        move |_, mut io| {
+            Box::pin(async move {
+                loop {
+                    if read_request(&mut io).await.is_empty() {
+                        return;
+                    }
+                    if io.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_only_after_a_complete_response_that_does_not_close_it() {
+        let cases: [(&'static [u8], usize); 4] = [
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1),
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", 1),
+            (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", 3),
+            (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", 3),
+        ];
+        for (reply, connections) in cases {
+            let (client, accepted) = upstream(answering(reply)).await;
+            for _ in 0..3 {
+                let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+                assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+            }
+            let what = String::from_utf8_lossy(reply);
+            assert_eq!(accepted.load(Ordering::SeqCst), connections, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_its_connection() {
+        let (closed, saw_close) = tokio::sync::oneshot::channel();
+        let closed = Mutex::new(Some(closed));
+        let (client, accepted) = upstream(move |n, mut io| {
+            let closed = closed.lock().unwrap().take();
+            async move {
+                read_request(&mut io).await;
+                if n == 0 {
+                    let mut reply = SSE_HEAD.to_vec();
+                    reply.extend(chunks(&[b"data: 1\n\n"]));
+                    io.write_all(&reply).await.unwrap();
+                    // The proxy cancels: the upstream sees its connection end.
+                    assert_eq!(io.read(&mut [0; 1]).await.unwrap(), 0);
+                    closed.unwrap().send(()).unwrap();
+                } else {
+                    io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+        .await;
+        let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        let mut body = Box::pin(res.into_body());
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        saw_close.await.unwrap();
+        client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_the_upstream_closed_is_not_used() {
+        let (client, accepted) = upstream(|_, mut io| async move {
+            read_request(&mut io).await;
+            io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            // Closed right after, without saying so: an upstream's keep-alive timeout.
+        })
+        .await;
+        for _ in 0..3 {
+            let res = client.send(&post("/"), Full::new(Bytes::from("{}"))).await.unwrap();
+            assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_request_cut_off_by_a_pooled_connection_closing_is_retried_only_if_idempotent() {
+        for (parts, answered) in [(get("/"), true), (post("/"), false)] {
+            let (client, accepted) = upstream(|n, mut io| async move {
+                read_request(&mut io).await;
+                io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+                if n == 0 {
+                    // The next request is read, then the connection closes unanswered.
+                    read_request(&mut io).await;
+                }
+            })
+            .await;
+            let res = client.send(&parts, Empty::<Bytes>::new()).await.unwrap();
+            frames(res.into_body()).await.unwrap();
+            let second = client.send(&parts, Empty::<Bytes>::new()).await;
+            assert_eq!(second.is_ok(), answered, "{}: {second:?}", parts.method);
+            assert_eq!(accepted.load(Ordering::SeqCst), 1 + usize::from(answered));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_the_upstream_ends_early_is_an_error_and_one_that_closes_is_complete() {
+        let cases: [(&'static [u8], Option<&str>); 3] = [
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", None),
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nshort\r\n", None),
+            (b"HTTP/1.1 200 OK\r\n\r\nuntil the close", Some("until the close")),
+        ];
+        for (reply, complete) in cases {
+            let (client, _) = upstream(move |_, mut io| async move {
+                read_request(&mut io).await;
+                io.write_all(reply).await.unwrap();
+            })
+            .await;
+            let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+            let got = frames(res.into_body()).await;
+            let what = String::from_utf8_lossy(reply);
+            match complete {
+                Some(data) => assert_eq!(got.unwrap().concat(), data.as_bytes(), "{what}"),
+                None => assert_eq!(
+                    got.unwrap_err().kind(),
+                    io::ErrorKind::UnexpectedEof,
+                    "{what}"
+                ),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn interim_responses_are_skipped_and_bodiless_responses_end_at_their_head() {
+        for (parts, reply) in [
+            (
+                get("/"),
+                &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"[..],
+            ),
+            (
+                http::Request::head("/").body(()).unwrap().into_parts().0,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n",
+            ),
+        ] {
+            let (client, accepted) = upstream(answering(reply)).await;
+            for _ in 0..2 {
+                let res = client.send(&parts, Empty::<Bytes>::new()).await.unwrap();
+                assert!(res.body().is_end_stream());
+                assert!(frames(res.into_body()).await.unwrap().is_empty());
+            }
+            assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_that_is_not_http_or_is_ambiguous_fails_before_the_head() {
+        let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
+        while huge.len() < MAX_HEAD + 10 {
+            huge.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        let huge: &'static [u8] = huge.leak();
+        for reply in [
+            &b"SSH-2.0-OpenSSH\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",
+            huge,
+        ] {
+            let (client, _) = upstream(answering(reply)).await;
+            let err = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap_err();
+            assert!(matches!(err, SendError::BeforeHead(_)), "{err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn request_bodies_are_framed_by_length_or_chunked() {
+        let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
+        let (client, _) = upstream(move |_, mut io| {
+            let seen = seen.clone();
+            async move {
+                loop {
+                    let request = read_request(&mut io).await;
+                    if request.is_empty() {
+                        return;
+                    }
+                    seen.send(request).unwrap();
+                    io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+        .await;
+        let mut parts = post("/v1/chat/completions");
+        parts.headers.insert(header::HOST, HeaderValue::from_static("up"));
+        // A stale length from the client is never sent: the body's own is.
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
+        client.send(&parts, Full::new(Bytes::from("{\"a\":1}"))).await.unwrap();
+        assert_eq!(
+            requests.recv().await.unwrap(),
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: up\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+        );
+        let pieces = futures_util::stream::iter(
+            ["ab", "cde"].map(|s| Ok::<_, io::Error>(Frame::data(Bytes::from(s)))),
+        );
+        client.send(&parts, StreamBody::new(pieces)).await.unwrap();
+        assert_eq!(
+            requests.recv().await.unwrap(),
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+        );
+        client.send(&get("/v1/models"), Empty::<Bytes>::new()).await.unwrap();
+        assert_eq!(requests.recv().await.unwrap(), b"GET /v1/models HTTP/1.1\r\n\r\n");
+    }
+}

@@ -37,17 +37,22 @@
 //!   fires). An upstream that is unreachable or fails before its head gives a 502. Errors are
 //!   JSON in OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
 //! - **The response** streams back: each frame is written as soon as it is complete, nothing is
-//!   buffered beyond the frame being read. Frames that are ready together (several events in one
-//!   read from the upstream) go out in one write: before writing, the connection lets the
-//!   upstream connection's task decode what it already has, and writes as soon as a turn brings
-//!   nothing new; it never waits for bytes that have not arrived. Meanwhile the upstream
-//!   connections of its thread do not read their sockets, so a complete frame is written before
-//!   the next read from the upstream (on the binary's single-threaded runtimes; unless the
-//!   client's socket is full).
+//!   buffered beyond the frame being read. The proxy's own HTTP/1.1 client reads the upstream's
+//!   socket in the task of the client connection that streams the response, and what one read
+//!   brings (one event, or the hundreds a busy upstream's writes coalesce into one TCP segment)
+//!   is decoded in place and goes on as one frame, scanned once and written in one write: the
+//!   cost is per read, not per event. A frame is written before the upstream's socket is read
+//!   again, and the upstream is read only while hyper can take more for the client: a client
+//!   that stops reading stops the reads (and `--write-timeout` ends it). Upstream connections are
+//!   kept for reuse
+//!   (HTTP/1.1 keep-alive, 30 s idle at most, no more idle ones than `--max-connections`); a
+//!   response the client abandons closes its upstream connection, so the upstream stops
+//!   generating. An upstream body that ends early or is framed wrongly ends the client's response
+//!   as an error (the connection is reset without a last chunk), never as a complete one.
 //! - **Threads** ([`serve_threads`], `--threads`, 1 by default): the binary serves on one
 //!   single-threaded runtime per thread, each accepting from the one listener (no `SO_REUSEPORT`:
-//!   the address is the process's alone) with its own upstream client, so a stream and its
-//!   upstream connection stay on the thread that accepted it.
+//!   the address is the process's alone) with its own upstream client and pool, so a stream and
+//!   its upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
 //! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
 //!   client stopped reading) closes its connection, which cancels its upstream request.
@@ -313,8 +318,8 @@ where
     // The header timeout is the proxy's own (see `Watch`): hyper's also runs while a keep-alive
     // connection waits for its next request, which would cut idle connections short.
     http.header_read_timeout(None).keep_alive(true);
-    // One buffer for the head and the frames gathered into one write (see `Watched`): copying
-    // small frames is cheaper than a `writev` of three slices (chunk size, data, CRLF) for each.
+    // One buffer for the head and the frames ready together, written at once: copying small
+    // frames is cheaper than a `writev` of three slices (chunk size, data, CRLF) for each.
     http.writev(false);
     let graceful = GracefulShutdown::new();
     let (idle, header, body, write) = (
