@@ -1510,6 +1510,153 @@ async fn sequences_that_cannot_be_judged_fail_the_stream() {
     server.stop().await;
 }
 
+/// The one `error` line that says why streams in observability mode fail: once per connection
+/// (the `tracing` feature or `cli` brings the `tracing` crate).
+#[cfg(any(feature = "tracing", feature = "cli"))]
+mod observability_log {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+    use tracing::subscriber::DefaultGuard;
+
+    use super::*;
+
+    /// Opens a stream in observability mode on `client` and waits for its status.
+    async fn observed_stream(client: &mut ExternalProcessorClient<Channel>) -> Status {
+        let mut stream = Stream::open(client).await;
+        let observed = ProcessingRequest {
+            observability_mode: true,
+            request: Some(Msg::RequestHeaders(headers_msg(
+                &[(":method", b"POST"), ("content-type", b"application/json")],
+                false,
+                true,
+            ))),
+            ..ProcessingRequest::default()
+        };
+        stream.tx.send(observed).await.unwrap();
+        match tokio::time::timeout(PATIENCE, stream.rx.message())
+            .await
+            .unwrap()
+        {
+            Err(status) => status,
+            Ok(answer) => panic!("the stream did not fail: {answer:?}"),
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        /// Captures what is logged at `error` on this thread until the guard is dropped: a
+        /// `current_thread` test runtime runs the server's tasks on it too.
+        fn errors() -> (Self, DefaultGuard) {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::ERROR)
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish();
+            (captured, tracing::subscriber::set_default(subscriber))
+        }
+
+        /// The lines about observability mode.
+        fn observability_lines(&self) -> Vec<String> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .filter(|line| line.contains("observability_mode"))
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    /// Envoy in observability mode sends every HTTP request as a stream on a few HTTP/2
+    /// connections: `serve` fails each stream, and logs why once per connection, naming the peer.
+    /// Three streams on one connection, one on a second, a fourth on the first: two lines, one
+    /// per client port.
+    #[tokio::test(flavor = "current_thread")]
+    async fn observability_mode_is_logged_once_per_connection() {
+        let (captured, _guard) = Captured::errors();
+        let server = start(ExtProc::new(BypassMarkerLayer::dynamo())).await;
+        let mut first = server.client().await;
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(observed_stream(&mut first).await);
+        }
+        let mut second = server.client().await;
+        statuses.push(observed_stream(&mut second).await);
+        statuses.push(observed_stream(&mut first).await);
+        for status in &statuses {
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        }
+        drop((first, second));
+        server.stop().await;
+
+        let lines = captured.observability_lines();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        let peers: Vec<&str> = lines
+            .iter()
+            .map(|line| {
+                let at = line
+                    .find("peer=127.0.0.1:")
+                    .unwrap_or_else(|| panic!("{line}"));
+                line[at..].split_whitespace().next().unwrap()
+            })
+            .collect();
+        assert_ne!(peers[0], peers[1], "{lines:#?}");
+        for line in &lines {
+            assert!(line.contains(" ERROR "), "{line}");
+            assert!(
+                line.contains("router-owned names reach the upstream"),
+                "{line}"
+            );
+            assert!(line.contains("turn observability_mode off"), "{line}");
+        }
+    }
+
+    /// In a tonic server of the embedder's own there is no flag per connection: the line is
+    /// logged once per processor (its clones share it), with `into_service` as with tonic's
+    /// generated server, and names the peer from tonic's `TcpConnectInfo`.
+    #[tokio::test(flavor = "current_thread")]
+    async fn observability_mode_is_logged_once_per_processor_in_a_server_of_your_own() {
+        let (captured, _guard) = Captured::errors();
+        let lean = start_own(ExtProc::new(BypassMarkerLayer::new()).into_service()).await;
+        let generated = start_own(ExternalProcessorServer::new(ExtProc::new(
+            BypassMarkerLayer::new(),
+        )))
+        .await;
+        for server in [&lean, &generated] {
+            for _ in 0..2 {
+                let mut client = server.client().await;
+                for _ in 0..2 {
+                    let status = observed_stream(&mut client).await;
+                    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+                }
+            }
+        }
+        lean.stop().await;
+        generated.stop().await;
+
+        let lines = captured.observability_lines();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        for line in &lines {
+            assert!(line.contains("peer=127.0.0.1:"), "{line}");
+        }
+    }
+}
+
 /// Every request that goes on asks the upstream for an unencoded response: an encoded event
 /// stream passes through the layer unfiltered, so an upstream that compresses for a client that
 /// sent `accept-encoding: gzip` would carry the marker past the processor.

@@ -119,10 +119,18 @@
 //! - **A request the guard must read, with `request_body_mode` other than `BUFFERED`**: the gRPC
 //!   stream fails with `FAILED_PRECONDITION` (Envoy answers 500): the guard never lets a body it
 //!   has not judged through.
+//! - **`observability_mode` in Envoy's filter configuration**: the guard cannot work there.
+//!   Envoy forwards requests and responses without waiting for the processor and ignores its
+//!   answers, so router-owned names reach the upstream and annotations reach clients whatever
+//!   the processor says. Every stream in that mode fails with `FAILED_PRECONDITION` from its
+//!   first message, and the processor logs why in one `error` line (feature `tracing`, or `cli`:
+//!   the binary logs it), once per connection: Envoy sends all its requests over a few HTTP/2
+//!   connections, so the line does not repeat per request. That is under [`serve`]; in a tonic
+//!   server of your own, which keeps nothing per connection for the processor, the line is
+//!   logged once per [`ExtProc`] (its clones share it). Turn `observability_mode` off.
 //! - **Message sequences it cannot judge** fail the gRPC stream with `FAILED_PRECONDITION`
 //!   (Envoy answers 500, or resets a response in flight) rather than let a byte through unjudged:
-//!   `observability_mode` (Envoy ignores every answer there, so nothing would be stripped or
-//!   filtered), a request body before its headers or a response body before its headers
+//!   a request body before its headers or a response body before its headers
 //!   (`request_header_mode` or `response_header_mode` set to `SKIP`), a second headers message.
 //! - **A headers message with more than 16,384 headers** (Envoy forwards 100 by default,
 //!   `max_headers_count`) fails the gRPC stream with `RESOURCE_EXHAUSTED` (Envoy answers 500).
@@ -148,6 +156,7 @@
 //!   It allows [`MAX_CONCURRENT_STREAMS`] streams per HTTP/2 connection.
 //! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
+mod connection;
 mod exchange;
 mod processor;
 mod proto;

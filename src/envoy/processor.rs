@@ -1,10 +1,13 @@
 use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     external_processor_server::ExternalProcessor, ProcessingRequest,
 };
 use tonic::{Request, Response, Status, Streaming};
 
+use super::connection::Origin;
 use super::exchange::Exchange;
 use super::stream::ProcessStream;
 use super::ExtProcService;
@@ -23,6 +26,9 @@ const MESSAGE_OVERHEAD: usize = 1 << 20;
 pub struct ExtProc {
     layer: BypassMarkerLayer,
     guard: RequestGuard,
+    /// Whether the observability-mode error was logged, for streams that come on a connection
+    /// [`serve`](super::serve) did not accept (shared by the clones).
+    observability_logged: Arc<AtomicBool>,
 }
 
 impl ExtProc {
@@ -32,6 +38,7 @@ impl ExtProc {
         Self {
             guard: layer.request_guard(),
             layer,
+            observability_logged: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -69,6 +76,11 @@ impl ExtProc {
     pub(crate) fn exchange(&self) -> Exchange {
         Exchange::new(&self.layer, self.guard.clone())
     }
+
+    /// The connection of a stream whose request carries `extensions` (see [`Origin::of`]).
+    pub(crate) fn origin(&self, extensions: &http::Extensions) -> Origin {
+        Origin::of(extensions, &self.observability_logged)
+    }
 }
 
 #[tonic::async_trait]
@@ -79,9 +91,11 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<ProcessStream>, Status> {
+        let origin = self.origin(request.extensions());
         Ok(Response::new(ProcessStream::new(
             request.into_inner(),
             self.exchange(),
+            origin,
         )))
     }
 }

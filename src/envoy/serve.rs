@@ -5,10 +5,13 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
+use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
+use super::connection::Origin;
 use super::{ExtProc, ExtProcService};
 
 /// The most concurrent gRPC streams (HTTP requests in Envoy) [`serve`] allows on one HTTP/2
@@ -30,6 +33,10 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// When the process runs out of file descriptors (or memory), accepting backs off (10 ms,
 /// doubling to 1 s) instead of retrying at once, and serves again once they are free; the
 /// connections wait in the listen queue meanwhile.
+///
+/// A stream that arrives in Envoy's `observability_mode` fails, as every such stream does (see the
+/// [module docs](super)); with the `tracing` feature (or `cli`) one `error` line says why, once
+/// per connection.
 pub async fn serve(
     listener: TcpListener,
     processor: ExtProc,
@@ -75,7 +82,7 @@ impl Accepting {
 }
 
 impl Stream for Accepting {
-    type Item = io::Result<TcpStream>;
+    type Item = io::Result<Connection>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
@@ -88,7 +95,7 @@ impl Stream for Accepting {
                     self.backoff = Duration::ZERO;
                     // Only a socket option: a connection that cannot take it is served anyway.
                     let _ = stream.set_nodelay(true);
-                    return Poll::Ready(Some(Ok(stream)));
+                    return Poll::Ready(Some(Ok(Connection::new(stream))));
                 }
                 // That one connection went away before it was accepted: take the next.
                 Err(err) if is_connection_error(&err) => {}
@@ -111,4 +118,66 @@ fn is_connection_error(err: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
+}
+
+/// An accepted connection and its [`Origin`], which tonic puts into every request on it
+/// (`Connected::connect_info`): what the processor logs once per connection is tracked there.
+struct Connection {
+    stream: TcpStream,
+    origin: Origin,
+}
+
+impl Connection {
+    fn new(stream: TcpStream) -> Self {
+        let origin = Origin::connection(stream.peer_addr().ok());
+        Self { stream, origin }
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = Origin;
+
+    fn connect_info(&self) -> Origin {
+        self.origin.clone()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }

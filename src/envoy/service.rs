@@ -13,6 +13,7 @@ use prost::Message;
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::connection::Origin;
 use super::exchange::Exchange;
 use super::{proto, ExtProc};
 
@@ -41,6 +42,10 @@ const SMALL: usize = 64 << 10;
 /// processor's limit with `RESOURCE_EXHAUSTED` (judged on its prefix), bytes that are no
 /// `ProcessingRequest` or a request that ends inside a message with `INTERNAL`; other methods
 /// get `UNIMPLEMENTED`.
+///
+/// In a server of your own, the `error` line about Envoy's `observability_mode` (see the
+/// [module docs](super)) is logged once per processor rather than once per connection: tonic
+/// gives the service nothing per connection to remember it by, unlike [`serve`](super::serve).
 ///
 /// ```
 /// use tower_bypass_marker::{envoy::ExtProc, BypassMarkerLayer};
@@ -100,6 +105,7 @@ where
             }
         }
         let answers = Answers {
+            origin: self.processor.origin(request.extensions()),
             inbound: request.into_body(),
             exchange: self.processor.exchange(),
             max_message: self.processor.max_message_bytes(),
@@ -130,6 +136,8 @@ pin_project! {
         #[pin]
         inbound: B,
         exchange: Exchange,
+        // Where the one observability-mode line per connection is logged.
+        origin: Origin,
         max_message: usize,
         // Bytes of messages not yet complete.
         pending: BytesMut,
@@ -250,14 +258,27 @@ where
                 },
                 Err(status) => return end(this.done, &status),
             };
-            let answer = ProcessingRequest::decode(message)
-                .map_err(|err| Status::internal(format!("undecodable message: {err}")))
-                .and_then(|msg| proto::admit(&msg).and_then(|()| this.exchange.answer(msg)))
+            let msg = match ProcessingRequest::decode(message) {
+                Ok(msg) => msg,
+                Err(err) => {
+                    let status = Status::internal(format!("undecodable message: {err}"));
+                    return end(this.done, &status);
+                }
+            };
+            // The exchange fails every message in observability mode.
+            let observed = msg.observability_mode;
+            let answer = proto::admit(&msg)
+                .and_then(|()| this.exchange.answer(msg))
                 .and_then(|answer| answer.map(|answer| framed(&answer)).transpose());
             match answer {
                 Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Ok(None) => {}
-                Err(status) => return end(this.done, &status),
+                Err(status) => {
+                    if observed {
+                        this.origin.observability_mode();
+                    }
+                    return end(this.done, &status);
+                }
             }
         }
     }

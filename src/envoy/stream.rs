@@ -6,6 +6,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use futures_core::Stream;
 use tonic::{Status, Streaming};
 
+use super::connection::Origin;
 use super::exchange::Exchange;
 use super::proto;
 
@@ -18,14 +19,20 @@ use super::proto;
 pub struct ProcessStream {
     inbound: Streaming<ProcessingRequest>,
     exchange: Exchange,
+    origin: Origin,
     done: bool,
 }
 
 impl ProcessStream {
-    pub(crate) fn new(inbound: Streaming<ProcessingRequest>, exchange: Exchange) -> Self {
+    pub(crate) fn new(
+        inbound: Streaming<ProcessingRequest>,
+        exchange: Exchange,
+        origin: Origin,
+    ) -> Self {
         Self {
             inbound,
             exchange,
+            origin,
             done: false,
         }
     }
@@ -53,8 +60,13 @@ impl Stream for ProcessStream {
                     return Poll::Ready(Some(Err(status)));
                 }
                 Some(Ok(msg)) => {
+                    // The exchange fails every message in observability mode.
+                    let observed = msg.observability_mode;
                     match proto::admit(&msg).and_then(|()| this.exchange.answer(msg)) {
                         Err(status) => {
+                            if observed {
+                                this.origin.observability_mode();
+                            }
                             this.done = true;
                             return Poll::Ready(Some(Err(status)));
                         }
