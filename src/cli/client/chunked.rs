@@ -345,5 +345,33 @@ mod tests {
             prop_assert_eq!(data, chunks.concat());
             prop_assert!(done);
         }
+
+        /// On any bytes at all (hostile or broken framing), the decoder never panics, and reads
+        /// that split the bytes differently get the same data, the same error, the same end.
+        #[test]
+        fn any_bytes_decode_the_same_however_split(
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    Just(b'\r'), Just(b'\n'), Just(b'0'), Just(b'1'), Just(b'a'), Just(b';'),
+                    any::<u8>(),
+                ],
+                0..200,
+            ),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.push(0);
+            at.push(bytes.len());
+            at.sort_unstable();
+            let pieces: Vec<&[u8]> = at.windows(2).map(|w| &bytes[w[0]..w[1]]).collect();
+            let whole = decode_all(&[&bytes]).map(|(data, done, _)| (data, done));
+            let split = decode_all(&pieces).map(|(data, done, _)| (data, done));
+            match (&whole, &split) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                // One split failed where the other did not.
+                _ => prop_assert!(false, "{whole:?} against {split:?}"),
+            }
+        }
     }
 }
