@@ -437,3 +437,40 @@ fn secs(value: &str) -> Result<Duration, String> {
         _ => Err("a positive number of seconds".to_owned()),
     }
 }
+
+/// The most permits a semaphore takes: the cap when the open-file limit is unlimited.
+const UNLIMITED: usize = tokio::sync::Semaphore::MAX_PERMITS;
+
+/// The default of `--max-connections` for `threads` serving threads under a soft open-file limit
+/// of `open_files` (`None`: unlimited): each client connection may hold an upstream connection
+/// too, so half of what is left once 32 descriptors, and 2 per thread, are kept for the process
+/// itself (standard streams, runtimes, listeners, metrics). At least 1.
+pub fn default_max_connections(open_files: Option<u64>, threads: usize) -> usize {
+    let Some(open_files) = open_files else {
+        return UNLIMITED;
+    };
+    let own = 32 + 2 * threads as u64;
+    usize::try_from(open_files.saturating_sub(own) / 2)
+        .unwrap_or(UNLIMITED)
+        .clamp(1, UNLIMITED)
+}
+
+/// The process's soft open-file limit (`RLIMIT_NOFILE`); `None` when unlimited or unknown.
+fn open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// `--max-connections`, or its default for `threads` threads and this process's open-file limit.
+pub(crate) fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
+    config.max_connections.map_or_else(
+        || default_max_connections(open_file_limit(), threads),
+        |n| n.get().min(UNLIMITED),
+    )
+}

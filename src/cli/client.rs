@@ -171,8 +171,7 @@ impl Client {
             Some(_) => authority.as_str().to_owned(),
             None => format!("{authority}:80"),
         };
-        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await
-        {
+        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
             Ok(Ok(io)) => io,
             Ok(Err(err)) => return Err(SendError::Connect(err)),
             Err(_) => {
@@ -221,7 +220,10 @@ impl Client {
             // A pooled connection the upstream closed just now fails before any byte of a
             // response: the same bytes go again on a new connection, once.
             if let Some(io) = self.pool.checkout() {
-                match self.exchange(io, &head, parts, idempotent(&parts.method)).await {
+                match self
+                    .exchange(io, &head, parts, idempotent(&parts.method))
+                    .await
+                {
                     Err(Retry::Again) => {}
                     Err(Retry::No(err)) => return Err(err),
                     Ok(res) => return Ok(res),
@@ -333,6 +335,17 @@ impl Retry {
     }
 }
 
+/// Without the optional whitespace (space, tab) around a list element.
+pub(crate) fn trim_ows(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = bytes {
+        bytes = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = bytes {
+        bytes = rest;
+    }
+    bytes
+}
+
 /// The request line and header fields, without the body's framing and the final CRLF.
 fn request_head(parts: &http::request::Parts) -> Vec<u8> {
     let mut head = Vec::with_capacity(256 + parts.headers.len() * 32);
@@ -440,7 +453,9 @@ fn response(
     let code = parsed.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| invalid("an invalid status code"))?;
     if code == 101 {
-        return Err(invalid("101 Switching Protocols to a request that asked for none"));
+        return Err(invalid(
+            "101 Switching Protocols to a request that asked for none",
+        ));
     }
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     for field in parsed.headers.iter() {
@@ -455,7 +470,7 @@ fn response(
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|token| crate::cli::forward::trim_ows(token).eq_ignore_ascii_case(b"close"));
+        .any(|token| trim_ows(token).eq_ignore_ascii_case(b"close"));
     let reusable = http11 && !close;
     let no_body = *method == Method::HEAD
         || status == StatusCode::NO_CONTENT
@@ -467,7 +482,7 @@ fn response(
             .get_all(header::TRANSFER_ENCODING)
             .iter()
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(crate::cli::forward::trim_ows)
+            .map(trim_ows)
             .rfind(|coding| !coding.is_empty());
         if last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) {
             Kind::Chunked(Box::default())
@@ -494,7 +509,7 @@ fn content_length(headers: &HeaderMap) -> io::Result<Option<u64>> {
     let mut len = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
-            let item = crate::cli::forward::trim_ows(item);
+            let item = trim_ows(item);
             let n = std::str::from_utf8(item)
                 .ok()
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
@@ -763,7 +778,10 @@ mod tests {
             let _ = io.read(&mut [0; 1]).await;
         })
         .await;
-        let res = client.send(&get("/v1/stream"), Empty::<Bytes>::new()).await.unwrap();
+        let res = client
+            .send(&get("/v1/stream"), Empty::<Bytes>::new())
+            .await
+            .unwrap();
         let frames = frames(res.into_body()).await.unwrap();
         // One write of 12 KiB arrives in one read on loopback: hyper's client made 200 frames.
         assert!(frames.len() <= 2, "{} frames", frames.len());
@@ -839,8 +857,14 @@ mod tests {
     async fn a_connection_is_reused_only_after_a_complete_response_that_does_not_close_it() {
         let cases: [(&'static [u8], usize); 4] = [
             (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1),
-            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", 1),
-            (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", 3),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                1,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok",
+                3,
+            ),
             (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", 3),
         ];
         for (reply, connections) in cases {
@@ -897,7 +921,10 @@ mod tests {
         })
         .await;
         for _ in 0..3 {
-            let res = client.send(&post("/"), Full::new(Bytes::from("{}"))).await.unwrap();
+            let res = client
+                .send(&post("/"), Full::new(Bytes::from("{}")))
+                .await
+                .unwrap();
             assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -930,8 +957,14 @@ mod tests {
     async fn a_body_the_upstream_ends_early_is_an_error_and_one_that_closes_is_complete() {
         let cases: [(&'static [u8], Option<&str>); 3] = [
             (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", None),
-            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nshort\r\n", None),
-            (b"HTTP/1.1 200 OK\r\n\r\nuntil the close", Some("until the close")),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nshort\r\n",
+                None,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n\r\nuntil the close",
+                Some("until the close"),
+            ),
         ];
         for (reply, complete) in cases {
             let (client, _) = upstream(move |_, mut io| async move {
@@ -990,7 +1023,10 @@ mod tests {
             huge,
         ] {
             let (client, _) = upstream(answering(reply)).await;
-            let err = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap_err();
+            let err = client
+                .send(&get("/"), Empty::<Bytes>::new())
+                .await
+                .unwrap_err();
             assert!(matches!(err, SendError::BeforeHead(_)), "{err:?}");
         }
     }
@@ -1015,12 +1051,17 @@ mod tests {
         })
         .await;
         let mut parts = post("/v1/chat/completions");
-        parts.headers.insert(header::HOST, HeaderValue::from_static("up"));
+        parts
+            .headers
+            .insert(header::HOST, HeaderValue::from_static("up"));
         // A stale length from the client is never sent: the body's own is.
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
-        client.send(&parts, Full::new(Bytes::from("{\"a\":1}"))).await.unwrap();
+        client
+            .send(&parts, Full::new(Bytes::from("{\"a\":1}")))
+            .await
+            .unwrap();
         assert_eq!(
             requests.recv().await.unwrap(),
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: up\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
@@ -1033,7 +1074,13 @@ mod tests {
             requests.recv().await.unwrap(),
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
         );
-        client.send(&get("/v1/models"), Empty::<Bytes>::new()).await.unwrap();
-        assert_eq!(requests.recv().await.unwrap(), b"GET /v1/models HTTP/1.1\r\n\r\n");
+        client
+            .send(&get("/v1/models"), Empty::<Bytes>::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            requests.recv().await.unwrap(),
+            b"GET /v1/models HTTP/1.1\r\n\r\n"
+        );
     }
 }

@@ -345,10 +345,7 @@ pin_project! {
 
 impl Watched {
     pub(crate) fn new(io: TcpStream, watch: Arc<Watch>) -> Self {
-        Self {
-            io,
-            watch,
-        }
+        Self { io, watch }
     }
 }
 

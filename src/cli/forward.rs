@@ -16,7 +16,7 @@ use http_body_util::{BodyExt as _, Either, Full};
 use tower::Service;
 
 use crate::cli::args::{ProxyArgs, Upstream};
-use crate::cli::client::{Client, SendError, UpstreamResponseBody};
+use crate::cli::client::{trim_ows, Client, SendError, UpstreamResponseBody};
 use crate::cli::conn::BodyStalled;
 use crate::cli::metrics::{Metrics, UpstreamError};
 use crate::BoxError;
@@ -76,7 +76,7 @@ impl Forward {
     /// many idle ones as `--max-connections` allows client connections (so that the proxy's
     /// descriptors stay within the open-file limit).
     pub fn new(config: &ProxyArgs, metrics: Arc<Metrics>) -> Self {
-        let max_idle = crate::cli::proxy::max_connections(config, 1);
+        let max_idle = crate::cli::args::max_connections(config, 1);
         Self(Arc::new(Forwarding {
             upstream: config.upstream.clone(),
             client: Client::new(config.upstream.clone(), config.connect_timeout, max_idle),
@@ -137,17 +137,6 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
     headers.remove("keep-alive");
     headers.remove("proxy-connection");
-}
-
-/// Without the optional whitespace (space, tab) around a list element.
-pub(crate) fn trim_ows(mut bytes: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = bytes {
-        bytes = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = bytes {
-        bytes = rest;
-    }
-    bytes
 }
 
 async fn forward<B>(forward: &Forwarding, req: Request<B>) -> Response<UpstreamBody>

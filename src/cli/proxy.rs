@@ -87,9 +87,11 @@ use pin_project_lite::pin_project;
 use tokio::net::{TcpListener, TcpSocket};
 use tower::{Service, ServiceBuilder, ServiceExt as _};
 
-use crate::cli::args::ProxyArgs;
+pub use crate::cli::args::default_max_connections;
+use crate::cli::args::{max_connections, ProxyArgs};
+use crate::cli::client::trim_ows;
 use crate::cli::conn::{Busy, Expired, StallTimeout, Watch, Watched};
-use crate::cli::forward::{error, remove_hop_by_hop, stalled, trim_ows, FromForward};
+use crate::cli::forward::{error, remove_hop_by_hop, stalled, FromForward};
 use crate::cli::logs::Exchange;
 use crate::cli::metrics::{removed_on_this_thread, Metrics, UpstreamError};
 use crate::cli::{Forward, UpstreamBody};
@@ -182,43 +184,6 @@ where
         }
     }
     Ok(())
-}
-
-/// The most permits a semaphore takes: the cap when the open-file limit is unlimited.
-const UNLIMITED: usize = tokio::sync::Semaphore::MAX_PERMITS;
-
-/// The default of `--max-connections` for `threads` serving threads under a soft open-file limit
-/// of `open_files` (`None`: unlimited): each client connection may hold an upstream connection
-/// too, so half of what is left once 32 descriptors, and 2 per thread, are kept for the process
-/// itself (standard streams, runtimes, listeners, metrics). At least 1.
-pub fn default_max_connections(open_files: Option<u64>, threads: usize) -> usize {
-    let Some(open_files) = open_files else {
-        return UNLIMITED;
-    };
-    let own = 32 + 2 * threads as u64;
-    usize::try_from(open_files.saturating_sub(own) / 2)
-        .unwrap_or(UNLIMITED)
-        .clamp(1, UNLIMITED)
-}
-
-/// The process's soft open-file limit (`RLIMIT_NOFILE`); `None` when unlimited or unknown.
-fn open_file_limit() -> Option<u64> {
-    #[cfg(unix)]
-    {
-        rustix::process::getrlimit(rustix::process::Resource::Nofile).current
-    }
-    #[cfg(not(unix))]
-    {
-        None
-    }
-}
-
-/// `--max-connections`, or its default for `threads` threads and this process's open-file limit.
-pub(crate) fn max_connections(config: &ProxyArgs, threads: usize) -> usize {
-    config.max_connections.map_or_else(
-        || default_max_connections(open_file_limit(), threads),
-        |n| n.get().min(UNLIMITED),
-    )
 }
 
 /// Whether an `accept` error is about one connection (go on at once) rather than the process

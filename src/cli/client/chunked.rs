@@ -21,11 +21,18 @@ pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// Reading the hexadecimal chunk size; `digits` so far.
-    Size { value: u64, digits: u8 },
+    Size {
+        value: u64,
+        digits: u8,
+    },
     /// Past the size: whitespace or extensions until CR.
-    Extension { value: u64 },
+    Extension {
+        value: u64,
+    },
     /// After the CR of a chunk-size line.
-    SizeLf { value: u64 },
+    SizeLf {
+        value: u64,
+    },
     /// Inside a chunk's data: this many bytes left.
     Data(u64),
     /// After a chunk's data: CR, then LF.
@@ -297,13 +304,19 @@ mod tests {
             (b"0\r\n\rX", "a CR without LF at the body's end"),
         ] {
             let err = decode_all(&[bytes]).unwrap_err();
-            assert_eq!(err, ChunkedError(why), "{:?}", String::from_utf8_lossy(bytes));
+            assert_eq!(
+                err,
+                ChunkedError(why),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
         }
     }
 
     #[test]
     fn a_size_of_sixteen_hex_digits_is_accepted() {
-        let (data, done, _) = decode_all(&[b"000000000000000A\r\n0123456789\r\n0\r\n\r\n"]).unwrap();
+        let (data, done, _) =
+            decode_all(&[b"000000000000000A\r\n0123456789\r\n0\r\n\r\n"]).unwrap();
         assert_eq!((data.as_slice(), done), (&b"0123456789"[..], true));
     }
 
