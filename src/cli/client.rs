@@ -390,7 +390,34 @@ async fn read_head(
     pool: &Arc<Pool>,
 ) -> Result<Response<UpstreamResponseBody>, (io::Error, usize)> {
     let mut got = 0;
+    // The head is parsed only once its end has arrived: a head dribbled a byte at a time would
+    // otherwise be parsed from its start at every read (quadratic in its length). `searched`:
+    // how far the buffer has been looked at for the end.
+    let mut searched: usize = 0;
     loop {
+        let from = searched.saturating_sub(3);
+        searched = buf.len();
+        if memchr::memmem::find(&buf[from..], b"\n\r\n").is_none()
+            && memchr::memmem::find(&buf[from..], b"\n\n").is_none()
+        {
+            if buf.len() >= MAX_HEAD {
+                return Err((invalid("a response head over 64 KiB"), got));
+            }
+            let n = std::future::poll_fn(|cx| poll_fill(&io, &mut buf, cx))
+                .await
+                .map_err(|err| (err, got))?;
+            if n == 0 {
+                return Err((
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the upstream closed the connection before its response head",
+                    ),
+                    got,
+                ));
+            }
+            got += n;
+            continue;
+        }
         let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut fields);
         match parsed.parse(&buf) {
@@ -399,6 +426,7 @@ async fn read_head(
                 if (100..200).contains(&code) && code != 101 {
                     // 100 Continue, 103 Early Hints: the final response follows.
                     buf.advance(len);
+                    searched = 0;
                     continue;
                 }
                 let res = response(&parsed, method).map_err(|err| (err, got))?;
@@ -406,25 +434,13 @@ async fn read_head(
                 let (res, framing) = res;
                 return Ok(res.map(|()| UpstreamResponseBody::new(io, buf, framing, pool)));
             }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
+            // An end of line followed by an empty one that is not the head's end (inside a
+            // field value, say) cannot be: such a head is malformed.
             Ok(httparse::Status::Partial) => {
-                return Err((invalid("a response head over 64 KiB"), got));
+                return Err((invalid("a malformed response head"), got));
             }
             Err(err) => return Err((invalid(format!("a malformed response head: {err}")), got)),
         }
-        let n = std::future::poll_fn(|cx| poll_fill(&io, &mut buf, cx))
-            .await
-            .map_err(|err| (err, got))?;
-        if n == 0 {
-            return Err((
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the upstream closed the connection before its response head",
-                ),
-                got,
-            ));
-        }
-        got += n;
     }
 }
 
@@ -440,7 +456,7 @@ struct Framing {
 enum Kind {
     /// This many bytes left.
     Length(u64),
-    Chunked(Box<Decoder>),
+    Chunked(Decoder),
     /// Until the upstream closes the connection.
     Close,
 }
@@ -485,7 +501,7 @@ fn response(
             .map(trim_ows)
             .rfind(|coding| !coding.is_empty());
         if last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) {
-            Kind::Chunked(Box::default())
+            Kind::Chunked(Decoder::default())
         } else {
             // RFC 9112 section 6.3: read until the connection closes.
             Kind::Close
@@ -1006,6 +1022,24 @@ mod tests {
             }
             assert_eq!(accepted.load(Ordering::SeqCst), 1);
         }
+    }
+
+    #[tokio::test]
+    async fn a_head_that_arrives_a_byte_at_a_time_is_read_whole() {
+        let reply: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-a: b\r\ncontent-length: 2\r\n\r\nok";
+        let (client, _) = upstream(move |_, mut io| async move {
+            read_request(&mut io).await;
+            io.set_nodelay(true).unwrap();
+            for byte in reply {
+                io.write_all(&[*byte]).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            let _ = io.read(&mut [0; 1]).await;
+        })
+        .await;
+        let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        assert_eq!(res.headers()["x-a"], "b");
+        assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
     }
 
     #[tokio::test]
