@@ -48,9 +48,13 @@ use chunked::Decoder;
 /// The longest response head accepted, and the most header fields.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
-/// A read asks for this much room; it grows the buffer when less than `MIN_ROOM` is left.
-const READ_SIZE: usize = 64 * 1024;
-const MIN_ROOM: usize = 8 * 1024;
+/// The room a read asks for starts at `READ_MIN` and doubles, up to `READ_MAX`, each time a read
+/// fills it (a busy upstream), halving again when reads bring little: a quiet stream holds a
+/// few KiB, not 64.
+const READ_MIN: usize = 4 * 1024;
+const READ_MAX: usize = 64 * 1024;
+/// The most interim (1xx) responses before the final one.
+const MAX_INTERIM: usize = 16;
 /// A request body of a known length up to this is sent in one write with its head, and the
 /// request can be retried on a fresh connection when a pooled one turns out closed.
 const BUFFERED_BODY: u64 = 64 * 1024;
@@ -125,10 +129,16 @@ impl Pool {
 
     fn checkin(&self, io: TcpStream) {
         let mut idle = self.lock();
-        idle.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+        Self::expire(&mut idle);
         if idle.len() < self.max_idle {
             idle.push((io, Instant::now()));
         }
+    }
+
+    /// Closes the connections idle for `IDLE_FOR` or more: the oldest, at the front.
+    fn expire(idle: &mut Vec<(TcpStream, Instant)>) {
+        let expired = idle.partition_point(|(_, since)| since.elapsed() >= IDLE_FOR);
+        idle.drain(..expired);
     }
 }
 
@@ -153,15 +163,30 @@ fn is_open(io: &TcpStream) -> bool {
 }
 
 impl Client {
-    /// A client of `upstream`; at most `max_idle` connections wait in its pool.
+    /// A client of `upstream`; at most `max_idle` connections wait in its pool. Within a tokio
+    /// runtime, a task closes the expired idle connections every `IDLE_FOR`, requests or not, for
+    /// as long as the client lives.
     pub(crate) fn new(upstream: Upstream, connect_timeout: Duration, max_idle: usize) -> Self {
+        let pool = Arc::new(Pool {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = Arc::downgrade(&pool);
+            runtime.spawn(async move {
+                let mut every = tokio::time::interval(IDLE_FOR);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    let Some(pool) = pool.upgrade() else { return };
+                    Pool::expire(&mut pool.lock());
+                }
+            });
+        }
         Self {
             upstream,
             connect_timeout,
-            pool: Arc::new(Pool {
-                idle: Mutex::new(Vec::new()),
-                max_idle,
-            }),
+            pool,
         }
     }
 
@@ -239,37 +264,39 @@ impl Client {
             Some(io) => io,
             None => self.connect().await?,
         };
-        let chunked = body.size_hint().exact().is_none();
-        if chunked {
-            head.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
-        } else {
-            let len = body.size_hint().lower();
-            head.extend_from_slice(format!("content-length: {len}\r\n\r\n").as_bytes());
-        }
-        io.write_all(&head).await.map_err(SendError::BeforeHead)?;
-        while let Some(frame) = body.as_mut().frame().await {
-            let frame = frame.map_err(|err| SendError::RequestBody(err.into()))?;
-            let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) else {
-                continue;
-            };
-            if chunked {
-                io.write_all(format!("{:x}\r\n", data.len()).as_bytes())
-                    .await
-                    .map_err(SendError::BeforeHead)?;
-            }
-            io.write_all(data).await.map_err(SendError::BeforeHead)?;
-            if chunked {
-                io.write_all(b"\r\n").await.map_err(SendError::BeforeHead)?;
+        let declared = body.size_hint().exact();
+        match declared {
+            None => head.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n"),
+            Some(len) => {
+                head.extend_from_slice(format!("content-length: {len}\r\n\r\n").as_bytes())
             }
         }
-        if chunked {
-            io.write_all(b"0\r\n\r\n")
-                .await
-                .map_err(SendError::BeforeHead)?;
-        }
-        read_head(io, BytesMut::new(), &parts.method, &self.pool)
-            .await
-            .map_err(|(err, _)| SendError::BeforeHead(err))
+        let mut read = Reading::default();
+        // The response head is read while the body is sent: an upstream may answer (a 413, a
+        // 401) before it has read the whole body, and then stop reading or close.
+        let (head, early) = {
+            let (reader, mut writer) = io.split();
+            let reading = read.head(reader.as_ref(), &parts.method);
+            let sending = send_body(&mut writer, &head, body, declared);
+            tokio::pin!(reading, sending);
+            tokio::select! {
+                biased;
+                head = &mut reading => (head, true),
+                sent = &mut sending => match sent {
+                    Ok(()) => (reading.await, false),
+                    // The upstream stopped taking the body: it may have answered first.
+                    Err(SendError::BeforeHead(err)) => match reading.await {
+                        Ok(head) => (Ok(head), true),
+                        Err(_) => return Err(SendError::BeforeHead(err)),
+                    },
+                    Err(err) => return Err(err),
+                },
+            }
+        };
+        let (res, mut framing) = head.map_err(|(err, _)| SendError::BeforeHead(err))?;
+        // The rest of the request body was never sent: the connection cannot carry another.
+        framing.reusable &= !early;
+        Ok(res.map(|()| UpstreamResponseBody::new(io, read, framing, &self.pool)))
     }
 
     /// Writes `request` (head and body) on `io` and reads the response head. `retry`: whether a
@@ -281,13 +308,18 @@ impl Client {
         parts: &http::request::Parts,
         retry: bool,
     ) -> Result<Response<UpstreamResponseBody>, Retry> {
-        if let Err(err) = io.write_all(request).await {
-            // Not taken whole: the upstream had closed the connection.
-            return Err(Retry::before_response(err, 0, true));
-        }
-        read_head(io, BytesMut::new(), &parts.method, &self.pool)
-            .await
-            .map_err(|(err, got)| Retry::before_response(err, got, retry))
+        let mut read = Reading::default();
+        let written = io.write_all(request).await;
+        let head = read.head(&io, &parts.method).await;
+        let whole = written.is_ok();
+        let (res, mut framing) = match (written, head) {
+            (Ok(()), head) => head.map_err(|(err, got)| Retry::before_response(err, got, retry))?,
+            // Not taken whole: the upstream had answered, or closed the connection.
+            (Err(_), Ok(head)) => head,
+            (Err(err), Err(_)) => return Err(Retry::before_response(err, 0, true)),
+        };
+        framing.reusable &= whole;
+        Ok(res.map(|()| UpstreamResponseBody::new(io, read, framing, &self.pool)))
     }
 }
 
@@ -366,82 +398,176 @@ fn request_head(parts: &http::request::Parts) -> Vec<u8> {
     head
 }
 
-/// Reads into the room left in `buf` (growing it when little is left): the number of bytes read,
-/// 0 at the end of the stream.
-fn poll_fill(io: &TcpStream, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-    if buf.capacity() - buf.len() < MIN_ROOM {
-        buf.reserve(READ_SIZE);
+/// Sends the head and then the body of a request whose body is streamed: with
+/// `Content-Length: declared`, or chunked when `declared` is `None`. A body that is longer or
+/// shorter than it declared fails (it would leave the connection out of step).
+async fn send_body<B>(
+    io: &mut tokio::net::tcp::WriteHalf<'_>,
+    head: &[u8],
+    body: Pin<&mut B>,
+    declared: Option<u64>,
+) -> Result<(), SendError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = body;
+    io.write_all(head).await.map_err(SendError::BeforeHead)?;
+    let mut sent = 0u64;
+    let mut piece = Vec::new();
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|err| SendError::RequestBody(err.into()))?;
+        let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) else {
+            continue;
+        };
+        sent += data.len() as u64;
+        if declared.is_some_and(|len| sent > len) {
+            return Err(SendError::RequestBody(
+                "the request body is longer than its length".into(),
+            ));
+        }
+        if declared.is_some() {
+            io.write_all(data).await.map_err(SendError::BeforeHead)?;
+        } else {
+            // One write a chunk: size line, data and CRLF.
+            piece.clear();
+            piece.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            piece.extend_from_slice(data);
+            piece.extend_from_slice(b"\r\n");
+            io.write_all(&piece).await.map_err(SendError::BeforeHead)?;
+        }
     }
-    loop {
-        ready!(io.poll_read_ready(cx))?;
-        match io.try_read_buf(buf) {
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-            done => return Poll::Ready(done),
+    match declared {
+        Some(len) if sent != len => Err(SendError::RequestBody(
+            "the request body is shorter than its length".into(),
+        )),
+        Some(_) => Ok(()),
+        None => io
+            .write_all(b"0\r\n\r\n")
+            .await
+            .map_err(SendError::BeforeHead),
+    }
+}
+
+/// What has been read from an upstream connection and not yet used, and how much room the next
+/// read asks for.
+#[derive(Debug)]
+struct Reading {
+    buf: BytesMut,
+    size: usize,
+}
+
+impl Default for Reading {
+    fn default() -> Self {
+        Self {
+            buf: BytesMut::new(),
+            size: READ_MIN,
         }
     }
 }
 
-/// Reads the response head (skipping interim 1xx responses) from `io`, `buf` holding what was
-/// read already. On failure, how many bytes of a response had arrived.
-async fn read_head(
-    io: TcpStream,
-    mut buf: BytesMut,
-    method: &Method,
-    pool: &Arc<Pool>,
-) -> Result<Response<UpstreamResponseBody>, (io::Error, usize)> {
-    let mut got = 0;
-    // The head is parsed only once its end has arrived: a head dribbled a byte at a time would
-    // otherwise be parsed from its start at every read (quadratic in its length). `searched`:
-    // how far the buffer has been looked at for the end.
-    let mut searched: usize = 0;
-    loop {
-        let from = searched.saturating_sub(3);
-        searched = buf.len();
-        if memchr::memmem::find(&buf[from..], b"\n\r\n").is_none()
-            && memchr::memmem::find(&buf[from..], b"\n\n").is_none()
-        {
-            if buf.len() >= MAX_HEAD {
-                return Err((invalid("a response head over 64 KiB"), got));
-            }
-            let n = std::future::poll_fn(|cx| poll_fill(&io, &mut buf, cx))
-                .await
-                .map_err(|err| (err, got))?;
-            if n == 0 {
-                return Err((
-                    io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the upstream closed the connection before its response head",
-                    ),
-                    got,
-                ));
-            }
-            got += n;
-            continue;
+impl Reading {
+    /// Reads into the room left in the buffer (growing it when less than half a read is left):
+    /// the number of bytes read, 0 at the end of the stream.
+    fn poll_fill(&mut self, io: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < self.size / 2 {
+            self.buf.reserve(self.size);
         }
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        match parsed.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let code = parsed.code.unwrap_or(0);
-                if (100..200).contains(&code) && code != 101 {
-                    // 100 Continue, 103 Early Hints: the final response follows.
-                    buf.advance(len);
-                    searched = 0;
-                    continue;
+        let room = self.buf.capacity() - self.buf.len();
+        loop {
+            ready!(io.poll_read_ready(cx))?;
+            match io.try_read_buf(&mut self.buf) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                Ok(n) => {
+                    if n == room {
+                        self.size = (self.size * 2).min(READ_MAX);
+                    } else if n < self.size / 8 {
+                        self.size = (self.size / 2).max(READ_MIN);
+                    }
+                    return Poll::Ready(Ok(n));
                 }
-                let res = response(&parsed, method).map_err(|err| (err, got))?;
-                buf.advance(len);
-                let (res, framing) = res;
-                return Ok(res.map(|()| UpstreamResponseBody::new(io, buf, framing, pool)));
+                Err(err) => return Poll::Ready(Err(err)),
             }
-            // An end of line followed by an empty one that is not the head's end (inside a
-            // field value, say) cannot be: such a head is malformed.
-            Ok(httparse::Status::Partial) => {
-                return Err((invalid("a malformed response head"), got));
-            }
-            Err(err) => return Err((invalid(format!("a malformed response head: {err}")), got)),
         }
     }
+
+    /// Reads the response head (skipping up to `MAX_INTERIM` interim 1xx responses). On
+    /// failure, how many bytes had arrived.
+    async fn head(
+        &mut self,
+        io: &TcpStream,
+        method: &Method,
+    ) -> Result<(Response<()>, Framing), (io::Error, usize)> {
+        let mut got = 0;
+        let mut interim = 0;
+        // The head is parsed only once its end has arrived, and each byte is looked at for that
+        // end once or twice: a head dribbled a byte at a time is not parsed again at every
+        // read (quadratic in its length).
+        let mut searched: usize = 0;
+        loop {
+            if !has_head_end(&self.buf, searched.saturating_sub(2)) {
+                searched = self.buf.len();
+                if self.buf.len() >= MAX_HEAD {
+                    return Err((invalid("a response head over 64 KiB"), got));
+                }
+                let n = std::future::poll_fn(|cx| self.poll_fill(io, cx))
+                    .await
+                    .map_err(|err| (err, got))?;
+                if n == 0 {
+                    return Err((
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the upstream closed the connection before its response head",
+                        ),
+                        got,
+                    ));
+                }
+                got += n;
+                continue;
+            }
+            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut fields);
+            match parsed.parse(&self.buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let code = parsed.code.unwrap_or(0);
+                    if (100..200).contains(&code) && code != 101 {
+                        // 100 Continue, 103 Early Hints: the final response follows.
+                        interim += 1;
+                        if interim > MAX_INTERIM {
+                            return Err((invalid("more than 16 interim responses"), got));
+                        }
+                        self.buf.advance(len);
+                        searched = 0;
+                        continue;
+                    }
+                    let head = response(&parsed, method).map_err(|err| (err, got))?;
+                    self.buf.advance(len);
+                    return Ok(head);
+                }
+                // An empty line that httparse does not take for the head's end.
+                Ok(httparse::Status::Partial) => {
+                    return Err((invalid("a malformed response head"), got));
+                }
+                Err(err) => {
+                    return Err((invalid(format!("a malformed response head: {err}")), got))
+                }
+            }
+        }
+    }
+}
+
+/// Whether `buf`, looked at from `from` on, holds the empty line that ends a head: a LF followed
+/// by LF or CRLF.
+fn has_head_end(buf: &[u8], from: usize) -> bool {
+    let mut at = from;
+    while let Some(found) = memchr::memchr(b'\n', &buf[at..]) {
+        let lf = at + found;
+        match buf.get(lf + 1..) {
+            Some([b'\n', ..] | [b'\r', b'\n', ..]) => return true,
+            _ => at = lf + 1,
+        }
+    }
+    false
 }
 
 /// How a response body is delimited (RFC 9112 section 6.3), and whether its connection may serve
@@ -487,25 +613,38 @@ fn response(
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .any(|token| trim_ows(token).eq_ignore_ascii_case(b"close"));
-    let reusable = http11 && !close;
     let no_body = *method == Method::HEAD
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
+    // Not reused after a response without a body either: a broken upstream that sends one all
+    // the same would have it taken for the next request's response.
+    let reusable = http11 && !close && !no_body;
     let kind = if no_body {
         Kind::Length(0)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
-        let last = headers
+        // RFC 9112 section 6.3: with both, the framing is ambiguous (the mark of response
+        // splitting), and a coding other than chunked would be forwarded still applied. Both are
+        // refused rather than guessed at, as is a transfer coding in HTTP/1.0, which has none.
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(invalid("both Transfer-Encoding and Content-Length"));
+        }
+        if !http11 {
+            return Err(invalid("Transfer-Encoding in an HTTP/1.0 response"));
+        }
+        let mut codings = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
             .map(trim_ows)
-            .rfind(|coding| !coding.is_empty());
-        if last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")) {
-            Kind::Chunked(Decoder::default())
-        } else {
-            // RFC 9112 section 6.3: read until the connection closes.
-            Kind::Close
+            .filter(|coding| !coding.is_empty());
+        let only_chunked = codings
+            .next()
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
+            && codings.next().is_none();
+        if !only_chunked {
+            return Err(invalid("a transfer coding other than chunked"));
         }
+        Kind::Chunked(Decoder::default())
     } else if let Some(len) = content_length(&headers)? {
         Kind::Length(len)
     } else {
@@ -544,7 +683,9 @@ fn content_length(headers: &HeaderMap) -> io::Result<Option<u64>> {
 /// each read brings as one frame (see the [module](self)).
 pub struct UpstreamResponseBody {
     io: Option<TcpStream>,
-    buf: BytesMut,
+    read: Reading,
+    /// The body failed: every later poll fails too, never ends cleanly.
+    failed: bool,
     kind: Kind,
     reusable: bool,
     /// A frame was just yielded: hyper writes it before the socket is read again.
@@ -556,16 +697,17 @@ impl fmt::Debug for UpstreamResponseBody {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UpstreamResponseBody")
             .field("kind", &self.kind)
-            .field("buffered", &self.buf.len())
+            .field("buffered", &self.read.buf.len())
             .finish_non_exhaustive()
     }
 }
 
 impl UpstreamResponseBody {
-    fn new(io: TcpStream, buf: BytesMut, framing: Framing, pool: &Arc<Pool>) -> Self {
+    fn new(io: TcpStream, read: Reading, framing: Framing, pool: &Arc<Pool>) -> Self {
         let mut body = Self {
             io: Some(io),
-            buf,
+            read,
+            failed: false,
             kind: framing.kind,
             reusable: framing.reusable,
             yielded: false,
@@ -581,16 +723,24 @@ impl UpstreamResponseBody {
     fn finish(&mut self) {
         self.kind = Kind::Length(0);
         if let Some(io) = self.io.take() {
-            if self.reusable && self.buf.is_empty() {
+            if self.reusable && self.read.buf.is_empty() {
                 self.pool.checkin(io);
             }
         }
-        self.buf = BytesMut::new();
+        self.read.buf = BytesMut::new();
+    }
+
+    /// The body failed with `err`: its connection is closed, and it stays failed.
+    fn fail(&mut self, err: io::Error) -> io::Error {
+        self.io = None;
+        self.failed = true;
+        self.read.buf = BytesMut::new();
+        err
     }
 
     /// What is buffered, decoded: `None` when nothing is.
     fn decode(&mut self) -> io::Result<Option<Bytes>> {
-        if self.buf.is_empty() {
+        if self.read.buf.is_empty() {
             return Ok(None);
         }
         let data = match &mut self.kind {
@@ -600,26 +750,27 @@ impl UpstreamResponseBody {
                 return Ok(None);
             }
             Kind::Length(left) => {
-                let n = usize::try_from(*left).map_or(self.buf.len(), |l| l.min(self.buf.len()));
+                let n = usize::try_from(*left)
+                    .map_or(self.read.buf.len(), |l| l.min(self.read.buf.len()));
                 *left -= n as u64;
-                let data = self.buf.split_to(n).freeze();
+                let data = self.read.buf.split_to(n).freeze();
                 if *left == 0 {
                     self.finish();
                 }
                 data
             }
             Kind::Chunked(decoder) => {
-                let decoded = decoder.decode(&mut self.buf).map_err(invalid)?;
+                let decoded = decoder.decode(&mut self.read.buf).map_err(invalid)?;
                 let done = decoder.is_done();
-                self.buf.advance(decoded.start);
-                let data = self.buf.split_to(decoded.end - decoded.start).freeze();
-                self.buf.advance(decoded.consumed - decoded.end);
+                self.read.buf.advance(decoded.start);
+                let data = self.read.buf.split_to(decoded.end - decoded.start).freeze();
+                self.read.buf.advance(decoded.consumed - decoded.end);
                 if done {
                     self.finish();
                 }
                 data
             }
-            Kind::Close => self.buf.split().freeze(),
+            Kind::Close => self.read.buf.split().freeze(),
         };
         Ok(Some(data))
     }
@@ -634,6 +785,11 @@ impl Body for UpstreamResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = &mut *self;
+        if this.failed {
+            return Poll::Ready(Some(Err(io::Error::other(
+                "the upstream's response body failed",
+            ))));
+        }
         loop {
             match this.decode() {
                 Ok(Some(data)) if !data.is_empty() => {
@@ -641,10 +797,7 @@ impl Body for UpstreamResponseBody {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Ok(_) => {}
-                Err(err) => {
-                    this.io = None;
-                    return Poll::Ready(Some(Err(err)));
-                }
+                Err(err) => return Poll::Ready(Some(Err(this.fail(err)))),
             }
             let Some(io) = this.io.as_ref() else {
                 return Poll::Ready(None);
@@ -655,23 +808,20 @@ impl Body for UpstreamResponseBody {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            match ready!(poll_fill(io, &mut this.buf, cx)) {
-                Ok(0) => {
+            match ready!(this.read.poll_fill(io, cx)) {
+                Ok(0) if matches!(this.kind, Kind::Close) => {
                     this.io = None;
-                    if matches!(this.kind, Kind::Close) {
-                        this.kind = Kind::Length(0);
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Err(io::Error::new(
+                    this.kind = Kind::Length(0);
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    return Poll::Ready(Some(Err(this.fail(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "the upstream closed the connection before the end of the response body",
-                    ))));
+                    )))));
                 }
                 Ok(_) => {}
-                Err(err) => {
-                    this.io = None;
-                    return Poll::Ready(Some(Err(err)));
-                }
+                Err(err) => return Poll::Ready(Some(Err(this.fail(err)))),
             }
         }
     }
@@ -871,7 +1021,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_is_reused_only_after_a_complete_response_that_does_not_close_it() {
-        let cases: [(&'static [u8], usize); 4] = [
+        let cases: [(&'static [u8], usize); 6] = [
             (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1),
             (
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
@@ -882,6 +1032,12 @@ mod tests {
                 3,
             ),
             (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", 3),
+            // Bytes after the body: they would be read as the next request's response.
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokXX", 3),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+                3,
+            ),
         ];
         for (reply, connections) in cases {
             let (client, accepted) = upstream(answering(reply)).await;
@@ -921,7 +1077,10 @@ mod tests {
         let mut body = Box::pin(res.into_body());
         body.frame().await.unwrap().unwrap();
         drop(body);
-        saw_close.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), saw_close)
+            .await
+            .expect("the upstream connection was closed")
+            .unwrap();
         client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
@@ -1020,7 +1179,8 @@ mod tests {
                 assert!(res.body().is_end_stream());
                 assert!(frames(res.into_body()).await.unwrap().is_empty());
             }
-            assert_eq!(accepted.load(Ordering::SeqCst), 1);
+            // Not reused: a body the upstream sent all the same would answer the next request.
+            assert_eq!(accepted.load(Ordering::SeqCst), 2);
         }
     }
 
@@ -1049,19 +1209,29 @@ mod tests {
             huge.extend_from_slice(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
         }
         let huge: &'static [u8] = huge.leak();
+        let interim: &'static [u8] = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(17).leak();
         for reply in [
             &b"SSH-2.0-OpenSSH\r\n\r\n"[..],
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
             b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
             b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",
+            // Response splitting: which framing is the upstream's?
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxx",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            interim,
             huge,
         ] {
             let (client, _) = upstream(answering(reply)).await;
-            let err = client
-                .send(&get("/"), Empty::<Bytes>::new())
+            let parts = get("/");
+            let sent = client.send(&parts, Empty::<Bytes>::new());
+            let err = tokio::time::timeout(Duration::from_secs(5), sent)
                 .await
+                .expect("an answer")
                 .unwrap_err();
-            assert!(matches!(err, SendError::BeforeHead(_)), "{err:?}");
+            let what = String::from_utf8_lossy(&reply[..reply.len().min(80)]);
+            assert!(matches!(err, SendError::BeforeHead(_)), "{what}: {err:?}");
         }
     }
 
@@ -1116,5 +1286,128 @@ mod tests {
             requests.recv().await.unwrap(),
             b"GET /v1/models HTTP/1.1\r\n\r\n"
         );
+    }
+
+    /// A streamed request body of `len` bytes, of unknown length.
+    fn upload(len: usize) -> impl Body<Data = Bytes, Error = io::Error> {
+        let piece = Bytes::from(vec![b'x'; 16 * 1024]);
+        let pieces = (0..len / piece.len()).map(move |_| Ok(Frame::data(piece.clone())));
+        StreamBody::new(futures_util::stream::iter(pieces))
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_request_body_is_sent_is_the_response() {
+        for close in [true, false] {
+            let (client, _) = upstream(move |_, mut io| async move {
+                // The head only, then the refusal; then close, or stop reading and wait.
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0];
+                    io.read_exact(&mut byte).await.unwrap();
+                    head.push(byte[0]);
+                }
+                io.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 3\r\n\r\nbig")
+                    .await
+                    .unwrap();
+                if !close {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            })
+            .await;
+            let parts = post("/upload");
+            let sent = client.send(&parts, upload(16 << 20));
+            let res = tokio::time::timeout(Duration::from_secs(10), sent)
+                .await
+                .unwrap_or_else(|_| panic!("no answer (close: {close})"))
+                .unwrap();
+            assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+            assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"big");
+        }
+    }
+
+    /// A body whose length is not the one it declared.
+    struct Lying(Option<Bytes>, u64);
+
+    impl Body for Lying {
+        type Data = Bytes;
+        type Error = io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+            Poll::Ready(self.0.take().map(|data| Ok(Frame::data(data))))
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.1)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_body_that_is_not_its_declared_length_fails() {
+        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        let (client, _) = upstream(answering(reply)).await;
+        for (len, declared) in [(10, 100_000), (100_010, 100_000), (10, 5), (3, 5)] {
+            let body = Lying(Some(Bytes::from(vec![b'x'; len])), declared);
+            let err = client.send(&post("/"), body).await.unwrap_err();
+            assert!(
+                matches!(err, SendError::RequestBody(_)),
+                "{len}/{declared}: {err:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_body_stays_failed() {
+        let reply = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n";
+        let (client, _) = upstream(answering(reply)).await;
+        let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        let mut body = Box::pin(res.into_body());
+        assert!(body.frame().await.unwrap().is_err());
+        assert!(body.frame().await.unwrap().is_err(), "never a clean end");
+    }
+
+    #[tokio::test]
+    async fn a_quiet_stream_holds_a_small_buffer_and_a_busy_one_reads_more_at_once() {
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let wait = Mutex::new(Some(wait));
+        let (client, _) = upstream(move |_, mut io| {
+            let wait = wait.lock().unwrap().take().unwrap();
+            async move {
+                read_request(&mut io).await;
+                io.write_all(SSE_HEAD).await.unwrap();
+                for _ in 0..20 {
+                    io.write_all(&chunks(&[b"data: 1\n\n"])).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                wait.await.unwrap();
+                let big = vec![b'y'; 1 << 20];
+                io.write_all(&chunks(&[&big])).await.unwrap();
+                io.write_all(b"0\r\n\r\n").await.unwrap();
+            }
+        })
+        .await;
+        let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+        let mut body = Box::pin(res.into_body());
+        let mut got = 0;
+        while got < 20 * 9 {
+            got += body
+                .frame()
+                .await
+                .unwrap()
+                .unwrap()
+                .into_data()
+                .unwrap()
+                .len();
+        }
+        let held = body.read.buf.capacity();
+        assert!(held <= 2 * READ_MIN, "a quiet stream holds {held} bytes");
+        go.send(()).unwrap();
+        let mut largest = 0;
+        while let Some(frame) = body.frame().await {
+            largest = largest.max(frame.unwrap().into_data().unwrap().len());
+        }
+        assert!(largest > READ_MIN, "reads grew: {largest}");
     }
 }
