@@ -27,6 +27,7 @@
 pub(crate) mod chunked;
 
 use std::fmt;
+use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -38,7 +39,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use crate::cli::args::Upstream;
@@ -276,7 +277,8 @@ impl Client {
         // 401) before it has read the whole body, and then stop reading or close.
         let (head, early) = {
             let (reader, mut writer) = io.split();
-            let reading = read.head(reader.as_ref(), &parts.method);
+            let mut reader = reader;
+            let reading = read.head(&mut reader, &parts.method);
             let sending = send_body(&mut writer, &head, body, declared);
             tokio::pin!(reading, sending);
             tokio::select! {
@@ -310,7 +312,7 @@ impl Client {
     ) -> Result<Response<UpstreamResponseBody>, Retry> {
         let mut read = Reading::default();
         let written = io.write_all(request).await;
-        let head = read.head(&io, &parts.method).await;
+        let head = read.head(&mut io, &parts.method).await;
         let whole = written.is_ok();
         let (res, mut framing) = match (written, head) {
             (Ok(()), head) => head.map_err(|(err, got)| Retry::before_response(err, got, retry))?,
@@ -469,33 +471,32 @@ impl Default for Reading {
 impl Reading {
     /// Reads into the room left in the buffer (growing it when less than half a read is left):
     /// the number of bytes read, 0 at the end of the stream.
-    fn poll_fill(&mut self, io: &TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    ///
+    /// Through tokio's `AsyncRead`, which takes a read that did not fill the room for the socket
+    /// drained: the next read waits for the socket to be readable again instead of trying (and
+    /// finding nothing) at once.
+    fn poll_fill<R>(&mut self, io: &mut R, cx: &mut Context<'_>) -> Poll<io::Result<usize>>
+    where
+        R: AsyncRead + Unpin,
+    {
         if self.buf.capacity() - self.buf.len() < self.size / 2 {
             self.buf.reserve(self.size);
         }
         let room = self.buf.capacity() - self.buf.len();
-        loop {
-            ready!(io.poll_read_ready(cx))?;
-            match io.try_read_buf(&mut self.buf) {
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-                Ok(n) => {
-                    if n == room {
-                        self.size = (self.size * 2).min(READ_MAX);
-                    } else if n < self.size / 8 {
-                        self.size = (self.size / 2).max(READ_MIN);
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(err) => return Poll::Ready(Err(err)),
-            }
+        let n = ready!(std::pin::pin!(io.read_buf(&mut self.buf)).poll(cx))?;
+        if n == room {
+            self.size = (self.size * 2).min(READ_MAX);
+        } else if n < self.size / 8 {
+            self.size = (self.size / 2).max(READ_MIN);
         }
+        Poll::Ready(Ok(n))
     }
 
     /// Reads the response head (skipping up to `MAX_INTERIM` interim 1xx responses). On
     /// failure, how many bytes had arrived.
-    async fn head(
+    async fn head<R: AsyncRead + Unpin>(
         &mut self,
-        io: &TcpStream,
+        io: &mut R,
         method: &Method,
     ) -> Result<(Response<()>, Framing), (io::Error, usize)> {
         let mut got = 0;
@@ -799,7 +800,7 @@ impl Body for UpstreamResponseBody {
                 Ok(_) => {}
                 Err(err) => return Poll::Ready(Some(Err(this.fail(err)))),
             }
-            let Some(io) = this.io.as_ref() else {
+            let Some(io) = this.io.as_mut() else {
                 return Poll::Ready(None);
             };
             if this.yielded {
