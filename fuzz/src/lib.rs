@@ -6,6 +6,7 @@ pub mod model;
 
 pub mod body;
 pub mod case;
+pub mod chunked;
 pub mod filter;
 pub mod json;
 pub mod module;
