@@ -10,6 +10,8 @@
 #![cfg(feature = "envoy")]
 
 mod common;
+#[cfg(any(feature = "tracing", feature = "cli"))]
+mod logs;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -1514,12 +1516,10 @@ async fn sequences_that_cannot_be_judged_fail_the_stream() {
 /// (the `tracing` feature or `cli` brings the `tracing` crate).
 #[cfg(any(feature = "tracing", feature = "cli"))]
 mod observability_log {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
     use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
     use tracing::subscriber::DefaultGuard;
 
+    use super::logs::Captured;
     use super::*;
 
     /// Opens a stream in observability mode on `client` and waits for its status.
@@ -1544,42 +1544,22 @@ mod observability_log {
         }
     }
 
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+    /// Captures what is logged at `error` on this thread until the guard is dropped: a
+    /// `current_thread` test runtime runs the server's tasks on it too.
+    fn errors() -> (Captured, DefaultGuard) {
+        let captured = Captured::default();
+        let guard = tracing::subscriber::set_default(captured.subscriber(tracing::Level::ERROR));
+        (captured, guard)
     }
 
-    impl Captured {
-        /// Captures what is logged at `error` on this thread until the guard is dropped: a
-        /// `current_thread` test runtime runs the server's tasks on it too.
-        fn errors() -> (Self, DefaultGuard) {
-            let captured = Captured::default();
-            let writer = captured.clone();
-            let subscriber = tracing_subscriber::fmt()
-                .with_max_level(tracing::Level::ERROR)
-                .with_ansi(false)
-                .with_writer(move || writer.clone())
-                .finish();
-            (captured, tracing::subscriber::set_default(subscriber))
-        }
-
-        /// The lines about observability mode.
-        fn observability_lines(&self) -> Vec<String> {
-            String::from_utf8(self.0.lock().unwrap().clone())
-                .unwrap()
-                .lines()
-                .filter(|line| line.contains("observability_mode"))
-                .map(str::to_owned)
-                .collect()
-        }
+    /// The lines about observability mode.
+    fn observability_lines(captured: &Captured) -> Vec<String> {
+        captured
+            .text()
+            .lines()
+            .filter(|line| line.contains("observability_mode"))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Envoy in observability mode sends every HTTP request as a stream on a few HTTP/2
@@ -1588,7 +1568,7 @@ mod observability_log {
     /// per client port.
     #[tokio::test(flavor = "current_thread")]
     async fn observability_mode_is_logged_once_per_connection() {
-        let (captured, _guard) = Captured::errors();
+        let (captured, _guard) = errors();
         let server = start(ExtProc::new(BypassMarkerLayer::dynamo())).await;
         let mut first = server.client().await;
         let mut statuses = Vec::new();
@@ -1604,7 +1584,7 @@ mod observability_log {
         drop((first, second));
         server.stop().await;
 
-        let lines = captured.observability_lines();
+        let lines = observability_lines(&captured);
         assert_eq!(lines.len(), 2, "{lines:#?}");
         let peers: Vec<&str> = lines
             .iter()
@@ -1631,7 +1611,7 @@ mod observability_log {
     /// generated server, and names the peer from tonic's `TcpConnectInfo`.
     #[tokio::test(flavor = "current_thread")]
     async fn observability_mode_is_logged_once_per_processor_in_a_server_of_your_own() {
-        let (captured, _guard) = Captured::errors();
+        let (captured, _guard) = errors();
         let lean = start_own(ExtProc::new(BypassMarkerLayer::new()).into_service()).await;
         let generated = start_own(ExternalProcessorServer::new(ExtProc::new(
             BypassMarkerLayer::new(),
@@ -1649,7 +1629,7 @@ mod observability_log {
         lean.stop().await;
         generated.stop().await;
 
-        let lines = captured.observability_lines();
+        let lines = observability_lines(&captured);
         assert_eq!(lines.len(), 2, "{lines:#?}");
         for line in &lines {
             assert!(line.contains("peer=127.0.0.1:"), "{line}");

@@ -2,31 +2,18 @@
 #![cfg(feature = "tracing")]
 
 mod bodies;
+mod logs;
 
 use std::future::Future;
-use std::io::Write;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use bodies::{data, response, Gated};
 use http::Request;
 use http_body::Body;
+use logs::Captured;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::BypassMarkerLayer;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn ready<F: Future>(f: F) -> F::Output {
     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
@@ -70,15 +57,8 @@ fn removed_frames_and_the_summary_are_logged_at_debug() {
 /// Runs `f` with a debug-level subscriber and returns what it logged.
 fn logged(f: impl FnOnce()) -> String {
     let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let log = captured.0.lock().unwrap().clone();
-    String::from_utf8(log).unwrap()
+    tracing::subscriber::with_default(captured.subscriber(tracing::Level::DEBUG), f);
+    captured.text()
 }
 
 /// A filtered body over `chunks`, polled until it waits for more (`close`: until its end), then
