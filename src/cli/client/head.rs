@@ -1,0 +1,208 @@
+//! The response head, parsed (httparse), and how its body is framed.
+
+use std::io;
+
+use bytes::Buf as _;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode, Version};
+use tokio::io::AsyncRead;
+
+use super::chunked::Decoder;
+use super::reading::Reading;
+use super::{invalid, trim_ows};
+
+/// The longest response head accepted, and the most header fields.
+pub(super) const MAX_HEAD: usize = 64 * 1024;
+pub(super) const MAX_HEADERS: usize = 128;
+
+/// The most interim (1xx) responses before the final one.
+pub(super) const MAX_INTERIM: usize = 16;
+
+impl Reading {
+    /// Reads the response head (skipping up to `MAX_INTERIM` interim 1xx responses). On
+    /// failure, how many bytes had arrived.
+    pub(super) async fn head<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        method: &Method,
+    ) -> Result<(Response<()>, Framing), (io::Error, usize)> {
+        let mut got = 0;
+        let mut interim = 0;
+        // The head is parsed only once its end has arrived, and each byte is looked at for that
+        // end once or twice: a head dribbled a byte at a time is not parsed again at every
+        // read (quadratic in its length).
+        let mut searched: usize = 0;
+        loop {
+            if !has_head_end(&self.buf, searched.saturating_sub(2)) {
+                searched = self.buf.len();
+                if self.buf.len() >= MAX_HEAD {
+                    return Err((invalid("a response head over 64 KiB"), got));
+                }
+                let n = std::future::poll_fn(|cx| self.poll_fill(io, cx))
+                    .await
+                    .map_err(|err| (err, got))?;
+                if n == 0 {
+                    return Err((
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the upstream closed the connection before its response head",
+                        ),
+                        got,
+                    ));
+                }
+                got += n;
+                continue;
+            }
+            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut fields);
+            match parsed.parse(&self.buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let code = parsed.code.unwrap_or(0);
+                    if (100..200).contains(&code) && code != 101 {
+                        // 100 Continue, 103 Early Hints: the final response follows.
+                        interim += 1;
+                        if interim > MAX_INTERIM {
+                            return Err((invalid("more than 16 interim responses"), got));
+                        }
+                        self.buf.advance(len);
+                        searched = 0;
+                        continue;
+                    }
+                    let head = response(&parsed, method).map_err(|err| (err, got))?;
+                    self.buf.advance(len);
+                    return Ok(head);
+                }
+                // An empty line that httparse does not take for the head's end.
+                Ok(httparse::Status::Partial) => {
+                    return Err((invalid("a malformed response head"), got));
+                }
+                Err(err) => {
+                    return Err((invalid(format!("a malformed response head: {err}")), got))
+                }
+            }
+        }
+    }
+}
+
+/// Whether `buf`, looked at from `from` on, holds the empty line that ends a head: a LF followed
+/// by LF or CRLF.
+pub(super) fn has_head_end(buf: &[u8], from: usize) -> bool {
+    let mut at = from;
+    while let Some(found) = memchr::memchr(b'\n', &buf[at..]) {
+        let lf = at + found;
+        match buf.get(lf + 1..) {
+            Some([b'\n', ..] | [b'\r', b'\n', ..]) => return true,
+            _ => at = lf + 1,
+        }
+    }
+    false
+}
+
+/// How a response body is delimited (RFC 9112 section 6.3), and whether its connection may serve
+/// another request after it.
+#[derive(Debug)]
+pub(super) struct Framing {
+    pub(super) kind: Kind,
+    pub(super) reusable: bool,
+}
+
+#[derive(Debug)]
+pub(super) enum Kind {
+    /// This many bytes left.
+    Length(u64),
+    Chunked(Decoder),
+    /// Until the upstream closes the connection.
+    Close,
+}
+
+/// The response of a parsed head, and how its body is framed.
+pub(super) fn response(
+    parsed: &httparse::Response<'_, '_>,
+    method: &Method,
+) -> io::Result<(Response<()>, Framing)> {
+    let code = parsed.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| invalid("an invalid status code"))?;
+    if code == 101 {
+        return Err(invalid(
+            "101 Switching Protocols to a request that asked for none",
+        ));
+    }
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| invalid("an invalid header name"))?;
+        let value =
+            HeaderValue::from_bytes(field.value).map_err(|_| invalid("an invalid header value"))?;
+        headers.append(name, value);
+    }
+    let http11 = parsed.version == Some(1);
+    let close = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|token| trim_ows(token).eq_ignore_ascii_case(b"close"));
+    let no_body = *method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    // Not reused after a response without a body either: a broken upstream that sends one all
+    // the same would have it taken for the next request's response.
+    let reusable = http11 && !close && !no_body;
+    let kind = if no_body {
+        Kind::Length(0)
+    } else if headers.contains_key(header::TRANSFER_ENCODING) {
+        // RFC 9112 section 6.3: with both, the framing is ambiguous (the mark of response
+        // splitting), and a coding other than chunked would be forwarded still applied. Both are
+        // refused rather than guessed at, as is a transfer coding in HTTP/1.0, which has none.
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(invalid("both Transfer-Encoding and Content-Length"));
+        }
+        if !http11 {
+            return Err(invalid("Transfer-Encoding in an HTTP/1.0 response"));
+        }
+        let mut codings = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(trim_ows)
+            .filter(|coding| !coding.is_empty());
+        let only_chunked = codings
+            .next()
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
+            && codings.next().is_none();
+        if !only_chunked {
+            return Err(invalid("a transfer coding other than chunked"));
+        }
+        Kind::Chunked(Decoder::default())
+    } else if let Some(len) = content_length(&headers)? {
+        Kind::Length(len)
+    } else {
+        Kind::Close
+    };
+    let reusable = reusable && !matches!(kind, Kind::Close);
+    let mut res = Response::new(());
+    *res.status_mut() = status;
+    *res.version_mut() = Version::HTTP_11;
+    *res.headers_mut() = headers;
+    Ok((res, Framing { kind, reusable }))
+}
+
+/// The `Content-Length` of a response, if any: every value (and list element) must be the same
+/// number, else the body's end is ambiguous.
+pub(super) fn content_length(headers: &HeaderMap) -> io::Result<Option<u64>> {
+    let mut len = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let item = trim_ows(item);
+            let n = std::str::from_utf8(item)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| invalid("an invalid Content-Length"))?;
+            if len.is_some_and(|l| l != n) {
+                return Err(invalid("conflicting Content-Length values"));
+            }
+            len = Some(n);
+        }
+    }
+    Ok(len)
+}
