@@ -8,7 +8,10 @@
 //! so any split of the bytes decodes the same. Each byte is looked at once or moved once.
 //!
 //! Malformed or hostile framing is an error, never a guess: a size that is not hexadecimal or
-//! needs more than 64 bits, a missing CRLF, a chunk-size line or trailer section over its limit.
+//! needs more than 64 bits (leading zeros are no part of that: `000000000000000000A` is 10), a
+//! size followed by whitespace and then anything but `;` or CR (`2 x`), a missing CRLF, a
+//! chunk-size line or trailer section over its limit. The chunk-size line is read by hyper's rule
+//! (`hyper::proto::h1::decode`): digits, optional spaces or tabs, then extensions after `;`.
 
 use std::fmt;
 
@@ -20,12 +23,16 @@ pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
 /// Where the decoder is in the coding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Reading the hexadecimal chunk size; `digits` so far.
+    /// Reading the hexadecimal chunk size; whether a digit came yet.
     Size {
         value: u64,
-        digits: u8,
+        digits: bool,
     },
-    /// Past the size: whitespace or extensions until CR.
+    /// Spaces or tabs after the size: more of them, `;` or CR may follow, nothing else.
+    SizeLws {
+        value: u64,
+    },
+    /// Past a `;`: extensions until CR.
     Extension {
         value: u64,
     },
@@ -86,7 +93,7 @@ impl Default for Decoder {
         Self {
             state: State::Size {
                 value: 0,
-                digits: 0,
+                digits: false,
             },
             line: 0,
         }
@@ -147,7 +154,10 @@ impl Decoder {
     /// One byte outside a chunk's data.
     fn step(&mut self, byte: u8) -> Result<(), ChunkedError> {
         match self.state {
-            State::Size { .. } | State::Extension { .. } | State::SizeLf { .. } => {
+            State::Size { .. }
+            | State::SizeLws { .. }
+            | State::Extension { .. }
+            | State::SizeLf { .. } => {
                 self.line += 1;
                 if self.line > MAX_LINE {
                     return Err(ChunkedError("a chunk-size line over 4 KiB"));
@@ -162,28 +172,40 @@ impl Decoder {
             _ => {}
         }
         self.state = match (self.state, byte) {
-            (State::Size { value, digits }, _) if byte.is_ascii_hexdigit() => {
-                if digits == 16 {
+            (State::Size { value, .. }, _) if byte.is_ascii_hexdigit() => {
+                // Leading zeros are free; only a value past 64 bits is refused.
+                if value > u64::MAX >> 4 {
                     return Err(ChunkedError("a chunk size over 64 bits"));
                 }
                 let digit = (byte as char).to_digit(16).unwrap_or(0);
                 State::Size {
                     value: value << 4 | u64::from(digit),
-                    digits: digits + 1,
+                    digits: true,
                 }
             }
-            (State::Size { digits: 0, .. }, b'\r' | b'\n' | b' ' | b'\t' | b';') => {
+            (State::Size { digits: false, .. }, b'\r' | b'\n' | b' ' | b'\t' | b';') => {
                 return Err(ChunkedError("a chunk-size line without a size"))
             }
-            (State::Size { value, .. } | State::Extension { value }, b'\r') => {
-                State::SizeLf { value }
-            }
-            (State::Size { .. } | State::Extension { .. }, b'\n') => {
+            (
+                State::Size { value, .. } | State::SizeLws { value } | State::Extension { value },
+                b'\r',
+            ) => State::SizeLf { value },
+            (State::Size { .. } | State::SizeLws { .. } | State::Extension { .. }, b'\n') => {
                 return Err(ChunkedError("a chunk-size line ended by LF without CR"))
             }
-            (State::Size { value, .. }, b' ' | b'\t' | b';') => State::Extension { value },
+            (State::Size { value, .. } | State::SizeLws { value }, b' ' | b'\t') => {
+                State::SizeLws { value }
+            }
+            (State::Size { value, .. } | State::SizeLws { value }, b';') => {
+                State::Extension { value }
+            }
             (State::Size { .. }, _) => {
                 return Err(ChunkedError("a chunk size that is not hexadecimal"))
+            }
+            (State::SizeLws { .. }, _) => {
+                return Err(ChunkedError(
+                    "whitespace after a chunk size followed by no `;`",
+                ))
             }
             (State::Extension { value }, _) => State::Extension { value },
             (State::SizeLf { value }, b'\n') => {
@@ -201,7 +223,7 @@ impl Decoder {
             (State::DataCr, _) => return Err(ChunkedError("no CRLF after a chunk's data")),
             (State::DataLf, b'\n') => State::Size {
                 value: 0,
-                digits: 0,
+                digits: false,
             },
             (State::DataLf, _) => return Err(ChunkedError("no CRLF after a chunk's data")),
             (State::TrailerStart, b'\r') => State::EndLf,
@@ -318,6 +340,38 @@ mod tests {
         let (data, done, _) =
             decode_all(&[b"000000000000000A\r\n0123456789\r\n0\r\n\r\n"]).unwrap();
         assert_eq!((data.as_slice(), done), (&b"0123456789"[..], true));
+    }
+
+    /// hyper's rule: leading zeros count for nothing, only the value may not pass 64 bits.
+    #[test]
+    fn leading_zeros_are_accepted_however_many_as_hyper_does() {
+        let (data, done, _) =
+            decode_all(&[b"0000000000000000000000A\r\n0123456789\r\n00000000000000000\r\n\r\n"])
+                .unwrap();
+        assert_eq!((data.as_slice(), done), (&b"0123456789"[..], true));
+        assert_eq!(
+            decode_all(&[b"010000000000000000\r\n"]).unwrap_err(),
+            ChunkedError("a chunk size over 64 bits"),
+        );
+    }
+
+    /// hyper's rule: after the size, spaces or tabs, then `;` (an extension) or the CR.
+    #[test]
+    fn whitespace_after_a_size_is_followed_by_an_extension_or_the_line_end_only() {
+        let err = ChunkedError("whitespace after a chunk size followed by no `;`");
+        for bytes in [&b"2 x\r\nok\r\n0\r\n\r\n"[..], b"2\t1\r\n", b"2 \t=\r\n"] {
+            let what = String::from_utf8_lossy(bytes);
+            assert_eq!(decode_all(&[bytes]).unwrap_err(), err, "{what}");
+        }
+        for bytes in [
+            &b"2 \r\nok\r\n0\r\n\r\n"[..],
+            b"2\t ;a=b\r\nok\r\n0\r\n\r\n",
+            b"2;a b\r\nok\r\n0 ; x\r\n\r\n",
+        ] {
+            let what = String::from_utf8_lossy(bytes);
+            let (data, done, _) = decode_all(&[bytes]).unwrap();
+            assert_eq!((data.as_slice(), done), (&b"ok"[..], true), "{what}");
+        }
     }
 
     #[test]
