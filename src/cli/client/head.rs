@@ -32,10 +32,21 @@ impl Reading {
         // end once or twice: a head dribbled a byte at a time is not parsed again at every
         // read (quadratic in its length).
         let mut searched: usize = 0;
+        // Empty lines before a status line are skipped, as hyper (httparse) does, however they
+        // arrive; they count towards `MAX_HEAD`.
+        let mut skipped: usize = 0;
         loop {
+            if matches!(self.buf.first(), Some(b'\r' | b'\n')) {
+                let blank = leading_empty_lines(&self.buf);
+                if blank > 0 {
+                    skipped += blank;
+                    self.buf.advance(blank);
+                    searched = 0;
+                }
+            }
             if !has_head_end(&self.buf, searched.saturating_sub(2)) {
                 searched = self.buf.len();
-                if self.buf.len() >= MAX_HEAD {
+                if self.buf.len() + skipped >= MAX_HEAD {
                     return Err((invalid("a response head over 64 KiB"), got));
                 }
                 let n = std::future::poll_fn(|cx| self.poll_fill(io, cx))
@@ -80,6 +91,19 @@ impl Reading {
                     return Err((invalid(format!("a malformed response head: {err}")), got))
                 }
             }
+        }
+    }
+}
+
+/// How many bytes of empty lines (CRLF or LF) `buf` starts with; a CR alone at its end waits
+/// for its LF.
+fn leading_empty_lines(buf: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match buf[at..] {
+            [b'\r', b'\n', ..] => at += 2,
+            [b'\n', ..] => at += 1,
+            _ => return at,
         }
     }
 }
@@ -147,6 +171,17 @@ pub(super) fn response(
     // Not reused after a response without a body either: a broken upstream that sends one all
     // the same would have it taken for the next request's response.
     let reusable = http11 && !close && !no_body;
+    // Checked on every response, bodiless ones too (a HEAD's says what a GET would get): an
+    // invalid or conflicting value is refused, as nginx does, and a list of one number repeated
+    // (`2, 2`) goes on as that number (RFC 9110 section 8.6: a proxy must not forward the list).
+    let len = content_length(&headers)?;
+    if let Some(len) = len {
+        let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+        let listed = values.next().is_some_and(|v| v.as_bytes().contains(&b','));
+        if listed || values.next().is_some() {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+    }
     let kind = if no_body {
         Kind::Length(0)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
@@ -173,7 +208,7 @@ pub(super) fn response(
             return Err(invalid("a transfer coding other than chunked"));
         }
         Kind::Chunked(Decoder::default())
-    } else if let Some(len) = content_length(&headers)? {
+    } else if let Some(len) = len {
         Kind::Length(len)
     } else {
         Kind::Close

@@ -579,3 +579,86 @@ async fn a_quiet_stream_holds_a_small_buffer_and_a_busy_one_reads_more_at_once()
     }
     assert!(largest > READ_MIN, "reads grew: {largest}");
 }
+
+#[tokio::test]
+async fn empty_lines_before_the_status_line_are_skipped_even_when_they_arrive_alone() {
+    let (client, _) = upstream(move |_, mut io| async move {
+        read_request(&mut io).await;
+        io.set_nodelay(true).unwrap();
+        for piece in [
+            &b"\r\n\r\n"[..],
+            b"\n\r",
+            b"\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        ] {
+            io.write_all(piece).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = io.read(&mut [0; 1]).await;
+    })
+    .await;
+    let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+}
+
+#[tokio::test]
+async fn content_length_is_checked_on_every_response_and_a_repeated_value_goes_on_once() {
+    let head = || http::Request::head("/").body(()).unwrap().into_parts().0;
+    let cases: [(http::request::Parts, &'static [u8], Option<&str>); 7] = [
+        (
+            get("/"),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\nok",
+            Some("2"),
+        ),
+        (
+            get("/"),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
+            Some("2"),
+        ),
+        (
+            head(),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\n\r\n",
+            Some("7"),
+        ),
+        (
+            head(),
+            b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n",
+            None,
+        ),
+        (
+            head(),
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\n",
+            None,
+        ),
+        (
+            get("/"),
+            b"HTTP/1.1 204 No Content\r\ncontent-length: -1\r\n\r\n",
+            None,
+        ),
+        (
+            get("/"),
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5, 7\r\n\r\n",
+            None,
+        ),
+    ];
+    for (parts, reply, len) in cases {
+        let (client, _) = upstream(answering(reply)).await;
+        let sent = client.send(&parts, Empty::<Bytes>::new()).await;
+        let what = String::from_utf8_lossy(reply);
+        match len {
+            Some(len) => {
+                let res = sent.unwrap();
+                let values: Vec<_> = res
+                    .headers()
+                    .get_all(header::CONTENT_LENGTH)
+                    .iter()
+                    .collect();
+                assert_eq!(values, [len], "{what}");
+            }
+            None => assert!(
+                matches!(sent, Err(SendError::BeforeHead(_))),
+                "{what}: {sent:?}"
+            ),
+        }
+    }
+}
