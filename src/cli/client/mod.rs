@@ -52,7 +52,7 @@ use tokio::net::TcpStream;
 use crate::cli::args::Upstream;
 use crate::BoxError;
 pub use body::UpstreamResponseBody;
-use pool::{Pool, IDLE_FOR};
+use pool::Pool;
 use reading::Reading;
 use request::{request_head, send_body};
 
@@ -105,24 +105,15 @@ pub(crate) struct Client {
 
 impl Client {
     /// A client of `upstream`; at most `max_idle` connections wait in its pool. Within a tokio
-    /// runtime, a task closes the expired idle connections every `IDLE_FOR`, requests or not, for
-    /// as long as the client lives.
+    /// runtime, a task closes each idle connection when it has waited 30 s (`IDLE_FOR`), requests
+    /// or not, for as long as the client lives.
     pub(crate) fn new(upstream: Upstream, connect_timeout: Duration, max_idle: usize) -> Self {
         let pool = Arc::new(Pool {
             idle: Mutex::new(Vec::new()),
             max_idle,
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let pool = Arc::downgrade(&pool);
-            runtime.spawn(async move {
-                let mut every = tokio::time::interval(IDLE_FOR);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    every.tick().await;
-                    let Some(pool) = pool.upgrade() else { return };
-                    Pool::expire(&mut pool.lock());
-                }
-            });
+            runtime.spawn(Pool::sweep(Arc::downgrade(&pool)));
         }
         Self {
             upstream,

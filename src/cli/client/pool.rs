@@ -1,11 +1,13 @@
 //! The idle connections to the upstream, kept for reuse and closed when they have waited too long.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
-/// An idle pooled connection older than this is closed.
+/// An idle pooled connection is closed once it has waited this long: by the sweep
+/// ([`Pool::sweep`]), which wakes when the oldest one's time is up, or when the pool is used.
 pub(super) const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// Idle connections to the upstream, the most recent last.
@@ -36,6 +38,21 @@ impl Pool {
         Self::expire(&mut idle);
         if idle.len() < self.max_idle {
             idle.push((io, Instant::now()));
+        }
+    }
+
+    /// Closes the expired idle connections as their time runs out, for as long as the pool lives:
+    /// it sleeps until the oldest one's `IDLE_FOR` is up (or `IDLE_FOR`, when none waits), so no
+    /// idle connection stays open much past `IDLE_FOR`, requests or not.
+    pub(super) async fn sweep(pool: Weak<Self>) {
+        loop {
+            let next = {
+                let Some(pool) = pool.upgrade() else { return };
+                let mut idle = pool.lock();
+                Self::expire(&mut idle);
+                idle.first().map_or_else(Instant::now, |(_, since)| *since) + IDLE_FOR
+            };
+            tokio::time::sleep_until(next).await;
         }
     }
 

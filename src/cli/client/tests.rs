@@ -662,3 +662,35 @@ async fn content_length_is_checked_on_every_response_and_a_repeated_value_goes_o
         }
     }
 }
+
+/// The idle pool's promise: no idle connection outlives `IDLE_FOR` (the sweep once ran every
+/// `IDLE_FOR`, so a connection could wait up to twice that).
+#[tokio::test]
+async fn an_idle_connection_is_closed_when_its_time_is_up_not_at_the_next_sweep() {
+    use super::pool::{Pool, IDLE_FOR};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut sockets = Vec::new();
+    for _ in 0..2 {
+        sockets.push(TcpStream::connect(addr).await.unwrap());
+        listener.accept().await.unwrap();
+    }
+    tokio::time::pause();
+    let pool = Arc::new(Pool {
+        idle: Mutex::new(Vec::new()),
+        max_idle: 16,
+    });
+    tokio::spawn(Pool::sweep(Arc::downgrade(&pool)));
+    tokio::task::yield_now().await;
+    tokio::time::advance(IDLE_FOR / 3).await;
+    pool.checkin(sockets.pop().unwrap());
+    tokio::time::advance(IDLE_FOR / 3).await;
+    pool.checkin(sockets.pop().unwrap());
+    // The first one's time is up: it is closed, the second waits on.
+    tokio::time::advance(IDLE_FOR * 2 / 3 + Duration::from_millis(5)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(pool.lock().len(), 1);
+    tokio::time::advance(IDLE_FOR / 3).await;
+    tokio::task::yield_now().await;
+    assert_eq!(pool.lock().len(), 0);
+}
