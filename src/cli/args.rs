@@ -230,10 +230,16 @@ pub struct ProxyArgs {
     /// Time to connect to the upstream.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "5", env = "BYPASS_MARKER_CONNECT_TIMEOUT")]
     pub connect_timeout: Duration,
-    /// Time from sending the request to the upstream's response head, 504 after it (a
-    /// non-streamed completion sends its head only when it is done).
+    /// Time from the request's last byte sent to the upstream's response head, 504 after it (a
+    /// non-streamed completion sends its head only when it is done); also the longest the
+    /// upstream may take no byte of a request being sent. A slow upload that keeps moving is
+    /// never cut by it.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "600", env = "BYPASS_MARKER_RESPONSE_TIMEOUT")]
     pub response_timeout: Duration,
+    /// Longest pause between two reads of an upstream's response body (0: none): past it the
+    /// client's response ends as a cut stream and the upstream connection is closed.
+    #[arg(long, value_name = "SECS", value_parser = secs_or_none, default_value = "300", env = "BYPASS_MARKER_UPSTREAM_IDLE_TIMEOUT")]
+    pub upstream_idle_timeout: Duration,
     /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
@@ -435,6 +441,14 @@ fn secs(value: &str) -> Result<Duration, String> {
     match Duration::try_from_secs_f64(secs) {
         Ok(d) if !d.is_zero() => Ok(d),
         _ => Err("a positive number of seconds".to_owned()),
+    }
+}
+
+/// [`secs`], or `0` for no limit (`Duration::ZERO`).
+fn secs_or_none(value: &str) -> Result<Duration, String> {
+    match value.parse::<f64>() {
+        Ok(secs) if secs == 0.0 => Ok(Duration::ZERO),
+        _ => secs(value).map_err(|_| "a positive number of seconds, or 0 for none".to_owned()),
     }
 }
 

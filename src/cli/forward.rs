@@ -77,9 +77,15 @@ impl Forward {
     /// descriptors stay within the open-file limit).
     pub fn new(config: &ProxyArgs, metrics: Arc<Metrics>) -> Self {
         let max_idle = crate::cli::args::max_connections(config, 1);
+        let counted = metrics.clone();
+        let client = Client::new(config.upstream.clone(), config.connect_timeout, max_idle)
+            .response_timeout(config.response_timeout)
+            .idle_timeout(config.upstream_idle_timeout, move || {
+                counted.upstream_idle_timeout();
+            });
         Self(Arc::new(Forwarding {
             upstream: config.upstream.clone(),
-            client: Client::new(config.upstream.clone(), config.connect_timeout, max_idle),
+            client,
             response_timeout: config.response_timeout,
             metrics,
         }))
@@ -141,7 +147,7 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 async fn forward<B>(forward: &Forwarding, req: Request<B>) -> Response<UpstreamBody>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
@@ -169,24 +175,10 @@ where
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
     );
-    let request = forward.client.send(&parts, body);
-    let mut res = match tokio::time::timeout(forward.response_timeout, request).await {
-        Ok(Ok(res)) => res.map(Either::Left),
-        Ok(Err(err)) => return upstream_error(forward, err),
-        Err(_) => {
-            forward.metrics.upstream_error(UpstreamError::Timeout);
-            tracing::warn!(
-                upstream = %forward.upstream,
-                "504: no response head from the upstream within {:?}",
-                forward.response_timeout
-            );
-            return error(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_error",
-                "upstream_timeout",
-                "the upstream server did not answer in time".to_owned(),
-            );
-        }
+    // The response timeout is the client's: it starts once the request is sent.
+    let mut res = match forward.client.send(&parts, body).await {
+        Ok(res) => res.map(Either::Left),
+        Err(err) => return upstream_error(forward, err),
     };
     remove_hop_by_hop(res.headers_mut());
     res.extensions_mut().insert(FromForward);
@@ -215,12 +207,51 @@ pub(crate) fn source_is<E: std::error::Error + 'static>(
     false
 }
 
+/// The 400 for a request whose body failed on the client's side (malformed `chunked` framing,
+/// or the client left mid-body) while it was forwarded: the client's failure, not the
+/// upstream's, so it is counted apart from upstream errors and logged below WARN (any client
+/// could otherwise page an operator). A client that left never reads it.
+fn request_body_failed(forward: &Forwarding, cause: &BoxError) -> Response<UpstreamBody> {
+    forward.metrics.request_body_error();
+    let mut detail = cause.to_string();
+    let mut source = cause.source();
+    while let Some(s) = source {
+        detail.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    tracing::info!("400: the request body failed on the client's side: {detail}");
+    let mut res = error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_request_body",
+        "the request body could not be read".to_owned(),
+    );
+    // The rest of the body is unread: the connection cannot carry another request.
+    res.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
+}
+
 /// The 502 for a request the upstream did not answer. The client learns only which of the two
 /// failures it was: the upstream's address and the OS error go to the log, not to a client.
 fn upstream_error(forward: &Forwarding, err: SendError) -> Response<UpstreamBody> {
     let (code, what, message) = match &err {
         SendError::RequestBody(body) if source_is::<BodyStalled>(body.as_ref()) => {
             return stalled()
+        }
+        SendError::RequestBody(cause) => return request_body_failed(forward, cause),
+        SendError::Timeout(limit) => {
+            forward.metrics.upstream_error(UpstreamError::Timeout);
+            tracing::warn!(
+                upstream = %forward.upstream,
+                "504: the upstream did not answer, or take the request, within {limit:?}"
+            );
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                "upstream_timeout",
+                "the upstream server did not answer in time".to_owned(),
+            );
         }
         SendError::Connect(_) => {
             forward.metrics.upstream_error(UpstreamError::Connect);
@@ -230,7 +261,7 @@ fn upstream_error(forward: &Forwarding, err: SendError) -> Response<UpstreamBody
                 "the upstream server is unavailable",
             )
         }
-        SendError::RequestBody(_) | SendError::BeforeHead(_) => {
+        SendError::BeforeHead(_) => {
             forward.metrics.upstream_error(UpstreamError::BeforeHead);
             (
                 "upstream_failed",

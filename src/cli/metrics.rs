@@ -8,6 +8,8 @@
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head in time (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
 //! | `bypass_marker_write_timeouts_total` | | client connections closed because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
+//! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
+//! | `bypass_marker_request_body_errors_total` | | request bodies that failed on the client's side while being forwarded (malformed, or the client left): a 400, not an upstream error |
 //! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |
 //! | `bypass_marker_request_duration_seconds` | | histogram of the same span, per request |
 //!
@@ -118,6 +120,8 @@ pub struct Metrics {
     refused: Family<StatusLabel, Counter>,
     upstream_errors: [Counter; 4],
     write_timeouts: Counter,
+    upstream_idle_timeouts: Counter,
+    request_body_errors: Counter,
     streams_active: Gauge<i64, AtomicI64>,
     duration: Histogram,
 }
@@ -215,6 +219,18 @@ impl Metrics {
             "Client connections closed because a write to them made no progress for --write-timeout",
             write_timeouts.clone(),
         );
+        let upstream_idle_timeouts = Counter::default();
+        proxy_series.register(
+            "upstream_idle_timeouts",
+            "Upstream response bodies cut because no byte came for --upstream-idle-timeout",
+            upstream_idle_timeouts.clone(),
+        );
+        let request_body_errors = Counter::default();
+        proxy_series.register(
+            "request_body_errors",
+            "Request bodies that failed on the client's side while being forwarded",
+            request_body_errors.clone(),
+        );
         let streams_active = Gauge::<i64, AtomicI64>::default();
         proxy_series.register(
             "streams_active",
@@ -237,6 +253,8 @@ impl Metrics {
             refused,
             upstream_errors,
             write_timeouts,
+            upstream_idle_timeouts,
+            request_body_errors,
             streams_active,
             duration,
         }
@@ -281,6 +299,16 @@ impl Metrics {
     /// A client connection was closed for its write timeout.
     pub(crate) fn write_timeout(&self) {
         self.write_timeouts.inc();
+    }
+
+    /// An upstream response body was cut for `--upstream-idle-timeout`.
+    pub(crate) fn upstream_idle_timeout(&self) {
+        self.upstream_idle_timeouts.inc();
+    }
+
+    /// A request body failed on the client's side while being forwarded.
+    pub(crate) fn request_body_error(&self) {
+        self.request_body_errors.inc();
     }
 
     /// A request arrived.

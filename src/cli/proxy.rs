@@ -33,9 +33,11 @@
 //! - **Forwarding.** `Host` is set to the upstream's, `accept-encoding: identity` replaces the
 //!   client's (an encoded event stream could not be filtered, so the upstream is asked not to
 //!   encode; the proxy does not compress for the client), and the request streams to the upstream.
-//!   Connecting may take `--connect-timeout`, the response head `--response-timeout` (504 when it
-//!   fires). An upstream that is unreachable or fails before its head gives a 502. Errors are
-//!   JSON in OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
+//!   Connecting may take `--connect-timeout`, the response head `--response-timeout` from the
+//!   request's last byte (504 when it fires), a pause in the response body
+//!   `--upstream-idle-timeout` (a cut stream). An upstream that is unreachable or fails before its
+//!   head gives a 502; a request body that fails on the client's side, a 400. Errors are JSON in
+//!   OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
 //! - **The response** streams back: each frame is written as soon as it is complete, nothing is
 //!   buffered beyond the frame being read. The proxy's own HTTP/1.1 client reads the upstream's
 //!   socket in the task of the client connection that streams the response, and what one read

@@ -1,15 +1,18 @@
 //! The response body: reads the upstream's socket when polled.
 
 use std::fmt;
+use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
+use super::connection::Connection;
 use super::head::{Framing, Kind};
 use super::invalid;
 use super::pool::Pool;
@@ -18,7 +21,7 @@ use super::reading::Reading;
 /// The body of an upstream response: reads the upstream's socket when polled, and yields what
 /// each read brings as one frame (see the [module](super)).
 pub struct UpstreamResponseBody {
-    io: Option<TcpStream>,
+    io: Option<Connection>,
     pub(super) read: Reading,
     /// The body failed: every later poll fails too, never ends cleanly.
     failed: bool,
@@ -27,6 +30,36 @@ pub struct UpstreamResponseBody {
     /// A frame was just yielded: hyper writes it before the socket is read again.
     yielded: bool,
     pool: Arc<Pool>,
+    /// The idle timeout, if any.
+    idle: Option<Box<Idle>>,
+}
+
+/// The longest pause between two reads of a body, while the body is asked for more: the clock
+/// restarts at each read that brought bytes and each time the body is asked again after a frame
+/// (a client that does not take the frames is `--write-timeout`'s business, not this).
+struct Idle {
+    timeout: Duration,
+    last: Instant,
+    /// Set for `last + timeout` or earlier, moved on only when it fires: a read costs a clock
+    /// reading, not a timer update.
+    sleep: Pin<Box<Sleep>>,
+    on_expiry: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl Idle {
+    /// Whether the pause has run past the timeout (else the timer wakes the task in time).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let deadline = self.last + self.timeout;
+            if deadline <= Instant::now() {
+                return true;
+            }
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
 }
 
 impl fmt::Debug for UpstreamResponseBody {
@@ -39,7 +72,22 @@ impl fmt::Debug for UpstreamResponseBody {
 }
 
 impl UpstreamResponseBody {
-    pub(super) fn new(io: TcpStream, read: Reading, framing: Framing, pool: &Arc<Pool>) -> Self {
+    pub(super) fn new(
+        io: Connection,
+        read: Reading,
+        framing: Framing,
+        pool: &Arc<Pool>,
+        idle: Option<(Duration, Option<Arc<dyn Fn() + Send + Sync>>)>,
+    ) -> Self {
+        let idle = idle.map(|(timeout, on_expiry)| {
+            let last = Instant::now();
+            Box::new(Idle {
+                timeout,
+                last,
+                sleep: Box::pin(tokio::time::sleep_until(last + timeout)),
+                on_expiry,
+            })
+        });
         let mut body = Self {
             io: Some(io),
             read,
@@ -48,6 +96,7 @@ impl UpstreamResponseBody {
             reusable: framing.reusable,
             yielded: false,
             pool: pool.clone(),
+            idle,
         };
         if matches!(body.kind, Kind::Length(0)) {
             body.finish();
@@ -60,15 +109,19 @@ impl UpstreamResponseBody {
         self.kind = Kind::Length(0);
         if let Some(io) = self.io.take() {
             if self.reusable && self.read.buf.is_empty() {
-                self.pool.checkin(io);
+                if let Some(io) = io.into_reusable() {
+                    self.pool.checkin(io);
+                }
             }
         }
+        self.idle = None;
         self.read.buf = BytesMut::new();
     }
 
     /// The body failed with `err`: its connection is closed, and it stays failed.
     fn fail(&mut self, err: io::Error) -> io::Error {
         self.io = None;
+        self.idle = None;
         self.failed = true;
         self.read.buf = BytesMut::new();
         err
@@ -141,12 +194,35 @@ impl Body for UpstreamResponseBody {
             if this.yielded {
                 // What was just yielded is written before the next read.
                 this.yielded = false;
+                if let Some(idle) = &mut this.idle {
+                    idle.last = Instant::now();
+                }
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            match ready!(this.read.poll_fill(io, cx)) {
+            let read = match this.read.poll_fill(io, cx) {
+                Poll::Ready(read) => read,
+                Poll::Pending => {
+                    let Some(idle) = this.idle.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    if !idle.expired(cx) {
+                        return Poll::Pending;
+                    }
+                    let timeout = idle.timeout;
+                    if let Some(on_expiry) = &idle.on_expiry {
+                        on_expiry();
+                    }
+                    return Poll::Ready(Some(Err(this.fail(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no byte of the response body from the upstream for {timeout:?}"),
+                    )))));
+                }
+            };
+            match read {
                 Ok(0) if matches!(this.kind, Kind::Close) => {
                     this.io = None;
+                    this.idle = None;
                     this.kind = Kind::Length(0);
                     return Poll::Ready(None);
                 }
@@ -156,7 +232,11 @@ impl Body for UpstreamResponseBody {
                         "the upstream closed the connection before the end of the response body",
                     )))));
                 }
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(idle) = &mut this.idle {
+                        idle.last = Instant::now();
+                    }
+                }
                 Err(err) => return Poll::Ready(Some(Err(this.fail(err)))),
             }
         }

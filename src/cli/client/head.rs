@@ -128,6 +128,8 @@ pub(super) fn has_head_end(buf: &[u8], from: usize) -> bool {
 pub(super) struct Framing {
     pub(super) kind: Kind,
     pub(super) reusable: bool,
+    /// The response says `Connection: close` (or is HTTP/1.0 without keep-alive's promise).
+    pub(super) close: bool,
 }
 
 #[derive(Debug)]
@@ -218,7 +220,14 @@ pub(super) fn response(
     *res.status_mut() = status;
     *res.version_mut() = Version::HTTP_11;
     *res.headers_mut() = headers;
-    Ok((res, Framing { kind, reusable }))
+    Ok((
+        res,
+        Framing {
+            kind,
+            reusable,
+            close: close || !http11,
+        },
+    ))
 }
 
 /// The `Content-Length` of a response, if any: every value (and list element) must be the same

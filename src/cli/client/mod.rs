@@ -30,6 +30,7 @@
 
 mod body;
 pub(crate) mod chunked;
+mod connection;
 mod head;
 mod pool;
 mod reading;
@@ -46,15 +47,17 @@ use bytes::Bytes;
 use http::{Method, Response};
 use http_body::Body;
 use http_body_util::BodyExt as _;
-use tokio::io::AsyncWriteExt as _;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
 use crate::cli::args::Upstream;
 use crate::BoxError;
 pub use body::UpstreamResponseBody;
+use connection::{Connection, Upload};
+use head::Framing;
 use pool::Pool;
 use reading::Reading;
-use request::{request_head, send_body};
+use request::{request_head, send_body, write_all};
 
 /// A request body of a known length up to this is sent in one write with its head, and the
 /// request can be retried on a fresh connection when a pooled one turns out closed.
@@ -70,6 +73,9 @@ pub(crate) enum SendError {
     /// The upstream failed after the request was sent and before its head was complete: an I/O
     /// error, an early close, or a head that is not HTTP/1.
     BeforeHead(io::Error),
+    /// No response head within the response timeout of the request's end, or a write of the
+    /// request that made no progress for as long (see [`Client::response_timeout`]).
+    Timeout(Duration),
 }
 
 impl fmt::Display for SendError {
@@ -79,6 +85,7 @@ impl fmt::Display for SendError {
             Self::Connect(_) => "connecting failed",
             Self::RequestBody(_) => "the request body failed",
             Self::BeforeHead(_) => "no response head",
+            Self::Timeout(_) => "the upstream did not answer in time",
         })
     }
 }
@@ -88,6 +95,7 @@ impl std::error::Error for SendError {
         match self {
             Self::Connect(err) | Self::BeforeHead(err) => Some(err),
             Self::RequestBody(err) => Some(err.as_ref()),
+            Self::Timeout(_) => None,
         }
     }
 }
@@ -100,6 +108,9 @@ fn invalid(why: impl Into<BoxError>) -> io::Error {
 pub(crate) struct Client {
     upstream: Upstream,
     connect_timeout: Duration,
+    response_timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    on_idle_timeout: Option<Arc<dyn Fn() + Send + Sync>>,
     pool: Arc<Pool>,
 }
 
@@ -118,8 +129,34 @@ impl Client {
         Self {
             upstream,
             connect_timeout,
+            response_timeout: None,
+            idle_timeout: None,
+            on_idle_timeout: None,
             pool,
         }
+    }
+
+    /// How long the upstream may take to answer (none by default): the clock starts once the
+    /// whole request is sent, and stops at the response head (or when a head comes before the
+    /// request's end). While the request is being sent, a write that makes no progress for as
+    /// long fails the same way: a slow client's upload is bounded by the client's own timeouts,
+    /// not by this one, however long it takes.
+    pub(crate) fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = Some(timeout);
+        self
+    }
+
+    /// The longest pause between two reads of a response body (none by default, `ZERO` for
+    /// none): past it the body fails with [`io::ErrorKind::TimedOut`] (a cut stream, never a
+    /// complete one), its connection is closed, and `on_expiry` is called.
+    pub(crate) fn idle_timeout(
+        mut self,
+        timeout: Duration,
+        on_expiry: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        self.idle_timeout = Some(timeout).filter(|t| !t.is_zero());
+        self.on_idle_timeout = Some(Arc::new(on_expiry));
+        self
     }
 
     async fn connect(&self) -> Result<TcpStream, SendError> {
@@ -150,13 +187,13 @@ impl Client {
         body: B,
     ) -> Result<Response<UpstreamResponseBody>, SendError>
     where
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         let mut head = request_head(parts);
-        let mut body = std::pin::pin!(body);
         let known = body.size_hint().exact().filter(|&n| n <= BUFFERED_BODY);
         if let Some(len) = known {
+            let mut body = std::pin::pin!(body);
             // Small and of a known length (every body the guard rewrote): sent with the head.
             if len > 0 || !matches!(parts.method, Method::GET | Method::HEAD) {
                 head.extend_from_slice(format!("content-length: {len}\r\n").as_bytes());
@@ -192,7 +229,7 @@ impl Client {
                 .await
                 .map_err(Retry::into_error);
         }
-        let mut io = match self.pool.checkout() {
+        let io = match self.pool.checkout() {
             Some(io) => io,
             None => self.connect().await?,
         };
@@ -204,22 +241,28 @@ impl Client {
             }
         }
         let mut read = Reading::default();
+        let (mut reader, mut writer) = io.into_split();
+        let stall = self.response_timeout;
+        // The body is sent in a future of its own, which a task takes over when the upstream
+        // answers before the body's end and reads on.
+        let mut sending = Box::pin(async move {
+            let body = std::pin::pin!(body);
+            let sent = send_body(&mut writer, &head, body, declared, stall).await;
+            (writer, sent)
+        });
         // The response head is read while the body is sent: an upstream may answer (a 413, a
-        // 401) before it has read the whole body, and then stop reading or close.
-        let (head, early) = {
-            let (reader, mut writer) = io.split();
-            let mut reader = reader;
+        // 401, or a 200 that streams while it reads the rest) before it has read the whole body.
+        let (head, sent) = {
             let reading = read.head(&mut reader, &parts.method);
-            let sending = send_body(&mut writer, &head, body, declared);
-            tokio::pin!(reading, sending);
+            tokio::pin!(reading);
             tokio::select! {
                 biased;
-                head = &mut reading => (head, true),
-                sent = &mut sending => match sent {
-                    Ok(()) => (reading.await, false),
+                head = &mut reading => (head, Sent::Early),
+                (writer, sent) = &mut sending => match sent {
+                    Ok(()) => (self.in_time(reading).await?, Sent::Whole(writer)),
                     // The upstream stopped taking the body: it may have answered first.
-                    Err(SendError::BeforeHead(err)) => match reading.await {
-                        Ok(head) => (Ok(head), true),
+                    Err(SendError::BeforeHead(err)) => match self.in_time(reading).await? {
+                        Ok(head) => (Ok(head), Sent::Stopped),
                         Err(_) => return Err(SendError::BeforeHead(err)),
                     },
                     Err(err) => return Err(err),
@@ -227,9 +270,45 @@ impl Client {
             }
         };
         let (res, mut framing) = head.map_err(|(err, _)| SendError::BeforeHead(err))?;
-        // The rest of the request body was never sent: the connection cannot carry another.
-        framing.reusable &= !early;
-        Ok(res.map(|()| UpstreamResponseBody::new(io, read, framing, &self.pool)))
+        let io = match sent {
+            Sent::Whole(writer) => {
+                Connection::Whole(reader.reunite(writer).expect("the halves of one stream"))
+            }
+            Sent::Stopped => {
+                framing.reusable = false;
+                Connection::Half(reader, None)
+            }
+            // An answer before the request's end: RFC 9112 section 9.6 (and hyper) stop sending
+            // only when the server will not read the rest, a final error that closes the
+            // connection; otherwise the body goes on (an upstream may stream its answer while
+            // it reads), in a task, while the response body is read.
+            Sent::Early if !res.status().is_success() && framing.close => {
+                // The rest of the request body is never sent: the connection cannot carry
+                // another.
+                framing.reusable = false;
+                Connection::Half(reader, None)
+            }
+            Sent::Early => Connection::Half(reader, Some(Upload(tokio::spawn(sending)))),
+        };
+        Ok(res.map(|()| self.body(io, read, framing)))
+    }
+
+    /// `head` within the response timeout, if there is one.
+    async fn in_time<F: std::future::Future>(&self, head: F) -> Result<F::Output, SendError> {
+        match self.response_timeout {
+            None => Ok(head.await),
+            Some(limit) => tokio::time::timeout(limit, head)
+                .await
+                .map_err(|_| SendError::Timeout(limit)),
+        }
+    }
+
+    /// The body of a response whose head was read from `io`.
+    fn body(&self, io: Connection, read: Reading, framing: Framing) -> UpstreamResponseBody {
+        let idle = self
+            .idle_timeout
+            .map(|timeout| (timeout, self.on_idle_timeout.clone()));
+        UpstreamResponseBody::new(io, read, framing, &self.pool, idle)
     }
 
     /// Writes `request` (head and body) on `io` and reads the response head. `retry`: whether a
@@ -242,8 +321,15 @@ impl Client {
         retry: bool,
     ) -> Result<Response<UpstreamResponseBody>, Retry> {
         let mut read = Reading::default();
-        let written = io.write_all(request).await;
-        let head = read.head(&mut io, &parts.method).await;
+        let written = match write_all(&mut io, request, self.response_timeout).await {
+            Err(SendError::BeforeHead(err)) => Err(err),
+            Err(err) => return Err(Retry::No(err)),
+            Ok(()) => Ok(()),
+        };
+        let head = self
+            .in_time(read.head(&mut io, &parts.method))
+            .await
+            .map_err(Retry::No)?;
         let whole = written.is_ok();
         let (res, mut framing) = match (written, head) {
             (Ok(()), head) => head.map_err(|(err, got)| Retry::before_response(err, got, retry))?,
@@ -252,8 +338,18 @@ impl Client {
             (Err(err), Err(_)) => return Err(Retry::before_response(err, 0, true)),
         };
         framing.reusable &= whole;
-        Ok(res.map(|()| UpstreamResponseBody::new(io, read, framing, &self.pool)))
+        Ok(res.map(|()| self.body(Connection::Whole(io), read, framing)))
     }
+}
+
+/// How far a streamed request body got when the response head came.
+enum Sent {
+    /// All of it: the write half, to make the connection whole again.
+    Whole(OwnedWriteHalf),
+    /// The head came first: the body is still being sent.
+    Early,
+    /// The upstream stopped taking it.
+    Stopped,
 }
 
 /// Whether a request may be sent twice (RFC 9110 section 9.2.2): a request that a pooled

@@ -1,12 +1,14 @@
 //! The request written to the upstream: its head, and a streamed body framed by length or chunked.
 
+use std::io;
 use std::pin::Pin;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
 use http_body::Body;
 use http_body_util::BodyExt as _;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 
 use super::SendError;
 use crate::BoxError;
@@ -31,25 +33,59 @@ pub(super) fn request_head(parts: &http::request::Parts) -> Vec<u8> {
     head
 }
 
+/// Writes all of `bytes`; with `stall`, a write that makes no progress for that long fails with
+/// [`SendError::Timeout`] (the upstream stopped taking the request): a slow but steady upload
+/// goes on as long as it moves.
+pub(super) async fn write_all<W>(
+    io: &mut W,
+    mut bytes: &[u8],
+    stall: Option<Duration>,
+) -> Result<(), SendError>
+where
+    W: AsyncWrite + Unpin,
+{
+    let Some(stall) = stall else {
+        return io.write_all(bytes).await.map_err(SendError::BeforeHead);
+    };
+    while !bytes.is_empty() {
+        let n = match tokio::time::timeout(stall, io.write(bytes)).await {
+            Ok(Ok(0)) => return Err(SendError::BeforeHead(io::ErrorKind::WriteZero.into())),
+            Ok(Ok(n)) => n,
+            Ok(Err(err)) => return Err(SendError::BeforeHead(err)),
+            Err(_) => return Err(SendError::Timeout(stall)),
+        };
+        bytes = &bytes[n..];
+    }
+    Ok(())
+}
+
 /// Sends the head and then the body of a request whose body is streamed: with
 /// `Content-Length: declared`, or chunked when `declared` is `None`. A body that is longer or
-/// shorter than it declared fails (it would leave the connection out of step).
-pub(super) async fn send_body<B>(
-    io: &mut tokio::net::tcp::WriteHalf<'_>,
+/// shorter than it declared fails (it would leave the connection out of step). `stall`: see
+/// [`write_all`].
+pub(super) async fn send_body<W, B>(
+    io: &mut W,
     head: &[u8],
     body: Pin<&mut B>,
     declared: Option<u64>,
+    stall: Option<Duration>,
 ) -> Result<(), SendError>
 where
+    W: AsyncWrite + Unpin,
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     let mut body = body;
-    io.write_all(head).await.map_err(SendError::BeforeHead)?;
+    write_all(io, head, stall).await?;
     let mut sent = 0u64;
     let mut piece = Vec::new();
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|err| SendError::RequestBody(err.into()))?;
+    loop {
+        // The body's own error is converted at once: it need not be `Send`, the task that may
+        // finish the upload is.
+        let frame = match body.as_mut().frame().await {
+            None => break,
+            Some(frame) => frame.map_err(|err| SendError::RequestBody(err.into()))?,
+        };
         let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) else {
             continue;
         };
@@ -60,14 +96,14 @@ where
             ));
         }
         if declared.is_some() {
-            io.write_all(data).await.map_err(SendError::BeforeHead)?;
+            write_all(io, data, stall).await?;
         } else {
             // One write a chunk: size line, data and CRLF.
             piece.clear();
             piece.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
             piece.extend_from_slice(data);
             piece.extend_from_slice(b"\r\n");
-            io.write_all(&piece).await.map_err(SendError::BeforeHead)?;
+            write_all(io, &piece, stall).await?;
         }
     }
     match declared {
@@ -75,9 +111,6 @@ where
             "the request body is shorter than its length".into(),
         )),
         Some(_) => Ok(()),
-        None => io
-            .write_all(b"0\r\n\r\n")
-            .await
-            .map_err(SendError::BeforeHead),
+        None => write_all(io, b"0\r\n\r\n", stall).await,
     }
 }

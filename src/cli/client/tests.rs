@@ -694,3 +694,116 @@ async fn an_idle_connection_is_closed_when_its_time_is_up_not_at_the_next_sweep(
     tokio::task::yield_now().await;
     assert_eq!(pool.lock().len(), 0);
 }
+
+/// A streamed request body of `len` bytes of unknown length, in pieces of 16 KiB.
+fn streamed(len: usize) -> impl Body<Data = Bytes, Error = io::Error> + Send + 'static {
+    let piece = Bytes::from(vec![b'x'; 16 * 1024]);
+    let pieces = (0..len.div_ceil(piece.len())).map(move |i| {
+        let size = piece.len().min(len - i * piece.len());
+        Ok(Frame::data(piece.slice(..size)))
+    });
+    StreamBody::new(futures_util::stream::iter(pieces))
+}
+
+/// RFC 9112 section 9.6, hyper's behaviour: an upstream that answers at once and then reads the
+/// body (a streaming server) gets all of it; the upload once stopped at the head and hung.
+#[tokio::test]
+async fn an_upstream_that_answers_at_once_and_reads_on_gets_the_whole_body() {
+    for len in [200_000, 4 << 20] {
+        let (client, _) = upstream(move |_, mut io| async move {
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut buf = [0; 1024];
+                let n = io.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            io.write_all(SSE_HEAD).await.unwrap();
+            io.write_all(&chunks(&[b"data: started\n\n"]))
+                .await
+                .unwrap();
+            // The rest of the request, up to its last chunk.
+            while !got.ends_with(b"\r\n0\r\n\r\n") {
+                let mut buf = [0; 64 * 1024];
+                let n = io.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the upload stopped at {} bytes", got.len());
+                got.extend_from_slice(&buf[..n]);
+            }
+            let received = got.len();
+            let done = format!("data: read {received} bytes\n\n");
+            io.write_all(&chunks(&[done.as_bytes()])).await.unwrap();
+            io.write_all(b"0\r\n\r\n").await.unwrap();
+            let _ = io.read(&mut [0; 1]).await;
+        })
+        .await;
+        let exchange = async {
+            let res = client.send(&post("/"), streamed(len)).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            frames(res.into_body()).await.unwrap().concat()
+        };
+        let body = tokio::time::timeout(Duration::from_secs(20), exchange)
+            .await
+            .unwrap_or_else(|_| panic!("{len} bytes: the exchange hung"));
+        let body = String::from_utf8(body).unwrap();
+        assert!(body.starts_with("data: started\n\ndata: read "), "{body}");
+    }
+}
+
+/// A response body from an upstream that goes silent is cut after the idle timeout: an error
+/// (never a clean end), its connection closed, the expiry reported.
+#[tokio::test]
+async fn an_upstream_silent_after_its_head_is_cut_after_the_idle_timeout() {
+    let (closed, saw_close) = tokio::sync::oneshot::channel();
+    let closed = Mutex::new(Some(closed));
+    let (client, _) = upstream(move |_, mut io| {
+        let closed = closed.lock().unwrap().take();
+        async move {
+            read_request(&mut io).await;
+            let mut reply = SSE_HEAD.to_vec();
+            reply.extend(chunks(&[b"data: 1\n\n"]));
+            io.write_all(&reply).await.unwrap();
+            // Silent from now on; the proxy closes.
+            assert_eq!(io.read(&mut [0; 1]).await.unwrap(), 0);
+            closed.unwrap().send(()).unwrap();
+        }
+    })
+    .await;
+    let expired = Arc::new(AtomicUsize::new(0));
+    let counted = expired.clone();
+    let client = client.idle_timeout(Duration::from_millis(300), move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
+    let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+    let mut body = Box::pin(res.into_body());
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "data: 1\n\n");
+    let next = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the idle timeout ends the body");
+    assert_eq!(next.unwrap().unwrap_err().kind(), io::ErrorKind::TimedOut);
+    assert!(body.frame().await.unwrap().is_err(), "never a clean end");
+    assert_eq!(expired.load(Ordering::SeqCst), 1);
+    tokio::time::timeout(Duration::from_secs(10), saw_close)
+        .await
+        .expect("the upstream connection was closed")
+        .unwrap();
+}
+
+/// A steady stream slower than the idle timeout in total, but never pausing that long, is whole.
+#[tokio::test]
+async fn a_stream_that_never_pauses_for_the_idle_timeout_is_not_cut() {
+    let (client, _) = upstream(move |_, mut io| async move {
+        read_request(&mut io).await;
+        io.write_all(SSE_HEAD).await.unwrap();
+        for _ in 0..10 {
+            io.write_all(&chunks(&[b"data: 1\n\n"])).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        io.write_all(b"0\r\n\r\n").await.unwrap();
+        let _ = io.read(&mut [0; 1]).await;
+    })
+    .await;
+    let client = client.idle_timeout(Duration::from_millis(300), || {});
+    let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+    let body = frames(res.into_body()).await.unwrap().concat();
+    assert_eq!(body, b"data: 1\n\n".repeat(10));
+}
