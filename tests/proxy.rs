@@ -1652,3 +1652,228 @@ fn max_connections_defaults_to_half_the_descriptors_left() {
     assert_eq!(proxy::default_max_connections(Some(10), 1), 1);
     assert!(proxy::default_max_connections(None, 1) > 1 << 40);
 }
+
+/// An upstream on raw TCP that runs `script` on every connection it accepts, after reading the
+/// request head (given to it).
+async fn scripted_upstream<F, Fut>(script: F) -> SocketAddr
+where
+    F: Fn(TcpStream, Vec<u8>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                if conn.read(&mut byte).await.unwrap_or(0) == 0 {
+                    break;
+                }
+                head.push(byte[0]);
+            }
+            tokio::spawn(script(conn, head));
+        }
+    });
+    addr
+}
+
+/// How a client connection ended: `Ok(bytes)` at a clean close (FIN), `Err(bytes)` at a reset.
+async fn read_to_close_or_reset(conn: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) => return Ok(out),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => return Err(out),
+                Err(err) => panic!("{err}"),
+            }
+        }
+    })
+    .await
+    .expect("the proxy ends the connection")
+}
+
+/// A stream the upstream cut short mid-chunk reaches every client as a reset connection, never a
+/// clean close: an HTTP/1.0 client's response ends at the close, so a FIN would make the cut
+/// stream look complete.
+#[tokio::test]
+async fn a_cut_stream_is_a_reset_for_http10_and_http11_clients_alike() {
+    let upstream = scripted_upstream(|mut conn, _| async move {
+        let reply = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                     transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata";
+        conn.write_all(reply.as_bytes()).await.unwrap();
+        // Closed mid-chunk.
+    })
+    .await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
+    for version in ["HTTP/1.0", "HTTP/1.1"] {
+        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+        let request = format!("GET /v1/stream {version}\r\nhost: x\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let ended = read_to_close_or_reset(&mut conn).await;
+        assert!(
+            ended.is_err(),
+            "{version}: a clean close after {:?}",
+            String::from_utf8_lossy(ended.as_ref().unwrap())
+        );
+    }
+}
+
+/// An upstream that goes silent after its head is cut after `--upstream-idle-timeout`: the
+/// client's stream ends as a cut one (a reset, no last chunk) and the metrics say why.
+#[tokio::test]
+async fn an_upstream_silent_mid_body_is_cut_after_the_upstream_idle_timeout() {
+    let upstream = scripted_upstream(|mut conn, _| async move {
+        let reply = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                     transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
+        conn.write_all(reply.as_bytes()).await.unwrap();
+        // Silent until the proxy closes.
+        let _ = read_until_closed(&mut conn).await;
+    })
+    .await;
+    let (proxy, metrics) = start_metered(
+        &format!("http://{upstream}"),
+        &[
+            "--upstream-idle-timeout",
+            "0.5",
+            "--response-timeout",
+            "0.5",
+        ],
+    )
+    .await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_to_close_or_reset(&mut conn).await;
+    let got = match got {
+        Ok(bytes) | Err(bytes) => bytes,
+    };
+    assert!(
+        !got.ends_with(b"0\r\n\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains("bypass_marker_upstream_idle_timeouts_total 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_upstream_errors_total{kind=\"body\"} 1\n"),
+        "{text}"
+    );
+}
+
+/// `--response-timeout` starts once the request is sent: an upload slower than it in total, but
+/// steady, is answered (it once got a 504 mid-upload), whether its length is known or not.
+#[tokio::test]
+async fn a_slow_steady_upload_is_not_cut_by_the_response_timeout() {
+    let upstream = scripted_upstream(|mut conn, head| async move {
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        // The body, to its end: by its length, or to its last chunk.
+        let mut body = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        let len = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map(|n| n.trim().parse::<usize>().unwrap());
+        loop {
+            let done = match len {
+                Some(len) => body.len() >= len,
+                None => body.ends_with(b"\r\n0\r\n\r\n"),
+            };
+            if done {
+                break;
+            }
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            body.extend_from_slice(&buf[..n]);
+        }
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
+            body.len().to_string().len(),
+            body.len()
+        );
+        conn.write_all(reply.as_bytes()).await.unwrap();
+        let _ = read_until_closed(&mut conn).await;
+    })
+    .await;
+    let proxy = start_proxy(&format!("http://{upstream}"), &["--response-timeout", "1"]).await;
+    for framing in ["content-length: 20000", "transfer-encoding: chunked"] {
+        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n\
+             {framing}\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        // 20 pieces of 1,000 bytes, one every 100 ms: 2 s in all, never a pause of 1 s.
+        for _ in 0..20 {
+            let piece = [b'x'; 1000];
+            if framing.starts_with("transfer") {
+                conn.write_all(b"3e8\r\n").await.unwrap();
+                conn.write_all(&piece).await.unwrap();
+                conn.write_all(b"\r\n").await.unwrap();
+            } else {
+                conn.write_all(&piece).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if framing.starts_with("transfer") {
+            conn.write_all(b"0\r\n\r\n").await.unwrap();
+        }
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        tokio::time::timeout(PATIENCE, async {
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") || got.len() < 10 {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+                got.extend_from_slice(&buf[..n]);
+                if got.starts_with(b"HTTP/1.1 504") {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("an answer");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{framing}: {text}");
+    }
+}
+
+/// A request body that fails on the client's side (malformed `chunked` framing) while it is
+/// forwarded is the client's failure: a 400, counted apart, not an upstream error.
+#[tokio::test]
+async fn a_malformed_request_body_is_a_400_and_no_upstream_error() {
+    let upstream = scripted_upstream(|mut conn, _| async move {
+        // Reads what comes and never answers.
+        let _ = read_until_closed(&mut conn).await;
+    })
+    .await;
+    let (proxy, metrics) = start_metered(&format!("http://{upstream}"), &[]).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n\
+          transfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+    )
+    .await
+    .unwrap();
+    let got = match read_to_close_or_reset(&mut conn).await {
+        Ok(bytes) | Err(bytes) => bytes,
+    };
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("invalid_request_body"), "{text}");
+    let text = metrics.encode();
+    assert!(
+        text.contains("bypass_marker_upstream_errors_total{kind=\"head\"} 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_request_body_errors_total 1\n"),
+        "{text}"
+    );
+}

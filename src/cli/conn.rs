@@ -117,6 +117,8 @@ pub(crate) struct Watch {
     blocked_since: AtomicU64,
     /// The body of the request in flight stalled (see [`StallTimeout`]).
     pub(crate) stalled: AtomicBool,
+    /// A response body failed (a cut stream): the connection ends abortively ([`Watched`]).
+    cut: AtomicBool,
     /// Responses whose body has ended (or been dropped) while hyper may still hold their last
     /// bytes: they stay in flight, and their exchange open, until hyper flushes (see
     /// [`Watched`]'s `poll_flush`).
@@ -156,6 +158,7 @@ impl Watch {
             head_since: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
             finishing: Mutex::new(Vec::new()),
             finishing_len: AtomicUsize::new(0),
             changed: Notify::new(),
@@ -307,6 +310,15 @@ impl Busy {
     }
 }
 
+impl Busy {
+    /// The response's body failed: its connection is reset, never closed cleanly, so that no
+    /// client (HTTP/1.0's included, whose response ends at the close) takes the cut stream for a
+    /// complete one.
+    pub(crate) fn cut(&self) {
+        self.watch.cut.store(true, Ordering::Release);
+    }
+}
+
 impl Drop for Busy {
     fn drop(&mut self) {
         if self.handed_over {
@@ -337,6 +349,10 @@ pin_project! {
     impl PinnedDrop for Watched {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            if this.watch.cut.load(Ordering::Acquire) {
+                // Closed with a reset (RST), not a FIN.
+                let _ = this.io.set_zero_linger();
+            }
             // The connection is gone: responses whose last bytes were not flushed never will be.
             this.watch.finish(false);
         }
@@ -389,7 +405,12 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().io.poll_shutdown(cx)
+        let this = self.project();
+        if this.watch.cut.load(Ordering::Acquire) {
+            // No FIN after a cut stream: the drop resets the connection.
+            return Poll::Ready(Ok(()));
+        }
+        this.io.poll_shutdown(cx)
     }
 
     fn poll_write_vectored(

@@ -539,7 +539,10 @@ where
             }
             // The proxy's layer forwards an oversized frame (`Overflow::Forward`) rather than
             // failing: an error here is the upstream's body failing.
-            Poll::Ready(Some(Err(_))) => exchange.metrics().upstream_error(UpstreamError::Body),
+            Poll::Ready(Some(Err(_))) => {
+                exchange.metrics().upstream_error(UpstreamError::Body);
+                this.busy.cut();
+            }
             Poll::Ready(None) => exchange.complete = true,
             Poll::Pending => {}
         }
