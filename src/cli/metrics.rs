@@ -6,7 +6,7 @@
 //! | `bypass_marker_frames_removed_total` | `annotation` | annotation frames removed, per configured name; `annotation=""`: frames `--sdk-safe` removed that carried no configured name |
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501) |
-//! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head in time (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
+//! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head within `--response-timeout` of the request's end, or the upstream took no byte of the request for as long (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
 //! | `bypass_marker_write_timeouts_total` | | client connections closed because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
 //! | `bypass_marker_request_body_errors_total` | | request bodies that failed on the client's side while being forwarded (malformed, or the client left): a 400, not an upstream error |
@@ -63,7 +63,8 @@ struct KindLabel {
 pub enum UpstreamError {
     /// Connecting failed (or timed out): a 502.
     Connect,
-    /// No response head within `--response-timeout`: a 504.
+    /// No response head within `--response-timeout` of the request's end, or a write of the
+    /// request that made no progress for as long: a 504.
     Timeout,
     /// The upstream failed after the request was sent and before its response head: a 502.
     BeforeHead,
