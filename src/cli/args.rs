@@ -447,7 +447,7 @@ fn secs(value: &str) -> Result<Duration, String> {
 /// [`secs`], or `0` for no limit (`Duration::ZERO`).
 fn secs_or_none(value: &str) -> Result<Duration, String> {
     match value.parse::<f64>() {
-        Ok(secs) if secs == 0.0 => Ok(Duration::ZERO),
+        Ok(0.0) => Ok(Duration::ZERO),
         _ => secs(value).map_err(|_| "a positive number of seconds, or 0 for none".to_owned()),
     }
 }

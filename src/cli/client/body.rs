@@ -14,12 +14,12 @@ use tokio::time::{Instant, Sleep};
 
 use super::connection::Connection;
 use super::head::{Framing, Kind};
-use super::invalid;
 use super::pool::Pool;
 use super::reading::Reading;
+use super::{invalid, OnExpiry};
 
 /// The body of an upstream response: reads the upstream's socket when polled, and yields what
-/// each read brings as one frame (see the [module](super)).
+/// each read brings as one frame (the promises it keeps are listed in `src/cli/client/mod.rs`).
 pub struct UpstreamResponseBody {
     io: Option<Connection>,
     pub(super) read: Reading,
@@ -43,7 +43,7 @@ struct Idle {
     /// Set for `last + timeout` or earlier, moved on only when it fires: a read costs a clock
     /// reading, not a timer update.
     sleep: Pin<Box<Sleep>>,
-    on_expiry: Option<Arc<dyn Fn() + Send + Sync>>,
+    on_expiry: Option<OnExpiry>,
 }
 
 impl Idle {
@@ -77,7 +77,7 @@ impl UpstreamResponseBody {
         read: Reading,
         framing: Framing,
         pool: &Arc<Pool>,
-        idle: Option<(Duration, Option<Arc<dyn Fn() + Send + Sync>>)>,
+        idle: Option<(Duration, Option<OnExpiry>)>,
     ) -> Self {
         let idle = idle.map(|(timeout, on_expiry)| {
             let last = Instant::now();

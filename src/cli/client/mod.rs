@@ -104,13 +104,16 @@ fn invalid(why: impl Into<BoxError>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why)
 }
 
+/// What a response body calls when its idle timeout runs out.
+type OnExpiry = Arc<dyn Fn() + Send + Sync>;
+
 /// The client of one upstream, with its pool of idle connections.
 pub(crate) struct Client {
     upstream: Upstream,
     connect_timeout: Duration,
     response_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
-    on_idle_timeout: Option<Arc<dyn Fn() + Send + Sync>>,
+    on_idle_timeout: Option<OnExpiry>,
     pool: Arc<Pool>,
 }
 
