@@ -807,3 +807,46 @@ async fn a_stream_that_never_pauses_for_the_idle_timeout_is_not_cut() {
     let body = frames(res.into_body()).await.unwrap().concat();
     assert_eq!(body, b"data: 1\n\n".repeat(10));
 }
+
+/// A final error that closes the connection says the upstream will not read the rest: the
+/// upload stops there, while the response is still streaming (the upstream sees the request end,
+/// far short of its length).
+#[tokio::test]
+async fn a_final_error_with_connection_close_stops_the_upload() {
+    let (read_all, got) = tokio::sync::oneshot::channel();
+    let read_all = Mutex::new(Some(read_all));
+    let (client, _) = upstream(move |_, mut io| {
+        let read_all = read_all.lock().unwrap().take();
+        async move {
+            let mut total = 0;
+            let mut buf = vec![0; 64 * 1024];
+            total += io.read(&mut buf).await.unwrap();
+            let mut reply = b"HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\n\
+                              transfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+            reply.extend(chunks(&[b"big"]));
+            io.write_all(&reply).await.unwrap();
+            // Reads on until the proxy stops sending; then the end of the response.
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => total += n,
+                }
+            }
+            read_all.unwrap().send(total).unwrap();
+            let _ = io.write_all(b"0\r\n\r\n").await;
+        }
+    })
+    .await;
+    let len = 64 << 20;
+    let res = client.send(&post("/upload"), streamed(len)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let mut body = Box::pin(res.into_body());
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "big");
+    let total = tokio::time::timeout(Duration::from_secs(20), got)
+        .await
+        .expect("the upload stopped")
+        .unwrap();
+    assert!(total < len, "{total} bytes sent");
+}
