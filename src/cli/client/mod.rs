@@ -23,10 +23,17 @@
 //! - **Fail closed**: a body the upstream ends early (a closed connection before the
 //!   `Content-Length` or the last chunk) or frames wrongly is an error, which hyper turns into an
 //!   aborted response (no terminal chunk): the client never sees a cut stream as a complete one.
+//!   So is a pause in the body past the idle timeout ([`Client::idle_timeout`]).
+//! - **Early answers**: a response head that comes before the request body's end is the response,
+//!   and the body goes on being sent while it streams (RFC 9112 section 9.6, as hyper does),
+//!   unless it is a final error that closes the connection (the upstream will not read on).
+//! - **Timeouts named for what they time**: the response timeout ([`Client::response_timeout`])
+//!   starts at the request's last byte; a slow upload that keeps moving is never cut by it.
 //!
 //! The parts, each in its own file: [`pool`] (idle connections), [`request`] (the request
 //! written), [`reading`] (the connection's read buffer), [`head`] (the response head parsed and
-//! its body's framing), [`body`] (the response body read), [`chunked`] (the decoder).
+//! its body's framing), [`body`] (the response body read), [`connection`] (the connection a body
+//! reads, whole or while its request is still being sent), [`chunked`] (the decoder).
 
 mod body;
 pub(crate) mod chunked;
