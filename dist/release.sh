@@ -35,8 +35,11 @@ cd "$root"
 # The Envoy releases the module is tested with (tests/envoy/module.sh: 1.40.0, then ENVOY_OLDER);
 # tests/images/run.sh checks that the two lists agree.
 ENVOY_TESTED="1.38.3 1.39.3 1.40.0"
-# The SBOM tool, pinned; `cargo install --locked` builds it (measured: docs/deploy.md).
-CYCLONEDX_VERSION=0.5.7
+# The SBOM tool, pinned. cargo-cyclonedx over cargo-sbom, though its `cargo install --locked` took
+# 345 s against cargo-sbom's 308 s (one run each, in a row, on the shared 2-vCPU machine):
+# cargo-sbom 0.10 cannot select features, and listed tokio, tonic, hyper and prost in the module's
+# SBOM, none of which the module links.
+CYCLONEDX_VERSION=0.5.9
 
 log() { printf 'release: %s\n' "$*" >&2; }
 die() {
@@ -106,23 +109,28 @@ for image in bypass-marker envoy-module; do
 done
 
 # The SBOMs: what is compiled into each artifact, from Cargo.lock, by a maintained tool.
-if ! command -v cargo-cyclonedx >/dev/null; then
+if ! cargo-cyclonedx cyclonedx --version 2>/dev/null | grep -qF " $CYCLONEDX_VERSION"; then
   tools="${TOOLS_ROOT:-$HOME/.cache/tower-bypass-marker-tools}"
-  if ! "$tools/bin/cargo-cyclonedx" --version 2>/dev/null | grep -qF "$CYCLONEDX_VERSION"; then
-    log "installing cargo-cyclonedx $CYCLONEDX_VERSION into $tools (cargo install --locked)"
+  if ! "$tools/bin/cargo-cyclonedx" cyclonedx --version 2>/dev/null | grep -qF " $CYCLONEDX_VERSION"; then
+    log "installing cargo-cyclonedx $CYCLONEDX_VERSION into $tools (cargo install --locked; minutes)"
+    t=$SECONDS
     cargo install --quiet --locked --version "$CYCLONEDX_VERSION" --root "$tools" cargo-cyclonedx
+    log "cargo-cyclonedx installed in $((SECONDS - t)) s"
   fi
   PATH="$tools/bin:$PATH"
 fi
-sbom() { # $1 the manifest, $2 the output file, "${@:3}" cargo-cyclonedx's feature flags
-  local manifest="$1" file="$2"
+# Writes an SBOM beside every manifest of the workspace; keeps the one of package directory $1.
+# Features unify across the workspace, so the module's is made without `cli`.
+sbom() { # $1 the package's directory, $2 the output file, "${@:3}" feature flags
+  local dir="$1" file="$2" tmp="bypass-marker-sbom-$$" member
   shift 2
-  cargo cyclonedx --manifest-path "$manifest" --format json --spec-version 1.5 \
-    --target "$triple" --override-filename "${file%.cdx.json}.tmp" "$@" >&2
-  mv "$(dirname "$manifest")/${file%.cdx.json}.tmp.json" "$out/$file"
+  SOURCE_DATE_EPOCH="$epoch" cargo cyclonedx --manifest-path "$dir/Cargo.toml" --format json \
+    --spec-version 1.5 --target "$triple" --no-build-deps --override-filename "$tmp" "$@" >&2
+  mv "$dir/$tmp.json" "$out/$file"
+  for member in "$root" "$root/envoy-module"; do rm -f "$member/$tmp.json"; done
 }
-sbom "$root/Cargo.toml" "bypass-marker-$version.cdx.json" --features cli
-sbom "$root/envoy-module/Cargo.toml" "bypass-marker-envoy-module-$version.cdx.json"
+sbom "$root" "bypass-marker-$version.cdx.json" --features cli
+sbom "$root/envoy-module" "bypass-marker-envoy-module-$version.cdx.json"
 
 (cd "$out" && sha256sum -- * >SHA256SUMS)
 log "done in $((SECONDS - started)) s:"

@@ -33,8 +33,8 @@
 # dist/release.sh), IMAGES_KEEP_DIST=DIR (copy the release artifacts there before cleaning up).
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+images_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$images_here/../.." && pwd)"
 envoy_here="$root/tests/envoy"
 python="${PYTHON:-python3}"
 sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
@@ -69,7 +69,7 @@ command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 # Debian's busybox-static is /bin/busybox, statically linked (the `busybox` package's is not).
-static_busybox() { [[ -x /bin/busybox ]] && LC_ALL=C ldd /bin/busybox 2>&1 | grep -q 'not a dynamic executable'; }
+static_busybox() { [[ -x /bin/busybox && "$(LC_ALL=C ldd /bin/busybox 2>&1 || true)" == *"not a dynamic executable"* ]]; }
 static_busybox || missing+=(busybox-static)
 if ((${#missing[@]})); then
   as_root=()
@@ -162,8 +162,8 @@ count $ok "sha256sum -c SHA256SUMS: $(tr '\n' ' ' <<<"$status")"
 listed="$(awk '{print $2}' "$dist/SHA256SUMS" | sort | tr '\n' ' ')"
 present="$(cd "$dist" && ls | grep -vx SHA256SUMS | sort | tr '\n' ' ')"
 ok=0
-[[ "$listed" == "$present" && $(wc -w <<<"$listed") -eq 7 ]] && ok=1
-count $ok "SHA256SUMS lists every artifact (7): $listed"
+[[ "$listed" == "$present" && $(wc -w <<<"$listed") -eq 6 ]] && ok=1
+count $ok "SHA256SUMS lists every artifact (6): $listed"
 
 # The Envoy releases in the module's name are the ones tests/envoy/module.sh runs.
 tested="$(sed -n 's/^ENVOY_TESTED="\(.*\)"$/\1/p' "$root/dist/release.sh")"
@@ -306,10 +306,17 @@ log "servers ready: upstream.py $upstream, router $router_behind (behind the pro
 # ---------------------------------------------------------------------------------------------
 # The checks
 
-listeners="$("$python" "$envoy_here/listeners.py" "${groups[@]}")"
+# The containers' processes are children of conmon, outside the groups started here: add theirs.
+container_groups=()
+for c in "${containers[@]}"; do
+  pid="$(podman inspect --format '{{.State.Pid}}' "$c" 2>/dev/null || true)"
+  [[ -n "$pid" && "$pid" != 0 ]] && container_groups+=("$(ps -o pgid= -p "$pid" | tr -d ' ')")
+done
+listeners="$("$python" "$envoy_here/listeners.py" "${groups[@]}" "${container_groups[@]}")"
 ok=0
 [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
-count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+((${#container_groups[@]} == ${#containers[@]})) || ok=0
+count $ok "every process listens on 127.0.0.1 only (the ${#container_groups[@]} containers' too): $(tr '\n' ' ' <<<"$listeners")"
 
 sdk_client="$root/tests/sdk/client.py"
 run_client "python openai $PY_PINNED through the proxy container" "$sdk_python" "$sdk_client" sdk \
@@ -318,23 +325,33 @@ run_client "python openai $PY_PINNED straight to the router" "$sdk_python" "$sdk
   --base-url "$router_direct/v1" --expect fail-every-stream --label "python openai $PY_PINNED direct" --version "$PY_PINNED"
 run_client "raw client through the proxy container" "$python" "$sdk_client" raw --layer-url "$proxy" \
   --no-layer-url "$router_direct"
-run_client "one stream through the proxy container" "$python" "$here/one_request.py" --url "$proxy_upstream" \
+run_client "one stream through the proxy container" "$python" "$images_here/one_request.py" --url "$proxy_upstream" \
   --upstream "$upstream" --label "the image's proxy"
-run_client "one stream through Envoy 1.40.0 and the ext-proc container" "$python" "$here/one_request.py" \
+run_client "one stream through Envoy 1.40.0 and the ext-proc container" "$python" "$images_here/one_request.py" \
   --url "$envoy_ext_proc" --upstream "$upstream" --label "Envoy 1.40.0 + the image's ext-proc"
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-module.log" && ok=1
 count $ok "Envoy 1.40.0 loads the module copied out of $module_image"
-run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$here/one_request.py" \
+run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
   --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 
-# The probes of examples/k8s/ (readiness: /health through the proxy; liveness: /metrics).
-probe() { "$python" -c "import urllib.request, sys; print(urllib.request.urlopen(sys.argv[1], timeout=5).status)" "$1" 2>&1 | tail -n 1; }
-health="$(probe "$proxy/health")"
+# The probes of examples/k8s/: liveness, GET /metrics, answers from the proxy alone; readiness,
+# GET /health, goes through to the frontend and answers with its status (Dynamo's frontend serves
+# /health; the simulated router has none, so the same 404 as straight to it).
+probe() { "$python" -c "
+import sys, urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+except Exception as e:
+    print(repr(e))" "$1"; }
 metrics="$(probe "http://127.0.0.1:$metrics_port/metrics")"
+health="$(probe "$proxy/health")"
+health_direct="$(probe "$router_behind/health")"
 ok=0
-[[ "$health" == 200 && "$metrics" == 200 ]] && ok=1
-count $ok "the manifest's probes reach the proxy container: GET /health $health, GET /metrics $metrics"
+[[ "$metrics" == 200 && "$health" =~ ^[0-9]+$ && "$health" == "$health_direct" ]] && ok=1
+count $ok "the manifest's probes reach the proxy container: GET /metrics $metrics; GET /health $health through the proxy, $health_direct straight to the frontend"
 
 for c in "${containers[@]}"; do podman stop --time 5 "$c" >/dev/null 2>&1 || true; done
 nothing_left
