@@ -353,13 +353,14 @@ ok=0
 [[ "$metrics" == 200 && "$health" =~ ^[0-9]+$ && "$health" == "$health_direct" ]] && ok=1
 count $ok "the manifest's probes reach the proxy container: GET /metrics $metrics; GET /health $health through the proxy, $health_direct straight to the frontend"
 
+# The peak: every image and the three containers (vfs copies each one's root whole).
+log "disk used by podman's store, the artifacts and the logs: $(du -sh "$work" | cut -f1)"
 for c in "${containers[@]}"; do podman stop --time 5 "$c" >/dev/null 2>&1 || true; done
 nothing_left
 left="$(podman ps --all --format '{{.Names}}')"
 ok=0
 [[ -z "$left" ]] && ok=1
 count $ok "no container left after the run${left:+: $left}"
-log "disk used by the private store and the artifacts: $(du -sh "$work" | cut -f1)"
 
 log "done in $((SECONDS - started)) s"
 echo "images: $passed passed, $failed failed"
