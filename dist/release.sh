@@ -77,7 +77,8 @@ log "built in $((SECONDS - started)) s"
 rm -rf "$out"
 mkdir -p "$out"
 stage="$(mktemp -d "${TMPDIR:-/tmp}/bypass-marker-release.XXXXXX")"
-trap 'rm -rf "$stage"' EXIT
+sbom_tmp="bypass-marker-sbom-$$"
+trap 'rm -rf "$stage" "$root/$sbom_tmp.json" "$root/envoy-module/$sbom_tmp.json"' EXIT
 
 # The binary's tarball.
 name="bypass-marker-$version-$triple"
@@ -122,7 +123,7 @@ fi
 # Writes an SBOM beside every manifest of the workspace; keeps the one of package directory $1.
 # Features unify across the workspace, so the module's is made without `cli`.
 sbom() { # $1 the package's directory, $2 the output file, "${@:3}" feature flags
-  local dir="$1" file="$2" tmp="bypass-marker-sbom-$$" member
+  local dir="$1" file="$2" tmp="$sbom_tmp" member
   shift 2
   SOURCE_DATE_EPOCH="$epoch" cargo cyclonedx --manifest-path "$dir/Cargo.toml" --format json \
     --spec-version 1.5 --target "$triple" --no-build-deps --override-filename "$tmp" "$@" >&2
