@@ -10,7 +10,8 @@
 # made an image by `podman import`. Then `dist/release.sh` builds every artifact with those bases,
 # and the checks:
 #   - `sha256sum -c SHA256SUMS` passes and lists every artifact; the module's file name names the
-#     Envoy releases tests/envoy/module.sh tests;
+#     Envoy releases tests/envoy/module.sh tests; each OCI archive holds its image; the tarball's
+#     binary runs; the SBOMs are CycloneDX and the module's lists no async runtime;
 #   - the images' labels (source, version, revision, licenses), user 65532, ENTRYPOINT; no shell
 #     and no package manager in the bypass-marker image;
 #   - the bypass-marker image, run as examples/k8s/ runs it (`--read-only --user 65532
@@ -20,8 +21,8 @@
 #     byte; the manifest's probes (/health through the proxy, /metrics) answer 200;
 #   - `ext-proc` from the same image behind Envoy 1.40.0 (examples/envoy/ext-proc.yaml) filters a
 #     stream;
-#   - the module copied out of its image the way an init container does (its ENTRYPOINT is the
-#     static cp), its sha256 the one recorded in the image and in SHA256SUMS, loaded by Envoy
+#   - the module copied out of its image the way examples/envoy-gateway/'s init container does
+#     (`cp`, a static busybox), its sha256 the one recorded in the image and in SHA256SUMS, loaded by Envoy
 #     1.40.0 (examples/envoy/dynamic-module.yaml) for a stream;
 #   - examples/k8s/ names the images as the release command tags them, and runs them as user 65532;
 #   - every process listens on 127.0.0.1 only; no process or container is left after the run.
@@ -197,6 +198,26 @@ PY
   count $ok "SBOM ${pair%%:*}-$version.cdx.json is CycloneDX and lists ${pair##*:}: $(tail -n 1 "$work/sbom.out")"
 done
 
+# Each OCI archive holds its image: the tag as its ref name, the labels and the user.
+for ref in "$image" "$module_image"; do
+  ok=0
+  "$python" - "$dist/${ref%%:*}-$version-oci-"*.tar "$ref" "$version" >"$work/oci.out" 2>&1 <<'PY' && ok=1
+import json, sys, tarfile
+archive, ref, version = sys.argv[1:4]
+with tarfile.open(archive) as tar:
+    blob = lambda digest: json.load(tar.extractfile("blobs/" + digest.replace(":", "/")))
+    index = json.load(tar.extractfile("index.json"))
+    (entry,) = index["manifests"]
+    name = entry["annotations"]["org.opencontainers.image.ref.name"]
+    assert name.endswith(ref), name
+    config = blob(blob(entry["digest"])["config"]["digest"])["config"]
+    assert config["Labels"]["org.opencontainers.image.version"] == version, config["Labels"]
+    assert config["User"] == "65532:65532", config["User"]
+    print(name)
+PY
+  count $ok "the OCI archive of $ref holds it: $(tail -n 1 "$work/oci.out")"
+done
+
 # ---------------------------------------------------------------------------------------------
 # The images as built
 
@@ -280,14 +301,16 @@ start envoy-ext-proc "$envoy_bin" --disable-hot-restart --concurrency 1 --log-le
 envoy_ready_in "$admin" || die "Envoy with ext-proc did not get ready: $(tail -n 20 "$work/envoy-ext-proc.log")"
 envoy_ext_proc="http://127.0.0.1:$listen"
 
-# The module, copied out of its image as an init container does (ENTRYPOINT the static cp), as
-# user 65532 into a volume.
+# The module, copied out of its image as examples/envoy-gateway/'s init container does (its
+# command, `cp` found on the image's PATH), as user 65532 into a volume; then the recorded sha256
+# by the image's ENTRYPOINT, the same static cp.
 mkdir -p "$work/modules"
 chown 65532:65532 "$work/modules"
+copy=(podman run --rm --network none --read-only --user 65532 --cap-drop ALL --security-opt no-new-privileges
+  -v "$work/modules:/modules")
 status=0
-podman run --rm --network none --read-only --user 65532 --cap-drop ALL --security-opt no-new-privileges \
-  -v "$work/modules:/modules" "$module_image" /libbypass_marker.so /libbypass_marker.so.sha256 /modules/ \
-  >"$work/copy.log" 2>&1 || status=$?
+{ "${copy[@]}" --entrypoint cp "$module_image" /libbypass_marker.so /modules/libbypass_marker.so &&
+  "${copy[@]}" "$module_image" /libbypass_marker.so.sha256 /modules/; } >"$work/copy.log" 2>&1 || status=$?
 ok=0
 ((status == 0)) && (cd "$work/modules" && sha256sum -c --quiet libbypass_marker.so.sha256) &&
   [[ "$(awk '{print $1}' "$work/modules/libbypass_marker.so.sha256")" == \
