@@ -53,7 +53,9 @@ out="${DIST_OUT:-$root/target/dist}"
 version="$(cargo metadata --format-version 1 --no-deps --locked |
   python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "tower-bypass-marker"))')"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+# The label `source` is the clone's origin when it is a URL (a local path says nothing to a user).
 source_url="$(git remote get-url origin 2>/dev/null || true)"
+[[ "$source_url" =~ ^(https?|git|ssh):// ]] || source_url=""
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 case "$triple" in
   x86_64-*) arch=amd64 ;;
