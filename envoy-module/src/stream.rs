@@ -55,6 +55,10 @@ pub trait Host {
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>>;
     /// Sets header `name` to `value`, or removes it (`None`).
     fn set_header(&mut self, headers: Headers, name: &str, value: Option<&[u8]>) -> bool;
+    /// Whether the request chunk the current hook is called for is the buffered request body
+    /// itself: an earlier filter in the chain buffered the body and resumed, and Envoy hands that
+    /// buffer on as the received chunk. The two names then reach the same bytes, to be read once.
+    fn received_request_is_buffered(&self) -> bool;
     /// The bytes in a body buffer (0 if it does not exist).
     fn body_len(&self, body: Body) -> usize;
     /// Calls `f` with the slices of a body buffer, in order (Envoy's own memory: valid only until
@@ -102,6 +106,17 @@ pub enum TrailersStatus {
     Continue,
     /// Hold them (after a local reply or a reset).
     StopIteration,
+}
+
+/// Where the request body is: the buffered body and the chunk at hand, or, when the chunk is the
+/// buffered body itself (an earlier filter buffered the body: `envoy.filters.http.buffer`, a Lua
+/// `body()`, ext_authz with the body), the buffered body alone, so that no byte is read twice.
+fn request_parts(host: &impl Host) -> &'static [Body] {
+    if host.received_request_is_buffered() {
+        &[Body::BufferedRequest]
+    } else {
+        &[Body::BufferedRequest, Body::ReceivedRequest]
+    }
 }
 
 /// The filter's state for one stream.
@@ -218,7 +233,10 @@ impl StreamFilter {
         if !self.reading {
             return BodyStatus::Continue;
         }
-        let size = host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest);
+        let size = request_parts(host)
+            .iter()
+            .map(|part| host.body_len(*part))
+            .sum::<usize>();
         if size > self.exchange.max_request_body() {
             // Refused as soon as it is known to be too large, without buffering the rest.
             self.refuse(host, &Refusal::too_large(self.exchange.max_request_body()));
@@ -245,13 +263,12 @@ impl StreamFilter {
         }
     }
 
-    /// Judges the whole buffered request body (the received chunk included).
+    /// Judges the whole buffered request body (the received chunk included, once).
     fn judge_request(&mut self, host: &mut impl Host) -> BodyStatus {
         self.reading = false;
-        let mut body = Vec::with_capacity(
-            host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest),
-        );
-        for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+        let parts = request_parts(host);
+        let mut body = Vec::with_capacity(parts.iter().map(|part| host.body_len(*part)).sum());
+        for &part in parts {
             host.with_body(part, |slices| {
                 for slice in slices {
                     body.extend_from_slice(slice);
@@ -273,7 +290,7 @@ impl StreamFilter {
                     Body::ReceivedRequest
                 };
                 let mut ok = true;
-                for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+                for &part in parts {
                     let n = host.body_len(part);
                     if n > 0 {
                         ok &= host.drain_body(part, n);

@@ -475,3 +475,80 @@ fn requests_that_go_on_ask_the_upstream_for_identity_encoding() {
         Some(&b"gzip"[..])
     );
 }
+
+/// Issue 27, item 1: a filter before this one (`envoy.filters.http.buffer`, a Lua `body()`)
+/// buffered the request body, and Envoy hands that buffer on as the received chunk. The body is
+/// read once: forwarded intact, measured once against `max-body`, spliced once.
+#[test]
+fn a_body_an_earlier_filter_buffered_is_read_once() {
+    // Forwarded intact, whether it arrives in one slice or several.
+    for slices in [
+        &[&br#"{"model":"m"}"#[..]][..],
+        &[b"{\"mod", b"el\":\"m\"}"],
+    ] {
+        let mut d = Driver::dynamo();
+        let _ = d.request("POST", &[("content-type", "application/json")], false);
+        assert_eq!(
+            d.request_buffered_before(slices, true),
+            BodyStatus::Continue
+        );
+        assert_eq!(d.fake.upstream, br#"{"model":"m"}"#);
+        assert!(d.fake.sent.is_none(), "{:?}", d.fake.sent);
+    }
+    // A 56-byte body under max-body 100 is accepted (twice 56 is over).
+    let body = format!(
+        r#"{{"model":"m","messages":[],"pad":"{}"}}"#,
+        "x".repeat(20)
+    );
+    assert_eq!(body.len(), 56);
+    let mut d = Driver::new(&Config::parse(br#"{"max-body":100}"#).unwrap());
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_buffered_before(&[body.as_bytes()], true),
+        BodyStatus::Continue
+    );
+    assert!(d.fake.sent.is_none(), "{:?}", d.fake.sent);
+    assert_eq!(d.fake.upstream, body.as_bytes());
+    // The body `1` reaches the upstream as `1`.
+    let mut d = Driver::dynamo();
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_buffered_before(&[b"1"], true),
+        BodyStatus::Continue
+    );
+    assert_eq!(d.fake.upstream, b"1");
+    // Router-owned names are still stripped, once, with the length of the spliced body.
+    let mut d = Driver::dynamo();
+    let body =
+        br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    let length = body.len().to_string();
+    let headers = [
+        ("content-type", "application/json"),
+        ("content-length", length.as_str()),
+    ];
+    let _ = d.request("POST", &headers, false);
+    assert_eq!(
+        d.request_buffered_before(&[&body[..30], &body[30..]], true),
+        BodyStatus::Continue
+    );
+    let spliced = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
+    assert_eq!(d.fake.upstream, spliced);
+    assert_eq!(
+        d.fake.header(Headers::Request, "content-length"),
+        Some(spliced.len().to_string().as_bytes())
+    );
+}
+
+/// The same body handed on by an earlier filter before its end (a filter that buffers part of
+/// it): what this filter buffers from then on is added once.
+#[test]
+fn a_body_an_earlier_filter_buffered_in_part_is_read_once_with_the_rest() {
+    let mut d = Driver::dynamo();
+    let _ = d.request("POST", &[("content-type", "application/json")], false);
+    assert_eq!(
+        d.request_buffered_before(&[b"{\"model\":"], false),
+        BodyStatus::StopIterationAndBuffer
+    );
+    assert_eq!(d.request_chunk(b"\"m\"}", true), BodyStatus::Continue);
+    assert_eq!(d.fake.upstream, br#"{"model":"m"}"#);
+}
