@@ -119,6 +119,9 @@ fn request_parts(host: &impl Host) -> &'static [Body] {
     }
 }
 
+/// Whether the process has logged an encoded event stream refused (once, the first).
+static ENCODED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The filter's state for one stream.
 #[derive(Debug)]
 pub struct StreamFilter {
@@ -130,6 +133,12 @@ pub struct StreamFilter {
     refused: bool,
     /// The filter reset the stream: nothing more goes through.
     failed: bool,
+    /// The filter answered the response itself (an encoded event stream): nothing of the
+    /// upstream's response goes through; only its own reply's head and body, should Envoy pass
+    /// them through the response hooks (`reply_seen`).
+    response_refused: bool,
+    /// The response hooks saw the filter's own reply's head, after `response_refused`.
+    reply_seen: bool,
     edit: ChunkEdit,
     /// A rebuilt response chunk, before it goes back into Envoy's buffer; reused.
     out: Vec<u8>,
@@ -156,6 +165,8 @@ impl StreamFilter {
             reading: false,
             refused: false,
             failed: false,
+            response_refused: false,
+            reply_seen: false,
             edit: ChunkEdit::new(),
             out: Vec::new(),
             #[cfg(feature = "test-panic")]
@@ -337,6 +348,11 @@ impl StreamFilter {
         if self.failed {
             return HeadersStatus::StopIteration;
         }
+        if self.response_refused {
+            // A second head after the filter replied: its own reply, which passes.
+            self.reply_seen = true;
+            return HeadersStatus::Continue;
+        }
         let status = host
             .value(Headers::Response, ":status")
             .and_then(|s| StatusCode::from_bytes(&s).ok())
@@ -376,6 +392,10 @@ impl StreamFilter {
                 }
                 HeadersStatus::Continue
             }
+            Ok(ResponseStep::Refuse(refusal)) => {
+                self.refuse_response(host, &headers, &refusal);
+                HeadersStatus::StopIteration
+            }
             Err(err) => {
                 self.fail(host, &err);
                 HeadersStatus::StopIteration
@@ -383,12 +403,45 @@ impl StreamFilter {
         }
     }
 
+    /// Answers an encoded event stream the filter cannot read, with something in it to remove for
+    /// this client, with the 502 instead, before any byte of it: counted by coding, and logged
+    /// the first time in the process (every one would be a log line per stream).
+    fn refuse_response(&mut self, host: &mut impl Host, headers: &HeaderMap, refusal: &Refusal) {
+        self.response_refused = true;
+        let coding = metrics::encoded_refused(
+            headers
+                .get_all(header::CONTENT_ENCODING)
+                .iter()
+                .map(|value| value.as_bytes()),
+        );
+        if !ENCODED_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            host.log(
+                Level::Error,
+                &format!(
+                    "bypass_marker: answered an encoded event stream ({coding}) with {}: {refusal} \
+                     (logged once; bypass_marker_encoded_streams_refused counts every one)",
+                    refusal.status().as_u16()
+                ),
+            );
+        }
+        host.send_response(
+            refusal.status().as_u16(),
+            &[("content-type", b"application/json")],
+            &refusal.body(),
+        );
+        self.flush_counts(host);
+    }
+
     /// A chunk of the response's body: scanned where it lies; the buffer is changed only where a
     /// frame is removed or a frame that goes on past the chunk is held.
     pub fn on_response_body(&mut self, host: &mut impl Host, end_of_stream: bool) -> BodyStatus {
         self.test_panic("response_body");
-        if self.failed {
+        if self.failed || (self.response_refused && !self.reply_seen) {
+            // Nothing of a refused response's own body goes out.
             return BodyStatus::StopIterationNoBuffer;
+        }
+        if self.response_refused {
+            return BodyStatus::Continue;
         }
         if !self.exchange.filters_response() {
             return BodyStatus::Continue;
@@ -432,8 +485,11 @@ impl StreamFilter {
     /// The response's trailers: the body has ended, and what it held goes out before them.
     pub fn on_response_trailers(&mut self, host: &mut impl Host) -> TrailersStatus {
         self.test_panic("response_trailers");
-        if self.failed {
+        if self.failed || (self.response_refused && !self.reply_seen) {
             return TrailersStatus::StopIteration;
+        }
+        if self.response_refused {
+            return TrailersStatus::Continue;
         }
         if !self.exchange.filters_response() {
             return TrailersStatus::Continue;

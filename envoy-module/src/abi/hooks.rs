@@ -38,7 +38,7 @@ use crate::stream::{BodyStatus, HeadersStatus, Level, StreamFilter, TrailersStat
 /// A configuration Envoy loaded: the filter's, and its counters' ids.
 struct ModuleConfig {
     config: Config,
-    counters: [usize; 3],
+    counters: [usize; Counter::ALL.len()],
 }
 
 /// One stream's state: the module pointer Envoy holds for it. Hooks only ever see it as `&Filter`
@@ -46,7 +46,7 @@ struct ModuleConfig {
 pub(super) struct Filter {
     /// The per-stream layer, borrowed mutably by the one hook that runs it.
     stream: RefCell<StreamFilter>,
-    counters: [usize; 3],
+    counters: [usize; Counter::ALL.len()],
     /// How many hooks of this stream are running now: the outer one and those Envoy called from
     /// inside it.
     depth: Cell<u32>,
@@ -172,7 +172,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 return ptr::null();
             }
         };
-        let mut counters = [0usize; 3];
+        let mut counters = [0usize; Counter::ALL.len()];
         for counter in Counter::ALL {
             let name = counter.name();
             let mut labels = [ModuleBuffer::new(counter.label().as_bytes())];

@@ -14,7 +14,7 @@ use crate::stream::{Body, Headers, Host, Level};
 /// One stream's operations: Envoy's callbacks on its pointer, for the duration of one hook.
 pub(super) struct EnvoyStream<'a> {
     envoy: FilterEnvoyPtr,
-    counters: [usize; 3],
+    counters: [usize; Counter::ALL.len()],
     /// Set while `send_response` runs: Envoy may run this filter's response hooks for the reply
     /// from inside it (`abi/hooks.rs`, the rule for re-entry).
     replying: &'a Cell<bool>,
@@ -24,7 +24,7 @@ impl<'a> EnvoyStream<'a> {
     /// The stream whose pointer Envoy passed to the running hook.
     pub(super) fn new(
         envoy: FilterEnvoyPtr,
-        counters: [usize; 3],
+        counters: [usize; Counter::ALL.len()],
         replying: &'a Cell<bool>,
     ) -> Self {
         Self {

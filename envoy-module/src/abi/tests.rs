@@ -332,7 +332,8 @@ fn a_stream_through_the_exported_hooks_has_its_marker_drained_and_counted() {
         [
             "bypass_marker_frames_removed",
             "bypass_marker_frames_forwarded",
-            "bypass_marker_requests_refused"
+            "bypass_marker_requests_refused",
+            "bypass_marker_encoded_streams_refused"
         ]
     );
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
