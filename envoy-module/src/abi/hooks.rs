@@ -18,7 +18,10 @@
 //!    hook stops the stream (fail closed); `stream_complete` is remembered and run by the outer
 //!    hook once the filter is free.
 //! 3. `on_http_filter_destroy` from inside a hook does not free the filter: it marks it, and the
-//!    outermost hook frees it after its last use ([`Filter::depth`]).
+//!    outermost hook frees it after its last use ([`Filter::depth`]). Envoy's side of the stream
+//!    (the pointer the callbacks take) is deleted by Envoy only later, from its event loop, so
+//!    the callbacks the outer hook still makes after the reset (counting, mostly) reach a live
+//!    object.
 //!
 //! `abi/tests.rs` pins each: a fake `reset_stream` that calls `stream_complete` and `destroy` from
 //! inside the hook, and a fake `send_response` that calls the response hooks.
