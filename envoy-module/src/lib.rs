@@ -23,10 +23,12 @@
 //!
 //! Each stream drives [`tower_bypass_marker::json::Exchange`], the state machine
 //! `bypass-marker ext-proc` drives too, so the module and the processor answer the same input with
-//! the same bytes ([`stream`]). The package is layered as the -sys crates are: `abi.rs` holds the
-//! raw declarations and every `unsafe` block; [`stream::StreamFilter`] above it is safe Rust over
-//! the few stream operations of [`stream::Host`], tested with a fake of them. Counters go to
-//! Envoy's stats ([`metrics`]).
+//! the same bytes ([`stream`]). The package is layered as the -sys crates are: `abi/` holds every
+//! `unsafe` block, split into the raw declarations alone (`abi/sys.rs`), the exported hooks with
+//! their safety argument, re-entry included (`abi/hooks.rs`), and [`stream::Host`] on Envoy's
+//! callbacks (`abi/host.rs`); [`stream::StreamFilter`] above it is safe Rust over the few stream
+//! operations of [`stream::Host`], tested with a fake of them. Counters go to Envoy's stats
+//! ([`metrics`]).
 
 #![warn(missing_docs, unreachable_pub)]
 

@@ -17,8 +17,13 @@ pub const FRAMES_REMOVED: &str = "bypass_marker_frames_removed";
 pub const FRAMES_FORWARDED: &str = "bypass_marker_frames_forwarded";
 /// `bypass_marker_requests_refused{status}`: requests the filter answered itself.
 pub const REQUESTS_REFUSED: &str = "bypass_marker_requests_refused";
-/// The counters' label names, in the order of the three names above.
-pub const LABELS: [&str; 3] = ["annotation", "annotation", "status"];
+/// `bypass_marker_encoded_streams_refused{coding}`: event streams the upstream sent in a content
+/// coding the filter cannot read, answered with a 502 instead because something would have had to
+/// be removed for the client. `coding` is the first coding other than `identity`, one of `gzip`,
+/// `deflate`, `br`, `zstd`, `compress`, or `other` (so the upstream cannot grow the series).
+pub const ENCODED_STREAMS_REFUSED: &str = "bypass_marker_encoded_streams_refused";
+/// The counters' label names, in the order of the four names above.
+pub const LABELS: [&str; 4] = ["annotation", "annotation", "status", "coding"];
 
 /// The `annotation` label of frames that `sdk-safe` removed without a configured name (the
 /// sidecar's empty label, which Envoy's stat names cannot carry).
@@ -33,14 +38,17 @@ pub enum Counter {
     FramesForwarded,
     /// [`REQUESTS_REFUSED`].
     RequestsRefused,
+    /// [`ENCODED_STREAMS_REFUSED`].
+    EncodedStreamsRefused,
 }
 
 impl Counter {
     /// Every counter, in the order they are defined.
-    pub const ALL: [Counter; 3] = [
+    pub const ALL: [Counter; 4] = [
         Counter::FramesRemoved,
         Counter::FramesForwarded,
         Counter::RequestsRefused,
+        Counter::EncodedStreamsRefused,
     ];
 
     /// The counter's stat name.
@@ -49,6 +57,7 @@ impl Counter {
             Counter::FramesRemoved => FRAMES_REMOVED,
             Counter::FramesForwarded => FRAMES_FORWARDED,
             Counter::RequestsRefused => REQUESTS_REFUSED,
+            Counter::EncodedStreamsRefused => ENCODED_STREAMS_REFUSED,
         }
     }
 
@@ -107,6 +116,23 @@ pub fn refused(status: u16) {
     let mut digits = [0u8; 3];
     let label = status_label(status, &mut digits);
     add(Counter::RequestsRefused, label);
+}
+
+/// Counts an encoded event stream refused, by the first coding other than `identity` in
+/// `content-encoding` (its values as the response has them).
+pub fn encoded_refused<'a>(content_encoding: impl IntoIterator<Item = &'a [u8]>) -> &'static str {
+    let first = content_encoding
+        .into_iter()
+        .flat_map(|value| value.split(|&b| b == b','))
+        .map(|coding| coding.trim_ascii())
+        .find(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity"))
+        .unwrap_or_default();
+    let label = ["gzip", "deflate", "br", "zstd", "compress"]
+        .into_iter()
+        .find(|known| first.eq_ignore_ascii_case(known.as_bytes()))
+        .unwrap_or("other");
+    add(Counter::EncodedStreamsRefused, label);
+    label
 }
 
 fn status_label(status: u16, digits: &mut [u8; 3]) -> &str {

@@ -55,6 +55,10 @@ pub trait Host {
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>>;
     /// Sets header `name` to `value`, or removes it (`None`).
     fn set_header(&mut self, headers: Headers, name: &str, value: Option<&[u8]>) -> bool;
+    /// Whether the request chunk the current hook is called for is the buffered request body
+    /// itself: an earlier filter in the chain buffered the body and resumed, and Envoy hands that
+    /// buffer on as the received chunk. The two names then reach the same bytes, to be read once.
+    fn received_request_is_buffered(&self) -> bool;
     /// The bytes in a body buffer (0 if it does not exist).
     fn body_len(&self, body: Body) -> usize;
     /// Calls `f` with the slices of a body buffer, in order (Envoy's own memory: valid only until
@@ -104,6 +108,20 @@ pub enum TrailersStatus {
     StopIteration,
 }
 
+/// Where the request body is: the buffered body and the chunk at hand, or, when the chunk is the
+/// buffered body itself (an earlier filter buffered the body: `envoy.filters.http.buffer`, a Lua
+/// `body()`, ext_authz with the body), the buffered body alone, so that no byte is read twice.
+fn request_parts(host: &impl Host) -> &'static [Body] {
+    if host.received_request_is_buffered() {
+        &[Body::BufferedRequest]
+    } else {
+        &[Body::BufferedRequest, Body::ReceivedRequest]
+    }
+}
+
+/// Whether the process has logged an encoded event stream refused (once, the first).
+static ENCODED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The filter's state for one stream.
 #[derive(Debug)]
 pub struct StreamFilter {
@@ -115,6 +133,12 @@ pub struct StreamFilter {
     refused: bool,
     /// The filter reset the stream: nothing more goes through.
     failed: bool,
+    /// The filter answered the response itself (an encoded event stream): nothing of the
+    /// upstream's response goes through; only its own reply's head and body, should Envoy pass
+    /// them through the response hooks (`reply_seen`).
+    response_refused: bool,
+    /// The response hooks saw the filter's own reply's head, after `response_refused`.
+    reply_seen: bool,
     edit: ChunkEdit,
     /// A rebuilt response chunk, before it goes back into Envoy's buffer; reused.
     out: Vec<u8>,
@@ -141,6 +165,8 @@ impl StreamFilter {
             reading: false,
             refused: false,
             failed: false,
+            response_refused: false,
+            reply_seen: false,
             edit: ChunkEdit::new(),
             out: Vec::new(),
             #[cfg(feature = "test-panic")]
@@ -218,7 +244,10 @@ impl StreamFilter {
         if !self.reading {
             return BodyStatus::Continue;
         }
-        let size = host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest);
+        let size = request_parts(host)
+            .iter()
+            .map(|part| host.body_len(*part))
+            .sum::<usize>();
         if size > self.exchange.max_request_body() {
             // Refused as soon as it is known to be too large, without buffering the rest.
             self.refuse(host, &Refusal::too_large(self.exchange.max_request_body()));
@@ -245,13 +274,12 @@ impl StreamFilter {
         }
     }
 
-    /// Judges the whole buffered request body (the received chunk included).
+    /// Judges the whole buffered request body (the received chunk included, once).
     fn judge_request(&mut self, host: &mut impl Host) -> BodyStatus {
         self.reading = false;
-        let mut body = Vec::with_capacity(
-            host.body_len(Body::BufferedRequest) + host.body_len(Body::ReceivedRequest),
-        );
-        for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+        let parts = request_parts(host);
+        let mut body = Vec::with_capacity(parts.iter().map(|part| host.body_len(*part)).sum());
+        for &part in parts {
             host.with_body(part, |slices| {
                 for slice in slices {
                     body.extend_from_slice(slice);
@@ -273,7 +301,7 @@ impl StreamFilter {
                     Body::ReceivedRequest
                 };
                 let mut ok = true;
-                for part in [Body::BufferedRequest, Body::ReceivedRequest] {
+                for &part in parts {
                     let n = host.body_len(part);
                     if n > 0 {
                         ok &= host.drain_body(part, n);
@@ -320,6 +348,11 @@ impl StreamFilter {
         if self.failed {
             return HeadersStatus::StopIteration;
         }
+        if self.response_refused {
+            // A second head after the filter replied: its own reply, which passes.
+            self.reply_seen = true;
+            return HeadersStatus::Continue;
+        }
         let status = host
             .value(Headers::Response, ":status")
             .and_then(|s| StatusCode::from_bytes(&s).ok())
@@ -359,6 +392,10 @@ impl StreamFilter {
                 }
                 HeadersStatus::Continue
             }
+            Ok(ResponseStep::Refuse(refusal)) => {
+                self.refuse_response(host, &headers, &refusal);
+                HeadersStatus::StopIteration
+            }
             Err(err) => {
                 self.fail(host, &err);
                 HeadersStatus::StopIteration
@@ -366,12 +403,45 @@ impl StreamFilter {
         }
     }
 
+    /// Answers an encoded event stream the filter cannot read, with something in it to remove for
+    /// this client, with the 502 instead, before any byte of it: counted by coding, and logged
+    /// the first time in the process (every one would be a log line per stream).
+    fn refuse_response(&mut self, host: &mut impl Host, headers: &HeaderMap, refusal: &Refusal) {
+        self.response_refused = true;
+        let coding = metrics::encoded_refused(
+            headers
+                .get_all(header::CONTENT_ENCODING)
+                .iter()
+                .map(|value| value.as_bytes()),
+        );
+        if !ENCODED_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            host.log(
+                Level::Error,
+                &format!(
+                    "bypass_marker: answered an encoded event stream ({coding}) with {}: {refusal} \
+                     (logged once; bypass_marker_encoded_streams_refused counts every one)",
+                    refusal.status().as_u16()
+                ),
+            );
+        }
+        host.send_response(
+            refusal.status().as_u16(),
+            &[("content-type", b"application/json")],
+            &refusal.body(),
+        );
+        self.flush_counts(host);
+    }
+
     /// A chunk of the response's body: scanned where it lies; the buffer is changed only where a
     /// frame is removed or a frame that goes on past the chunk is held.
     pub fn on_response_body(&mut self, host: &mut impl Host, end_of_stream: bool) -> BodyStatus {
         self.test_panic("response_body");
-        if self.failed {
+        if self.failed || (self.response_refused && !self.reply_seen) {
+            // Nothing of a refused response's own body goes out.
             return BodyStatus::StopIterationNoBuffer;
+        }
+        if self.response_refused {
+            return BodyStatus::Continue;
         }
         if !self.exchange.filters_response() {
             return BodyStatus::Continue;
@@ -415,8 +485,11 @@ impl StreamFilter {
     /// The response's trailers: the body has ended, and what it held goes out before them.
     pub fn on_response_trailers(&mut self, host: &mut impl Host) -> TrailersStatus {
         self.test_panic("response_trailers");
-        if self.failed {
+        if self.failed || (self.response_refused && !self.reply_seen) {
             return TrailersStatus::StopIteration;
+        }
+        if self.response_refused {
+            return TrailersStatus::Continue;
         }
         if !self.exchange.filters_response() {
             return TrailersStatus::Continue;

@@ -122,6 +122,7 @@ impl Spliced {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     status: StatusCode,
+    kind: &'static str,
     code: &'static str,
     message: String,
 }
@@ -130,8 +131,25 @@ impl Refusal {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: String) -> Self {
         Self {
             status,
+            kind: "invalid_request_error",
             code,
             message,
+        }
+    }
+
+    /// 502 `encoded_event_stream` (error type `server_error`): the upstream answered with a
+    /// `text/event-stream` in a content coding (`coding`, such as `gzip`) that the filter cannot
+    /// read, and something would have to be removed from it for this client. Sent instead of the
+    /// response, before any byte of it.
+    pub fn encoded_event_stream(coding: &str) -> Self {
+        Self {
+            status: StatusCode::BAD_GATEWAY,
+            kind: "server_error",
+            code: "encoded_event_stream",
+            message: format!(
+                "the upstream sent an event stream with content-encoding {coding}, which cannot \
+                 be filtered; the upstream must answer with content-encoding identity"
+            ),
         }
     }
 
@@ -159,7 +177,8 @@ impl Refusal {
     }
 
     /// The error's `code`: `request_too_large`, `unsupported_content_encoding`, `invalid_json`,
-    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)).
+    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)),
+    /// or `encoded_event_stream` for a response ([`Refusal::encoded_event_stream`]).
     pub fn code(&self) -> &str {
         self.code
     }
@@ -169,13 +188,20 @@ impl Refusal {
         &self.message
     }
 
+    /// The error's `type`: `invalid_request_error` for a refused request, `server_error` for a
+    /// refused response.
+    pub fn kind(&self) -> &str {
+        self.kind
+    }
+
     /// The response body, `content-type: application/json`:
-    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}`.
+    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}` (the
+    /// `type` is [`kind`](Self::kind)).
     pub fn body(&self) -> Bytes {
         let json = serde_json::json!({
             "error": {
                 "message": self.message,
-                "type": "invalid_request_error",
+                "type": self.kind,
                 "param": null,
                 "code": self.code,
             }
@@ -332,13 +358,27 @@ pub(crate) fn join(mut chunks: Vec<Bytes>) -> Bytes {
     }
 }
 
-/// Whether the content type is one a lenient server parses as JSON: no `content-type` header, an
-/// empty one, or any value whose media type is `application/json` or `application/*+json` (see
-/// [`is_json_media_type`]). Of several headers, any one counts.
+/// Whether the content type is one a lenient server parses as JSON: no `content-type` header, or
+/// any one of several whose value [`reads_value`] reads.
 fn reads_content_type(headers: &HeaderMap) -> bool {
     let mut types = headers.get_all(CONTENT_TYPE).iter().peekable();
-    types.peek().is_none()
-        || types.any(|v| trim_lenient(v.as_bytes()).is_empty() || is_json_media_type(v.as_bytes()))
+    types.peek().is_none() || types.any(|v| reads_value(v.as_bytes()))
+}
+
+/// Whether one `content-type` value is read: the value as a whole is empty or a JSON media type
+/// (see [`is_json_media_type`]), or it is a comma-separated list (as Envoy and other proxies merge
+/// repeated headers: `text/plain,application/json`) and one of its elements is.
+///
+/// Elements are found twice, at the commas outside quoted strings (RFC 9110) and at every comma,
+/// and either finding counts: a quoted string that one header opens and the next one closes (`a/b;
+/// x="` then `application/json; y="`, merged) cannot hide the element after it. So a list is
+/// read whenever one of the headers it was merged from would have been, and also when the merged
+/// value as a whole reads as JSON to a server that does not split it. Both passes are linear.
+pub(crate) fn reads_value(value: &[u8]) -> bool {
+    let reads = |element: &[u8]| trim_lenient(element).is_empty() || is_json_media_type(element);
+    reads(value)
+        || value.split(|&b| b == b',').any(reads)
+        || crate::future::split_outside_quotes(value).any(reads)
 }
 
 /// `application/json` or `application/<anything>+json` (`application/+json` included), any ASCII
@@ -445,6 +485,40 @@ mod tests {
                 !is_json_media_type(other),
                 "{:?}",
                 String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    /// Envoy merges repeated `content-type` headers into one value joined by commas; the docs
+    /// promise that any one of several headers counts, so any one element counts.
+    #[test]
+    fn a_comma_joined_content_type_is_read_when_any_element_is_json() {
+        for read in [
+            &b"text/plain,application/json"[..],
+            b"application/json,text/plain",
+            b"text/plain, application/vnd.api+json; charset=utf-8",
+            b"text/plain; q=\"a,b\",application/json",
+            b"text/plain,",
+            b",text/plain",
+            b"text/plain, \xA0 ,text/html",
+            // A quote that the next header closes does not hide the element between them.
+            b"a/b; x=\",application/json; y=\"",
+            b"text/plain; x=\"unterminated,application/json",
+            // Read whole, as a server that does not split it reads it.
+            b"application/xml,text/vnd+json",
+        ] {
+            assert!(reads_value(read), "{:?}", String::from_utf8_lossy(read));
+        }
+        for skipped in [
+            &b"text/plain,text/html"[..],
+            b"text/plain; x=\"application/json\"",
+            b"text/plain; x=\"a,application/json\"",
+            b"multipart/form-data; boundary=\"a,b\", text/plain",
+        ] {
+            assert!(
+                !reads_value(skipped),
+                "{:?}",
+                String::from_utf8_lossy(skipped)
             );
         }
     }

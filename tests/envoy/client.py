@@ -37,6 +37,13 @@ clean end of a response from a broken one.
       (a module built with feature test-panic) a request whose header makes HOOK panic: the
       client sees an error or a broken stream, never the marker nor a clean end of a stream; the
       next request is served
+  client.py chain --envoy URL --upstream URL --label NAME
+      (an Envoy with a body-buffering filter before the module, max-body 100) {"model":"m"}, a
+      56-byte body, the body `1` and a body naming a router-owned marker, with content-length and
+      chunked: each reaches the upstream once, as sent (the marker stripped)
+  client.py encoded --envoy URL --upstream URL
+      an upstream that gzips an event stream whatever the request asked for: a 502 before any
+      byte (the stream has a marker to remove), and the next stream is served
 
 Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
 """
@@ -634,12 +641,61 @@ async def run_panic(args):
     await served_after(args, f"after a panic in {args.hook}")
 
 
+async def run_chain(args):
+    """A filter before the module buffered the request body (envoy.filters.http.buffer, a Lua
+    body()): each body reaches the upstream once, as sent (issue 27, item 1). The Envoy under test
+    runs the module with max-body 100."""
+    ids = Ids("chain")
+    pad = "x" * 20
+    cases = [
+        ("{\"model\":\"m\"} forwarded intact", b'{"model":"m"}', {"model": "m"}),
+        ("a 56-byte body under max-body 100 accepted",
+         ('{"model":"m","messages":[],"pad":"%s"}' % pad).encode(),
+         {"model": "m", "messages": [], "pad": pad}),
+        ("the body `1` reaches the upstream as `1`", b"1", 1),
+        ("router-owned names stripped",
+         b'{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}',
+         {"model": "m", "nvext": {"annotations": ["request_id"]}}),
+    ]
+    assert len(cases[1][1]) == 56
+    for chunked in (False, True):
+        framing = "chunked" if chunked else "content-length"
+        for what, body, want in cases:
+            test_id = ids()
+            res = await request(args.envoy, "/v1/chat/completions", body,
+                                headers={"x-test-id": test_id}, chunked=chunked)
+            entry = await seen(args.upstream, test_id)
+            got = entry and entry["body"]
+            report(
+                res.status == 200 and got == want,
+                f"{args.label}, {framing}: {what} (status {res.status})",
+                f"status {res.status}, body {show(res.body)}, upstream got {got!r}",
+            )
+
+
+async def run_encoded(args):
+    """An upstream that gzips an event stream although the module asked for identity: the client
+    gets a 502 before any byte, never the compressed marker (issue 27, item 2)."""
+    test_id = Ids("encoded")()
+    res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "gzip"}),
+                        headers={"x-test-id": test_id, "accept-encoding": "gzip"})
+    report(
+        res.status == 502 and res.headers.get("content-encoding") is None
+        and b"event-stream" not in res.headers.get("content-type", "").encode(),
+        f"a gzip-encoded event stream: status {res.status}, content-type "
+        f"{res.headers.get('content-type')}, no byte of the stream",
+        f"status {res.status}, headers {res.headers}, body {show(res.body)}",
+    )
+    await served_after(args, "after an encoded stream")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
-                                         "pieces", "panic"])
+                                         "pieces", "panic", "chain", "encoded"])
     parser.add_argument("--front", choices=["processor", "module"], default="processor")
     parser.add_argument("--hook", default="response_body")
+    parser.add_argument("--label", default="", help="names the Envoy in chain's check lines")
     parser.add_argument("--envoy", required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--streams", type=int, default=1000)

@@ -21,7 +21,15 @@
 #     under examples/envoy/ passes `envoy --mode validate`;
 #   - the module's counters in /stats/prometheus;
 #   - a panic in a hook (the test-panic build): a broken stream, never the marker, and Envoy
-#     serves the next request;
+#     serves the next request (in response_body, the reset re-enters the module: Envoy 1.40 runs
+#     stream_complete from inside reset_stream);
+#   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged
+#     (the 502 in 1.38.3 and 1.39.3 too);
+#   - two content-type headers (text/plain, application/json), which Envoy joins with a comma,
+#     over HTTP/1.1 and HTTP/2 (curl): the router-owned name is stripped all the same;
+#   - envoy.filters.http.buffer, then a Lua filter calling body(), before the module, in 1.40.0,
+#     1.38.3 and 1.39.3 (max-body 100): {"model":"m"}, a 56-byte body, the body `1` and a body
+#     naming a router-owned marker each reach the upstream once, as sent (the marker stripped);
 #   - Envoy 1.38.3 and 1.39.3 load the module (ABI v0.2.0 against their v0.1.0: a warning) and
 #     filter split streams byte for byte;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
@@ -157,6 +165,29 @@ for hook in request_headers request_body response_headers response_body; do
     --upstream "$upstream" --hook "$hook"
 done
 
+# Issue 27, item 2: an upstream that gzips an event stream although the module asked for identity:
+# a 502 before any byte (the module's local reply), counted and logged.
+run_client "an encoded event stream" "${client[@]}" encoded --front module --envoy "$envoy_upstream" \
+  --upstream "$upstream"
+ok=0
+grep -Eq '\[error\]\[dynamic_modules\].*bypass_marker: answered an encoded event stream \(gzip\) with 502' \
+  "$work/envoy-upstream.log" && ok=1
+count $ok "an encoded event stream is logged through Envoy's logger at error"
+
+# Issue 27, item 4: two content-type headers (text/plain and application/json), which Envoy joins
+# into one value with a comma, over HTTP/1.1 and HTTP/2: the body is guarded all the same.
+for proto in --http1.1 --http2-prior-knowledge; do
+  test_id="merged-content-type${proto}-$$"
+  status="$(curl -s -o /dev/null -w '%{http_code}' "$proto" -H "x-test-id: $test_id" \
+    -H 'content-type: text/plain' -H 'content-type: application/json' \
+    --data-binary '{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}' \
+    "$envoy_upstream/v1/chat/completions" || true)"
+  got="$("$python" -c "import json, sys, urllib.request; print(json.dumps(json.load(urllib.request.urlopen('$upstream/seen?test_id=$test_id', timeout=5))['body'], sort_keys=True))" 2>/dev/null || echo missing)"
+  ok=0
+  [[ "$status" == 200 && "$got" == '{"model": "m", "nvext": {"annotations": ["request_id"]}}' ]] && ok=1
+  count $ok "two content-type headers (text/plain, application/json) over ${proto#--}: the router-owned name stripped (status $status, upstream got $got)"
+done
+
 # The counters, after the checks above: Envoy's Prometheus names for the sidecar's metrics.
 stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_upstream_admin/stats/prometheus', timeout=5).read().decode())")"
 for series in \
@@ -165,7 +196,8 @@ for series in \
   'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
   'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="request_id"}' \
   'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="400"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="413"}'; do
+  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="413"}' \
+  'envoy_dynamicmodulescustom_bypass_marker_encoded_streams_refused{coding="gzip"}'; do
   value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
   ok=0
   [[ -n "$value" && "$value" -gt 0 ]] && ok=1
@@ -215,6 +247,58 @@ for version in 1.40.0 $older; do
   count $ok "Envoy $version exports all $(wc -l <<<"$imports") callbacks the module calls${missing:+; missing: $missing}"
 done
 
+# Issue 27, item 1: a filter before the module buffered the request body (envoy.filters.http.buffer,
+# or a Lua filter calling body()), and Envoy hands the buffered body on as the received chunk:
+# each body reaches the upstream once, as sent, in every Envoy tested. The module runs with
+# max-body 100 here.
+chain_bootstrap() {
+  "$python" - "$root/examples/envoy/dynamic-module.yaml" "$1" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+before = {
+    "buffer": """\
+          - name: envoy.filters.http.buffer
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 1048576
+""",
+    "lua": """\
+          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(handle)
+                    handle:body()
+                  end
+""",
+}[sys.argv[2]]
+module = "          - name: envoy.filters.http.dynamic_modules\n"
+config = "value: '{\"preset\": \"dynamo\"}'"
+assert text.count(module) == 1 and text.count(config) == 1
+text = text.replace(module, before + module).replace(config, "value: '{\"preset\": \"dynamo\", \"max-body\": 100}'")
+print(text)
+PY
+}
+for version in 1.40.0 $older; do
+  for kind in buffer lua; do
+    chain_bootstrap "$kind" >"$work/chain-$kind.yaml" || die "cannot write the $kind bootstrap"
+    chain_listen="$(free_port)"
+    chain_admin="$(free_port)"
+    render_bootstrap "$work/chain-$kind.yaml" LISTEN_PORT="$chain_listen" ADMIN_PORT="$chain_admin" \
+      UPSTREAM_PORT="${upstream##*:}" >"$work/chain-$kind-$version.yaml" || die "cannot render the $kind bootstrap"
+    name="envoy-chain-$kind-$version"
+    ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$modules" start "$name" "${envoys[$version]}" --disable-hot-restart \
+      --concurrency 1 --log-level info -c "$work/chain-$kind-$version.yaml"
+    wait_for "$last_group" 300 envoy_ready "$chain_admin" || die "Envoy $version ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
+    run_client "Envoy $version, $kind filter before the module" "${client[@]}" chain --front module \
+      --envoy "http://127.0.0.1:$chain_listen" --upstream "$upstream" --label "Envoy $version, $kind before the module"
+    # Stopped now, so that the Envoys of this loop do not all run at once.
+    kill -TERM -- "-$last_group" 2>/dev/null || true
+    wait "$last_group" 2>/dev/null || true
+  done
+done
+
 # The older Envoys load the same module and filter split streams.
 for version in $older; do
   start_envoy "envoy-$version" "$version" "${upstream##*:}" "$modules"
@@ -223,6 +307,8 @@ for version in $older; do
   count $ok "Envoy $version loads the module (ABI v0.2.0 against its v0.1.0: a warning, no error)"
   run_client "Envoy $version, streams in 1-9 byte pieces" "${client[@]}" pieces --front module \
     --envoy "$url" --upstream "$upstream" --streams 4
+  run_client "Envoy $version, an encoded event stream" "${client[@]}" encoded --front module \
+    --envoy "$url" --upstream "$upstream"
 done
 
 nothing_left

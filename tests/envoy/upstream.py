@@ -17,6 +17,8 @@
          {"kind": "paced", "events": N, "interval_ms": MS}
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
+         {"kind": "gzip"}         the paced stream of 3, gzip-compressed whatever the request's
+                                   accept-encoding says
          {"kind": "reset", "events": N}
                                    N data frames (with markers) 50 ms apart, then after 200 ms a
                                    TCP reset (no end chunk)
@@ -24,7 +26,8 @@
                                 router-owned marker in nvext.annotations, in any form}
   GET  /seen?test_id=X          what the upstream received for the request whose header
                                 `x-test-id` was X: {"body": <the JSON body as received>,
-                                "outcome": "complete" | "cancelled" | "reset" | "open"}; 404 if
+                                "outcome": "complete" | "cancelled" | "reset" | "open",
+                                "accept_encoding", "content_type": those request headers}; 404 if
                                 no such request arrived
 
 Requests without `x-test-id` are served but not recorded. The server stops by itself after
@@ -194,9 +197,17 @@ async def handle(reader, writer):
                 entry = record(test_id, request_json)
                 if entry is not None:
                     entry["accept_encoding"] = headers.get("accept-encoding")
-                # Compresses for a client that accepts gzip, as web servers do.
-                gzip = "gzip" in headers.get("accept-encoding", "")
+                    entry["content_type"] = headers.get("content-type")
+                if not isinstance(request_json, dict):  # JSON, not a chat request (`1`)
+                    writer.write(simple(200, "application/json", COMPLETION))
+                    if entry:
+                        entry["outcome"] = "complete"
+                    await writer.drain()
+                    continue
+                # Compresses for a client that accepts gzip, as web servers do; `gzip` compresses
+                # whatever the client accepts (an upstream that ignores accept-encoding).
                 test = request_json.get("test") or {}
+                gzip = "gzip" in headers.get("accept-encoding", "") or test.get("kind") == "gzip"
                 if not request_json.get("stream"):
                     writer.write(simple(200, "application/json", COMPLETION))
                     if entry:

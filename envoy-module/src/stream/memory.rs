@@ -31,6 +31,9 @@ pub struct MemoryHost {
     pub logs: Vec<(Level, String)>,
     /// Calls that change the stream.
     pub mutations: usize,
+    /// The received request chunk is the buffered request body (an earlier filter buffered it):
+    /// both names reach `bodies[1]`, as in Envoy.
+    pub received_is_buffered: bool,
 }
 
 fn index(body: Body) -> usize {
@@ -43,6 +46,16 @@ fn index(body: Body) -> usize {
 }
 
 impl MemoryHost {
+    /// The buffer a name reaches: the received request chunk is the buffered body when an earlier
+    /// filter buffered it.
+    fn slot(&self, body: Body) -> usize {
+        if body == Body::ReceivedRequest && self.received_is_buffered {
+            index(Body::BufferedRequest)
+        } else {
+            index(body)
+        }
+    }
+
     fn list(&self, headers: Headers) -> &Vec<(String, Vec<u8>)> {
         match headers {
             Headers::Request => &self.request_headers,
@@ -100,12 +113,16 @@ impl Host for MemoryHost {
         true
     }
 
+    fn received_request_is_buffered(&self) -> bool {
+        self.received_is_buffered
+    }
+
     fn body_len(&self, body: Body) -> usize {
-        self.bodies[index(body)].iter().map(Vec::len).sum()
+        self.bodies[self.slot(body)].iter().map(Vec::len).sum()
     }
 
     fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R {
-        let slices: Vec<&[u8]> = self.bodies[index(body)]
+        let slices: Vec<&[u8]> = self.bodies[self.slot(body)]
             .iter()
             .map(Vec::as_slice)
             .filter(|s| !s.is_empty())
@@ -115,7 +132,8 @@ impl Host for MemoryHost {
 
     fn drain_body(&mut self, body: Body, mut n: usize) -> bool {
         self.mutations += 1;
-        let slices = &mut self.bodies[index(body)];
+        let slot = self.slot(body);
+        let slices = &mut self.bodies[slot];
         while n > 0 && !slices.is_empty() {
             let take = n.min(slices[0].len());
             slices[0].drain(..take);
@@ -129,7 +147,8 @@ impl Host for MemoryHost {
 
     fn append_body(&mut self, body: Body, data: &[u8]) -> bool {
         self.mutations += 1;
-        self.bodies[index(body)].push(data.to_vec());
+        let slot = self.slot(body);
+        self.bodies[slot].push(data.to_vec());
         true
     }
 
@@ -212,6 +231,22 @@ impl Simulated {
                 }
             }
             BodyStatus::StopIterationNoBuffer => {}
+        }
+        status
+    }
+
+    /// The whole request body as a filter before this one buffered it (`envoy.filters.http.buffer`,
+    /// a Lua `body()`): Envoy hands the buffered body on as the received chunk, in these slices;
+    /// on Continue it goes upstream.
+    pub fn request_buffered_before(&mut self, slices: &[&[u8]], end_of_stream: bool) -> BodyStatus {
+        self.fake.bodies[1] = slices.iter().map(|s| s.to_vec()).collect();
+        self.fake.received_is_buffered = true;
+        let status = self.filter.on_request_body(&mut self.fake, end_of_stream);
+        self.fake.received_is_buffered = false;
+        if status == BodyStatus::Continue {
+            for slice in std::mem::take(&mut self.fake.bodies[1]) {
+                self.fake.upstream.extend_from_slice(&slice);
+            }
         }
         status
     }
