@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Thousands of long-lived event streams at once through the real Envoy 1.40.0 with the shipped
-# bootstrap (examples/envoy/dynamic-module.yaml, its circuit breakers as shipped) and the dynamic
-# module, all on 127.0.0.1: N streams (default 5,000) of E events (default 100) MS apart (default
-# 20 ms), every one in flight at once. Checks that every stream arrives intact and without
-# Dynamo's marker, that the upstream got exactly N requests, that Envoy's circuit breakers
-# overflowed nowhere, and that the module's counter says exactly N markers removed. Prints
-# Envoy's peak RSS.
+# bootstrap (examples/envoy/dynamic-module.yaml: its circuit breakers as shipped, its addresses
+# set by examples/envoy/render.sh) and the dynamic module, all on 127.0.0.1: N streams (default
+# 5,000) of E events (default 100) MS apart (default 20 ms), every one in flight at once. Checks
+# that every stream arrives intact and without Dynamo's marker, that the upstream got exactly N
+# requests, that Envoy's circuit breakers overflowed nowhere, and that the module's counter says
+# exactly N markers removed. Prints Envoy's peak RSS.
 #
 #   bash tests/envoy/concurrency.sh
 #
@@ -14,7 +14,7 @@
 #
 # Environment:
 #   CONCURRENCY_STREAMS (default 5000), CONCURRENCY_EVENTS (100), CONCURRENCY_INTERVAL_MS (20)
-#   CONCURRENCY_MAX_STREAMS   render the bootstrap's MAX_STREAMS with this (default: as shipped)
+#   CONCURRENCY_MAX_STREAMS   render.sh --max-streams (default: as shipped)
 #   ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR
 # Needs 2 x N + 200 open files per process (ulimit -n; raised to the hard limit here).
 # Ends with `envoy concurrency: N passed, M failed`; exits non-zero if anything failed.
@@ -44,8 +44,6 @@ fi
 
 # shellcheck source=tests/envoy/install.sh
 source "$here/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$here/render.sh"
 work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-concurrency.XXXXXX")"
 # shellcheck source=tests/support/procs.sh
 source "$here/../support/procs.sh"
@@ -67,10 +65,11 @@ upstream="$url"
 
 listen="$(free_port)"
 admin="$(free_port)"
-overrides=(LISTEN_PORT="$listen" ADMIN_PORT="$admin" UPSTREAM_PORT="${upstream##*:}")
-[[ -n "${CONCURRENCY_MAX_STREAMS:-}" ]] && overrides+=(MAX_STREAMS="$CONCURRENCY_MAX_STREAMS")
-render_bootstrap "$root/examples/envoy/dynamic-module.yaml" "${overrides[@]}" >"$work/envoy.yaml" ||
-  die "cannot render the bootstrap"
+# The operator's render script (examples/envoy/render.sh) sets the addresses.
+options=(--listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "${upstream#http://}")
+[[ -n "${CONCURRENCY_MAX_STREAMS:-}" ]] && options+=(--max-streams "$CONCURRENCY_MAX_STREAMS")
+bash "$root/examples/envoy/render.sh" "$root/examples/envoy/dynamic-module.yaml" "${options[@]}" \
+  >"$work/envoy.yaml" || die "cannot render the bootstrap"
 ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$target/release" start envoy "$envoy_bin" --disable-hot-restart \
   --concurrency 2 --log-level warn -c "$work/envoy.yaml"
 envoy_group="$last_group"
