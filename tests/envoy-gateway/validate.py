@@ -200,9 +200,11 @@ def check_document(doc, crds, rules):
 
 def documents(files):
     for file in files:
-        for index, doc in enumerate(yaml.safe_load_all(pathlib.Path(file).read_text())):
+        path = pathlib.Path(file).resolve()
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc:
-                yield f"{pathlib.Path(file).resolve().relative_to(ROOT)} #{index + 1} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}", doc
+                yield f"{shown} #{index + 1} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}", doc
 
 
 def validate(files, quiet=False):
