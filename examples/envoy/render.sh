@@ -3,7 +3,7 @@
 #
 #   bash examples/envoy/render.sh examples/envoy/dynamic-module.yaml \
 #     --listen 0.0.0.0:8080 --upstream dynamo-frontend.dynamo.svc:8000 > envoy.yaml
-#   envoy --mode validate -c envoy.yaml        # then run it as before
+#   ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$PWD/target/release envoy --mode validate -c envoy.yaml
 #
 # Options (each optional; what is not given keeps the value written in the file):
 #   --listen HOST:PORT      where clients connect (an IP address: 0.0.0.0 for every interface)
