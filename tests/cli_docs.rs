@@ -1,5 +1,6 @@
 //! docs/sidecar.md against `bypass-marker proxy --help`: every flag and `BYPASS_MARKER_*`
-//! variable the page names exists, and every one the help lists is on the page.
+//! variable the page names exists, and every one the help lists is on the page; and every page
+//! (README.md, docs/, examples/envoy/README.md) installs the binary with the same command.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -12,6 +13,7 @@ const OTHER_COMMANDS: &[&str] = &[
     "--features",
     "--http-host",
     "--http-port",
+    "--locked",
     "--path",
     "--root",
 ];
@@ -131,4 +133,43 @@ fn the_scanners_find_what_they_should() {
             "BYPASS_MARKER_OPT_IN".to_owned()
         ])
     );
+}
+
+/// The one command the docs give to install the binary, and the line after it.
+const INSTALL: &str =
+    "cargo install --locked --path . --features cli --root ~/.local   # from a clone: ~/.local/bin/bypass-marker";
+const PATH_NOTE: &str =
+    "export PATH=\"$HOME/.local/bin:$PATH\"    # if ~/.local/bin is not on your PATH yet";
+
+#[test]
+fn every_page_installs_the_binary_with_the_same_command_and_the_path_note() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut pages = vec![
+        format!("{root}/README.md"),
+        format!("{root}/examples/envoy/README.md"),
+    ];
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path.display().to_string());
+        }
+    }
+    let mut seen = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with("cargo install") {
+                assert_eq!(line.trim(), INSTALL, "{page}, line {}", i + 1);
+                assert_eq!(
+                    lines.get(i + 1).map(|l| l.trim()),
+                    Some(PATH_NOTE),
+                    "{page}, line {}: the PATH note must follow",
+                    i + 2
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 4, "only {seen} install commands found in {pages:?}");
 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Checks every custom resource under examples/envoy-gateway/ against the CRDs of Envoy Gateway
+# v1.8.3 and v1.9.0 and of the Gateway API releases they bundle (v1.5.1, v1.6.1), offline: the
+# schemas' structure is kept in tests/envoy-gateway/schemas/ (extract.py names each source),
+# unknown fields refused, CEL rules evaluated (validate.py says how). Then checks that broken
+# copies of the examples are refused (validate.py --self-test).
+#
+#   bash tests/envoy-gateway/validate.sh
+#
+# Installs jsonschema and cel-python from PyPI into a venv under $EG_CACHE (default
+# ~/.cache/tower-bypass-marker-envoy-gateway), kept across runs. Environment: EG_CACHE, PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+requirements=(jsonschema==4.26.0 cel-python==0.5.0 PyYAML==6.0.3)
+cache="${EG_CACHE:-$HOME/.cache/tower-bypass-marker-envoy-gateway}"
+venv="$cache/venv-$(printf '%s\n' "${requirements[@]}" | sha256sum | cut -c1-12)"
+if [[ ! -f "$venv/complete" ]]; then
+  printf 'envoy-gateway: installing %s from PyPI into %s\n' "${requirements[*]}" "$venv" >&2
+  mkdir -p "$cache"
+  rm -rf "$venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
+  touch "$venv/complete"
+fi
+
+"$venv/bin/python" tests/envoy-gateway/validate.py
+"$venv/bin/python" tests/envoy-gateway/validate.py --self-test
