@@ -119,6 +119,13 @@ pub struct NamingArgs {
     /// request with a 20 MB image, base64-encoded, fits).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES, env = "BYPASS_MARKER_MAX_BODY")]
     pub max_body: usize,
+    /// Most request body bytes the guard holds at once, summed over every request of the
+    /// process; a request whose body would take the total past it gets a 503 with `Retry-After`
+    /// (the processor: RESOURCE_EXHAUSTED) before more of it is read. Default: half the memory
+    /// limit of the process's cgroup (memory.max, or memory.limit_in_bytes on cgroup v1), else
+    /// 1 GiB.
+    #[arg(long, value_name = "BYTES", env = "BYPASS_MARKER_MAX_BUFFERED_BYTES")]
+    pub max_buffered_bytes: Option<u64>,
 }
 
 /// A name given to a naming flag that the layer refuses.
@@ -171,6 +178,68 @@ impl NamingArgs {
         }
         Ok(layer.sdk_safe(self.sdk_safe))
     }
+
+    /// `--max-buffered-bytes`, or its default for this process ([`default_max_buffered_bytes`]
+    /// of its cgroup's memory limit).
+    pub fn buffered_budget(&self) -> u64 {
+        self.max_buffered_bytes
+            .unwrap_or_else(|| default_max_buffered_bytes(cgroup_memory_limit()))
+    }
+}
+
+/// The budget when the process has no cgroup memory limit: 32 bodies of the default
+/// `--max-body`.
+pub const FIXED_MAX_BUFFERED_BYTES: u64 = 1 << 30;
+
+/// The default of `--max-buffered-bytes` under a cgroup memory limit of `limit` bytes (`None`:
+/// no limit): half of it. The guard copies a body once more when it has all of it (into one
+/// buffer, for the decision), for a moment, on the thread that serves it; the other half is for
+/// that copy and for everything else the process holds (connection buffers, response frames,
+/// the runtime), so that a full budget does not get the process OOM-killed.
+pub fn default_max_buffered_bytes(limit: Option<u64>) -> u64 {
+    limit.map_or(FIXED_MAX_BUFFERED_BYTES, |limit| limit / 2)
+}
+
+/// The memory limit of the cgroup this process runs in, or of the nearest ancestor that has one
+/// (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); `None` when there is none (or no
+/// cgroup file system).
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_limit_in(std::path::Path::new("/sys/fs/cgroup"), &cgroups)
+}
+
+/// [`cgroup_memory_limit`] for the cgroup file system mounted at `root` and the process's
+/// `/proc/self/cgroup` text.
+pub fn cgroup_limit_in(root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
+    // v2: "0::/path"; v1: "N:memory:/path" (the memory controller, perhaps with others).
+    let (dir, file, path) = proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            Some((root.to_path_buf(), "memory.max", path))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            Some((root.join("memory"), "memory.limit_in_bytes", path))
+        } else {
+            None
+        }
+    })?;
+    // The cgroup and its ancestors, as far as they are visible (in a container with its own
+    // cgroup namespace, the path is "/" and the container's cgroup is the root).
+    let mut limit: Option<u64> = None;
+    let mut at = std::path::PathBuf::from(path.trim().trim_start_matches('/'));
+    loop {
+        let read = std::fs::read_to_string(dir.join(&at).join(file)).ok();
+        // "max" (v2), or a v1 figure near 2^63 for none.
+        if let Some(n) = read.and_then(|v| v.trim().parse::<u64>().ok()) {
+            if n < 1 << 60 {
+                limit = Some(limit.map_or(n, |l| l.min(n)));
+            }
+        }
+        if !at.pop() {
+            break;
+        }
+    }
+    limit
 }
 
 /// The flags of `bypass-marker proxy`.
