@@ -153,6 +153,11 @@ impl Charge {
         self.held
     }
 
+    /// The budget this charge takes from.
+    pub fn budget(&self) -> &BodyBudget {
+        &self.budget
+    }
+
     /// Gives every byte back now (as dropping does).
     pub fn release(&mut self) {
         let held = std::mem::take(&mut self.held);
