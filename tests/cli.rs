@@ -94,6 +94,24 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             &[],
             "--opt-in \"a:b\": annotation name \"a:b\" contains ':'",
         ),
+        // An invalid name is a usage error of its subcommand, with that subcommand's usage
+        // (issue 28) ...
+        (
+            &["proxy", "--upstream", "http://x", "--opt-in", "a:b"],
+            &[],
+            "\n\nUsage: bypass-marker proxy [OPTIONS] --upstream <URL>\n",
+        ),
+        (
+            &["ext-proc", "--never-forward", " x"],
+            &[],
+            "\n\nUsage: bypass-marker ext-proc [OPTIONS]\n",
+        ),
+        // ... naming the variable it came from.
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_OPT_IN", "fine,a:b")],
+            "BYPASS_MARKER_OPT_IN \"a:b\" (for --opt-in): annotation name \"a:b\" contains ':'",
+        ),
         // From the environment, the same checks.
         (
             &["proxy"],
@@ -430,6 +448,29 @@ async fn text_logs_and_rust_log_filtering() {
                 assert!(line.contains(field), "{field} not in {line}");
             }
             assert!(!line.contains("secret"), "the query is not logged: {line}");
+            // Whole microseconds, not `0.5594600000000001` (issue 28).
+            let duration = line.split("duration_ms=").nth(1).unwrap();
+            let duration = duration.split(' ').next().unwrap();
+            let decimals = duration.split_once('.').map_or(0, |(_, d)| d.len());
+            assert!(decimals <= 3, "{duration}");
+            // The startup lines: the names in force, the threads in good grammar.
+            let names = stderr
+                .lines()
+                .find(|l| l.contains("names in force: "))
+                .unwrap_or_else(|| panic!("no names line: {stderr}"));
+            assert!(
+                names.contains(
+                    "router-owned (removed unless the client opts in, stripped from requests): \
+                     x-bypass-remote-prefill, x-prefill-continue; removed unless the client opts \
+                     in: request_id, formatted_prompt, token_ids; never forwarded: llm_metrics, \
+                     payload_usage"
+                ),
+                "{names}"
+            );
+            assert!(
+                stderr.lines().any(|l| l.ends_with("serving on 1 thread")),
+                "{stderr}"
+            );
         }
     }
 }
@@ -978,4 +1019,74 @@ async fn forty_large_bodies_keep_the_peak_rss_within_the_buffered_bytes_budget()
     );
     drop(sockets);
     drop(child);
+}
+
+/// Issue 28, a newcomer's point: `bypass-marker proxy ... | head -1` closes the proxy's stdout
+/// after the first line, and printing the next one made the proxy panic (exit code 101). With
+/// its stdout closed from the start, the proxy serves, and stops cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_never_stops_a_serving_proxy() {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let upstream = format!("http://{}", spawn_upstream().await);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, which are then owned here.
+    #[allow(unsafe_code)]
+    let (read, write) = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    // Nobody will read what the proxy prints.
+    drop(read);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut child = command
+        .args(["proxy", "--listen", &listen, "--upstream", &upstream])
+        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .args(["--metrics-listen", &metrics])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Served: the proxy is up once a request through it succeeds.
+    let body = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(body) = get(format!("http://{listen}/stream")).await {
+                return body;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the proxy exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy serves");
+    assert_eq!(body, expected_stream());
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use http::uri::Authority;
 use http::{HeaderValue, Uri};
 
@@ -39,9 +39,47 @@ pub struct Cli {
 
 impl Cli {
     /// Parses the process's command line; prints the help, the version or a usage error and
-    /// exits (code 2 for a usage error) as clap does.
+    /// exits (code 2 for a usage error) as clap does. An invalid annotation name is a usage error
+    /// too (see [`Cli::try_from_args`]).
     pub fn from_env() -> Self {
-        Self::parse()
+        Self::try_from_args(std::env::args_os()).unwrap_or_else(|err| err.exit())
+    }
+
+    /// Parses `args` (the program's name first) as the binary does: clap's errors, and an invalid
+    /// annotation name as a usage error of its subcommand (with that subcommand's usage), naming
+    /// the environment variable it came from, if it came from one.
+    pub fn try_from_args<I, S>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let cli = Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
+        let checked = match &cli.command {
+            Command::Proxy(args) => args.layer().map(drop),
+            Command::ExtProc(args) => args.naming.layer().map(drop),
+        };
+        let Err(err) = checked else {
+            return Ok(cli);
+        };
+        let (name, sub) = matches.subcommand().expect("a subcommand is required");
+        let message = match sub.value_source(err.id) {
+            Some(clap::parser::ValueSource::EnvVariable) => format!(
+                "{} {:?} (for {}): {}",
+                err.variable(),
+                err.source.name(),
+                err.flag,
+                err.source
+            ),
+            _ => err.to_string(),
+        };
+        // Built, so that the subcommand's usage reads `bypass-marker proxy ...`.
+        command.build();
+        let sub = command
+            .find_subcommand_mut(name)
+            .expect("the subcommand that was parsed");
+        Err(sub.error(clap::error::ErrorKind::ValueValidation, message))
     }
 }
 
@@ -132,6 +170,8 @@ pub struct NamingArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameError {
     flag: &'static str,
+    /// The flag's argument id (its field's name).
+    id: &'static str,
     source: InvalidName,
 }
 
@@ -139,6 +179,17 @@ impl NameError {
     /// The flag that gave the name (`--opt-in`, `--router-owned`, `--never-forward`).
     pub fn flag(&self) -> &str {
         self.flag
+    }
+
+    /// The environment variable of that flag (`BYPASS_MARKER_OPT_IN`, ...).
+    pub fn variable(&self) -> String {
+        format!(
+            "BYPASS_MARKER_{}",
+            self.flag
+                .trim_start_matches('-')
+                .replace('-', "_")
+                .to_ascii_uppercase()
+        )
     }
 }
 
@@ -162,21 +213,27 @@ impl NamingArgs {
             Preset::Dynamo => BypassMarkerLayer::dynamo(),
             Preset::None => BypassMarkerLayer::new(),
         };
-        let err = |flag| move |source| NameError { flag, source };
+        let err = |flag, id| move |source| NameError { flag, id, source };
         for name in &self.opt_in {
-            layer = layer.try_opt_in(name).map_err(err("--opt-in"))?;
+            layer = layer.try_opt_in(name).map_err(err("--opt-in", "opt_in"))?;
         }
         for name in &self.router_owned {
             layer = layer
                 .try_router_owned(name)
-                .map_err(err("--router-owned"))?;
+                .map_err(err("--router-owned", "router_owned"))?;
         }
         for name in &self.never_forward {
             layer = layer
                 .try_never_forward(name)
-                .map_err(err("--never-forward"))?;
+                .map_err(err("--never-forward", "never_forward"))?;
         }
         Ok(layer.sdk_safe(self.sdk_safe))
+    }
+
+    /// The names in force, by what happens to their frames: the line the binary logs at start,
+    /// so that a misspelled (but valid) name shows.
+    pub fn names_in_force(&self) -> Result<String, NameError> {
+        Ok(self.layer()?.names_in_force())
     }
 
     /// `--max-buffered-bytes`, or its default for this process ([`default_max_buffered_bytes`]
@@ -333,11 +390,10 @@ impl ProxyArgs {
         let argv = ["bypass-marker".into(), "proxy".into()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
         let Command::Proxy(args) = cli.command else {
             unreachable!("parsed as the proxy subcommand")
         };
-        args.layer().map_err(|err| err.to_string())?;
         Ok(args)
     }
 
@@ -402,11 +458,10 @@ impl ExtProcArgs {
         let argv = ["bypass-marker".into(), "ext-proc".into()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
         let Command::ExtProc(args) = cli.command else {
             unreachable!("parsed as the ext-proc subcommand")
         };
-        args.naming.layer().map_err(|err| err.to_string())?;
         Ok(args)
     }
 }
