@@ -1761,3 +1761,82 @@ fn the_default_buffered_bytes_budget_is_half_the_cgroup_memory_limit() {
     assert_eq!(default_max_buffered_bytes(None), 1 << 30);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The kernel's TCP states (`/proc/net/tcp`, hex) of the sockets from `local` to `remote`.
+fn tcp_states(local: SocketAddr, remote: SocketAddr) -> Vec<String> {
+    let hex = |addr: SocketAddr| match addr {
+        SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        SocketAddr::V6(_) => unreachable!("IPv4 only"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields[1] == local && fields[2] == remote).then(|| fields[3].to_owned())
+        })
+        .collect()
+}
+
+/// Issue 28, item 10: a client cut off by `--write-timeout` is reset (`SO_LINGER` 0, as nginx's
+/// `reset_timedout_connection`): the proxy's socket is gone at once, with the send buffer the
+/// client never read, and the client's read ends in `ECONNRESET`. Before, the proxy closed with
+/// a FIN that waited in FIN-WAIT-1 behind about 2.8 MB of unread bytes (40 stalled clients held
+/// 100+ MB of kernel memory) and the client, had it read on, would have seen a clean end.
+#[tokio::test]
+async fn a_write_timed_out_client_is_reset_and_its_send_buffer_freed_at_once() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/flood", axum::routing::get(flood))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
+    let dropped = observed.expect();
+    let mut conn = small_window_client(proxy.addr).await;
+    let client = conn.local_addr().unwrap();
+    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream request is cancelled")
+        .unwrap();
+    assert!(metrics
+        .encode()
+        .contains("bypass_marker_write_timeouts_total 1\n"));
+    // The proxy's side is gone, not in FIN-WAIT-1 (04) with its send buffer full.
+    tokio::time::timeout(PATIENCE, async {
+        while !tcp_states(proxy.addr, client).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the proxy's socket is still there: states {:?}",
+            tcp_states(proxy.addr, client)
+        )
+    });
+    // The client sees a reset, never a clean end.
+    let mut buf = vec![0; 64 << 10];
+    let end = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    })
+    .await
+    .expect("the connection ends");
+    let err = end.expect_err("a reset, not a clean end");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+}

@@ -344,7 +344,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_BODY_TIMEOUT")]
     pub body_timeout: Duration,
     /// Longest a write to a client may make no progress (the client stopped reading) before its
-    /// connection is closed and its upstream request cancelled.
+    /// connection is reset (its unread bytes dropped) and its upstream request cancelled.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
     pub write_timeout: Duration,
     /// Most client connections held at once; more wait in the listen backlog. Each may hold an

@@ -242,6 +242,11 @@ pub(crate) struct Watch {
     blocked_since: AtomicU64,
     /// The body of the request in flight stalled (see [`StallTimeout`]).
     pub(crate) stalled: AtomicBool,
+    /// Close the connection abortively (an RST, `SO_LINGER` 0) when it ends: set when a write to
+    /// the client timed out, so that the kernel frees the send buffer the client never read at
+    /// once, rather than keep it behind a FIN in FIN-WAIT-1 until it gives up on the orphan
+    /// (nginx's `reset_timedout_connection`).
+    pub(crate) reset: AtomicBool,
     /// Responses whose body has ended (or been dropped) while hyper may still hold their last
     /// bytes: they stay in flight, and their exchange open, until hyper flushes (see
     /// [`Watched`]'s `poll_flush`).
@@ -281,6 +286,7 @@ impl Watch {
             head_since: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
             finishing: Mutex::new(Vec::new()),
             finishing_len: AtomicUsize::new(0),
             changed: Notify::new(),
@@ -464,6 +470,11 @@ pin_project! {
             let this = this.project();
             // The connection is gone: responses whose last bytes were not flushed never will be.
             this.watch.finish(false);
+            if this.watch.reset.load(Ordering::Acquire) {
+                // The socket closes when `io` is dropped, right after this: with a linger of 0,
+                // by an RST that frees its send buffer.
+                let _ = rustix::net::sockopt::set_socket_linger(&*this.io, Some(Duration::ZERO));
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501), a request body past `--max-buffered-bytes` (503) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head in time (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
-//! | `bypass_marker_write_timeouts_total` | | client connections closed because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
+//! | `bypass_marker_write_timeouts_total` | | client connections reset because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_request_bytes_held` | | bytes of request bodies the guard holds now, over every request (see `--max-buffered-bytes`) |
 //! | `bypass_marker_request_bytes_budget` | | `--max-buffered-bytes` (or its default) |
 //! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |

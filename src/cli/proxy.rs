@@ -55,7 +55,9 @@
 //!   its upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
 //! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
-//!   client stopped reading) closes its connection, which cancels its upstream request.
+//!   client stopped reading) closes its connection abortively (an RST: the kernel frees the
+//!   megabytes of send buffer the client never read at once, instead of holding them behind a
+//!   FIN for minutes), which cancels its upstream request.
 //! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line once its
 //!   response's last byte has been written to the socket, or the connection has ended
 //!   ([`logs`](crate::cli::logs)).
@@ -524,6 +526,8 @@ where
                 expired = watch.expired(idle, header, write) => {
                     if expired == Expired::Write {
                         counted.write_timeout();
+                        // What the client did not read is dropped, not sent for minutes.
+                        watch.reset.store(true, Ordering::Release);
                     }
                     serving.abort();
                 }
