@@ -181,28 +181,29 @@ mod tests {
     /// what is dropped is given back.
     #[test]
     fn large_bodies_leave_the_last_eighth_to_small_ones() {
-        let budget = BodyBudget::new(800);
-        let mut large = BodyBudget::new(1 << 30).charge();
-        assert!(large.take(SMALL_BODY_BYTES + 1));
-        let budget_large = BodyBudget::new(8 * SMALL_BODY_BYTES);
-        let mut a = budget_large.charge();
+        let budget = BodyBudget::new(8 * SMALL_BODY_BYTES);
+        let mut a = budget.charge();
         assert!(a.take(7 * SMALL_BODY_BYTES));
-        let mut b = budget_large.charge();
+        let mut b = budget.charge();
         assert!(!b.take(SMALL_BODY_BYTES + 1));
         assert_eq!(b.held(), 0);
-        assert!(b.take(SMALL_BODY_BYTES));
+        assert!(
+            b.take(SMALL_BODY_BYTES),
+            "a small body may use the last eighth"
+        );
         assert!(
             !b.take(1),
             "now over the small size, so capped at seven eighths"
         );
         drop(a);
-        assert_eq!(budget_large.held(), SMALL_BODY_BYTES);
+        assert_eq!(budget.held(), SMALL_BODY_BYTES);
         drop(b);
-        assert_eq!(budget_large.held(), 0);
-        // A budget of 800 bytes: small bodies may use all of it.
-        let mut c = budget.charge();
+        assert_eq!(budget.held(), 0);
+        // A budget smaller than a small body: small bodies may use all of it, never more.
+        let tiny = BodyBudget::new(800);
+        let mut c = tiny.charge();
         assert!(c.take(800));
-        assert!(!budget.charge().take(1));
+        assert!(!tiny.charge().take(1));
     }
 
     /// Refusals are logged once a minute, with the count since the last line.

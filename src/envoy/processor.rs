@@ -59,8 +59,12 @@ impl ExtProc {
     /// stream whose request body would take the bytes held past it fails with
     /// `RESOURCE_EXHAUSTED` (Envoy answers 500) before the body message is judged. A declared
     /// `content-length` is taken from the budget when the request headers arrive, so a body
-    /// that cannot fit fails its stream before Envoy sends it; the bytes are given back once the
-    /// body has been judged, or the stream ends.
+    /// that cannot fit fails its stream before Envoy sends it; a body of unknown length (the
+    /// client's was chunked) is taken when its message has arrived. The bytes are given back
+    /// once the body has been judged, or the stream ends. Envoy's own buffers are bounded by
+    /// Envoy (see docs/envoy.md).
+    ///
+    /// `bypass-marker ext-proc` sets it from `--max-buffered-bytes`.
     #[must_use]
     pub fn body_budget(mut self, budget: BodyBudget) -> Self {
         self.budget = budget;
