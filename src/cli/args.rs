@@ -304,7 +304,8 @@ pub fn cgroup_limit_in(root: &std::path::Path, proc_cgroup: &str) -> Option<u64>
 #[command(after_help = "\
 SECS may have a fraction (0.5). Errors are JSON in OpenAI's shape:
 {\"error\":{\"message\":...,\"type\":...,\"code\":...}}, 502 when the upstream is unreachable or fails
-before its response head, 504 when the head is late.")]
+before its response head, 504 when the head is late, 503 (with Retry-After) when a JSON body would
+take the bodies held past --max-buffered-bytes.")]
 pub struct ProxyArgs {
     /// The server to forward to, http://HOST:PORT[/PREFIX].
     #[arg(long, value_name = "URL", value_parser = UpstreamParser, env = "BYPASS_MARKER_UPSTREAM")]
