@@ -280,6 +280,33 @@ impl Config {
     }
 
     /// Adds the configuration's fields to a `Debug` output: the names by role, then the limits.
+    /// The names in force, by what happens to their frames, for an operator's log line.
+    #[cfg(feature = "cli")]
+    pub(crate) fn names_in_force(&self) -> String {
+        let list = |keep: &dyn Fn(&Name) -> bool| {
+            let names: Vec<&str> = self
+                .names
+                .iter()
+                .filter(|n| keep(n))
+                .map(|n| &*n.name)
+                .collect();
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        format!(
+            "router-owned (removed unless the client opts in, stripped from requests): {}; \
+             removed unless the client opts in: {}; never forwarded: {}; frames with no data \
+             line (--sdk-safe): {}",
+            list(&|n| n.router_owned),
+            list(&|n| n.kind == Kind::OptIn && !n.router_owned),
+            list(&|n| n.kind == Kind::NeverForward),
+            if self.sdk_safe { "removed" } else { "kept" },
+        )
+    }
+
     pub(crate) fn debug_fields(&self, d: &mut fmt::DebugStruct<'_, '_>) {
         let names = |keep: fn(&Name) -> bool| {
             self.names

@@ -196,6 +196,12 @@ impl BypassMarkerLayer {
         self.with(|c| c.observer = Some(Observer(observer)))
     }
 
+    /// The names in force, by what happens to their frames (one line, for a log).
+    #[cfg(feature = "cli")]
+    pub(crate) fn names_in_force(&self) -> String {
+        self.config.names_in_force()
+    }
+
     /// The configured annotation names, in the order they were added (the default name first):
     /// for example to create a metric series per name up front.
     pub fn names(&self) -> impl Iterator<Item = &str> + '_ {

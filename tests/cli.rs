@@ -94,6 +94,24 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             &[],
             "--opt-in \"a:b\": annotation name \"a:b\" contains ':'",
         ),
+        // An invalid name is a usage error of its subcommand, with that subcommand's usage
+        // (issue 28) ...
+        (
+            &["proxy", "--upstream", "http://x", "--opt-in", "a:b"],
+            &[],
+            "\n\nUsage: bypass-marker proxy [OPTIONS] --upstream <URL>\n",
+        ),
+        (
+            &["ext-proc", "--never-forward", " x"],
+            &[],
+            "\n\nUsage: bypass-marker ext-proc [OPTIONS]\n",
+        ),
+        // ... naming the variable it came from.
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_OPT_IN", "fine,a:b")],
+            "BYPASS_MARKER_OPT_IN \"a:b\" (for --opt-in): annotation name \"a:b\" contains ':'",
+        ),
         // From the environment, the same checks.
         (
             &["proxy"],
@@ -430,6 +448,29 @@ async fn text_logs_and_rust_log_filtering() {
                 assert!(line.contains(field), "{field} not in {line}");
             }
             assert!(!line.contains("secret"), "the query is not logged: {line}");
+            // Whole microseconds, not `0.5594600000000001` (issue 28).
+            let duration = line.split("duration_ms=").nth(1).unwrap();
+            let duration = duration.split(' ').next().unwrap();
+            let decimals = duration.split_once('.').map_or(0, |(_, d)| d.len());
+            assert!(decimals <= 3, "{duration}");
+            // The startup lines: the names in force, the threads in good grammar.
+            let names = stderr
+                .lines()
+                .find(|l| l.contains("names in force: "))
+                .unwrap_or_else(|| panic!("no names line: {stderr}"));
+            assert!(
+                names.contains(
+                    "router-owned (removed unless the client opts in, stripped from requests): \
+                     x-bypass-remote-prefill, x-prefill-continue; removed unless the client opts \
+                     in: request_id, formatted_prompt, token_ids; never forwarded: llm_metrics, \
+                     payload_usage"
+                ),
+                "{names}"
+            );
+            assert!(
+                stderr.lines().any(|l| l.ends_with("serving on 1 thread")),
+                "{stderr}"
+            );
         }
     }
 }
@@ -805,4 +846,247 @@ async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
         );
     }
     drop(child);
+}
+
+/// A hyper POST of `body` as JSON to `url`: the status and the body.
+async fn post_json(
+    url: String,
+    body: &'static str,
+) -> Result<(http::StatusCode, Bytes), Box<dyn std::error::Error + Send + Sync>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let res = client.request(req).await?;
+    let status = res.status();
+    Ok((status, res.into_body().collect().await?.to_bytes()))
+}
+
+/// The peak resident set of process `pid` (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// Issue 28, item 11: forty clients that each send all but the last 10 bytes of a 30 MiB JSON
+/// body took the proxy to 1.2 GB (the guard holds each body whole, and nothing bounded their
+/// sum). Under `--max-buffered-bytes 256 MiB` the proxy's peak resident set stays under the
+/// budget plus 64 MiB: the requests that do not fit get a 503 with `Retry-After` before their
+/// body is read, counted in `requests_refused_total{status="503"}`; a stream in flight is
+/// served whole, and a small request still gets its answer while the budget is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_large_bodies_keep_the_peak_rss_within_the_buffered_bytes_budget() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const BUDGET: u64 = 256 << 20;
+    const BODY: usize = 30 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new()
+        .route("/stream", axum::routing::get(slow_stream))
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { "{\"ok\":true}" }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    drop(metrics);
+    let budget = BUDGET.to_string();
+    let (child, addr) = spawn_proxy(
+        &[
+            "--upstream",
+            &upstream,
+            "--listen",
+            "127.0.0.1:0",
+            "--preset",
+            "none",
+            "--opt-in",
+            "x-custom",
+            "--metrics-listen",
+            &metrics_addr,
+            "--max-buffered-bytes",
+            &budget,
+        ],
+        &[],
+    )
+    .await;
+    let pid = child.id().unwrap();
+    let stream = tokio::spawn(get(format!("http://{addr}/stream")));
+
+    // One body for every client: a JSON object whose string runs to 30 MiB.
+    let mut body = b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"".to_vec();
+    body.resize(BODY - 4, b'a');
+    body.extend_from_slice(b"\"}]}");
+    let body = Bytes::from(body);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {BODY}\r\n\r\n"
+    );
+    let clients: Vec<_> = (0..40)
+        .map(|_| {
+            let (addr, head, body) = (addr.clone(), head.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                socket.write_all(head.as_bytes()).await.unwrap();
+                for piece in body[..BODY - 10].chunks(256 << 10) {
+                    // A refused client's connection is closed under it.
+                    if socket.write_all(piece).await.is_err() {
+                        break;
+                    }
+                }
+                // Held open: the accepted bodies stay in the proxy, incomplete.
+                socket
+            })
+        })
+        .collect();
+    let mut sockets = Vec::new();
+    for client in clients {
+        sockets.push(
+            tokio::time::timeout(PATIENCE * 4, client)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+
+    // The budget is full: a small request is still answered.
+    let small = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, answer) = tokio::time::timeout(
+        PATIENCE,
+        post_json(format!("http://{addr}/v1/chat/completions"), small),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(&answer[..], b"{\"ok\":true}");
+
+    let scraped = tokio::time::timeout(PATIENCE, get(format!("http://{metrics_addr}/metrics")))
+        .await
+        .unwrap()
+        .unwrap();
+    let scraped = String::from_utf8_lossy(&scraped).into_owned();
+    let series = |name: &str| -> u64 {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {scraped}")) as u64
+    };
+    let held = series("bypass_marker_request_bytes_held ");
+    let refused = series("bypass_marker_requests_refused_total{status=\"503\"} ");
+    assert!(held <= BUDGET, "{held} bytes held");
+    // Seven bodies of 30 MiB fit in seven eighths of 256 MiB; the others were refused.
+    assert!(refused >= 40 - 8, "{refused} refused:\n{scraped}");
+    assert_eq!(series("bypass_marker_request_bytes_budget "), BUDGET);
+
+    // A refused client got the 503 and its Retry-After (when its socket kept the answer).
+    let mut answered = 0;
+    for socket in &mut sockets {
+        let mut buf = vec![0; 4096];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(50), socket.read(&mut buf)).await
+        {
+            let text = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+            if text.starts_with("http/1.1 503") {
+                assert!(text.contains("retry-after: 1\r\n"), "{text}");
+                answered += 1;
+            }
+        }
+    }
+    let peak = peak_rss(pid);
+    assert!(
+        peak < BUDGET + (64 << 20),
+        "peak RSS {} MiB with a budget of {} MiB",
+        peak >> 20,
+        BUDGET >> 20
+    );
+    let streamed = tokio::time::timeout(PATIENCE, stream)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(streamed, expected_stream(), "the stream in flight was cut");
+    eprintln!(
+        "peak RSS {} MiB; {refused} refused, {answered} 503s read",
+        peak >> 20
+    );
+    drop(sockets);
+    drop(child);
+}
+
+/// Issue 28, a newcomer's point: `bypass-marker proxy ... | head -1` closes the proxy's stdout
+/// after the first line, and printing the next one made the proxy panic (exit code 101). With
+/// its stdout closed from the start, the proxy serves, and stops cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_never_stops_a_serving_proxy() {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let upstream = format!("http://{}", spawn_upstream().await);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, which are then owned here.
+    #[allow(unsafe_code)]
+    let (read, write) = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    // Nobody will read what the proxy prints.
+    drop(read);
+    let mut command = tokio::process::Command::new(BIN);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("BYPASS_MARKER_") {
+            command.env_remove(name);
+        }
+    }
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut child = command
+        .args(["proxy", "--listen", &listen, "--upstream", &upstream])
+        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .args(["--metrics-listen", &metrics])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Served: the proxy is up once a request through it succeeds.
+    let body = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(body) = get(format!("http://{listen}/stream")).await {
+                return body;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the proxy exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy serves");
+    assert_eq!(body, expected_stream());
+    // SAFETY: kill only sends a signal to the process we spawned.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }

@@ -2100,3 +2100,64 @@ async fn serve_advertises_a_max_concurrent_streams() {
     drop(client);
     server.stop().await;
 }
+
+/// Issue 28, item 11: the processor's request bodies share one budget
+/// ([`ExtProc::body_budget`]): a declared length that does not fit fails its stream with
+/// `RESOURCE_EXHAUSTED` at the request headers, before Envoy sends the body; a body of unknown
+/// length when its message comes; a small request still fits in the last eighth; a judged
+/// body gives its bytes back.
+#[tokio::test]
+async fn request_bodies_past_the_processors_budget_fail_with_resource_exhausted() {
+    let budget = envoy::BodyBudget::new(1 << 20);
+    let server = start(ExtProc::new(BypassMarkerLayer::new()).body_budget(budget.clone())).await;
+    let mut client = server.client().await;
+    let json_headers = |length: Option<usize>| {
+        let length = length.map(|n| n.to_string());
+        let mut pairs: Vec<(&str, &[u8])> =
+            vec![(":method", b"POST"), ("content-type", b"application/json")];
+        if let Some(length) = &length {
+            pairs.push(("content-length", length.as_bytes()));
+        }
+        Msg::RequestHeaders(headers_msg(&pairs, false, true))
+    };
+    let body = |len: usize| {
+        let mut body = b"{\"a\":\"".to_vec();
+        body.resize(len - 2, b'x');
+        body.extend_from_slice(b"\"}");
+        body
+    };
+    let mut first = Stream::open(&mut client).await;
+    first.call(json_headers(Some(800_000))).await.unwrap();
+    assert_eq!(budget.held(), 800_000);
+    let mut second = Stream::open(&mut client).await;
+    let err = second
+        .call(json_headers(Some(800_000)))
+        .await
+        .expect_err("past the budget");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let mut small = Stream::open(&mut client).await;
+    small.call(json_headers(Some(1000))).await.unwrap();
+    small
+        .call(Msg::RequestBody(body_msg(&body(1000), true)))
+        .await
+        .unwrap();
+    // Of unknown length: refused when its message comes.
+    let mut chunked = Stream::open(&mut client).await;
+    chunked.call(json_headers(None)).await.unwrap();
+    let err = chunked
+        .call(Msg::RequestBody(body_msg(&body(300_000), true)))
+        .await
+        .expect_err("past the budget");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    // The first body judged: its bytes are given back, and another large one fits.
+    first
+        .call(Msg::RequestBody(body_msg(&body(800_000), true)))
+        .await
+        .unwrap();
+    assert_eq!(budget.held(), 0);
+    let mut third = Stream::open(&mut client).await;
+    third.call(json_headers(Some(800_000))).await.unwrap();
+    assert_eq!(budget.refused(), 2);
+    drop((first, second, small, chunked, third));
+    server.stop().await;
+}

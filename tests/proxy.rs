@@ -1877,3 +1877,190 @@ async fn a_malformed_request_body_is_a_400_and_no_upstream_error() {
         "{text}"
     );
 }
+/// Issue 28, item 11: under `--max-buffered-bytes`, a JSON body whose declared length does not
+/// fit gets a 503 with `Retry-After` before a byte of it is sent; a chunked one as soon as the
+/// bytes received pass the budget; the bytes are given back once a body has been forwarded (or
+/// refused), so the same large request succeeds again and again, one at a time; the refusals
+/// are counted.
+#[tokio::test]
+async fn request_bodies_past_the_buffered_bytes_budget_get_a_503_before_they_are_read() {
+    let app = axum::Router::new().route("/v1/echo", axum::routing::post(echo));
+    let upstream = spawn_upstream(app).await;
+    // 1 MiB: large bodies may take 896 KiB of it.
+    let (proxy, metrics) = start_metered(
+        &format!("http://{upstream}"),
+        &["--max-buffered-bytes", "1048576"],
+    )
+    .await;
+    let json = |len: usize| {
+        let mut body = b"{\"a\":\"".to_vec();
+        body.resize(len - 2, b'x');
+        body.extend_from_slice(b"\"}");
+        body
+    };
+    // Declared and too large: answered before the body is sent.
+    let head = b"POST /v1/echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 content-length: 1000000\r\n\r\n";
+    let answer = raw_exchange(proxy.addr, head).await;
+    let (head, body) = split_head(&answer);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(
+        error_json(body)["error"]["code"],
+        "request_bodies_over_budget"
+    );
+    // Chunked, of unknown length: refused once more than 896 KiB have arrived.
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(
+        b"POST /v1/echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          transfer-encoding: chunked\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let large = json(1_000_000);
+    for piece in large.chunks(100_000) {
+        let chunk = [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
+        if conn.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, conn.read_to_end(&mut answer)).await;
+    let (head, _) = split_head(&answer);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    // A body that fits is forwarded, and its bytes given back: again and again.
+    for _ in 0..3 {
+        let req = http::Request::post(proxy.url("/v1/echo"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(json(800_000))))
+            .unwrap();
+        let reply = send(req).await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let text = metrics.encode();
+    assert!(
+        text.contains("bypass_marker_requests_refused_total{status=\"503\"} 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_request_bytes_held 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_request_bytes_budget 1048576\n"),
+        "{text}"
+    );
+}
+
+/// The default budget follows the cgroup's memory limit: half of cgroup v2's `memory.max` (the
+/// smallest of the cgroup's and its ancestors'), or of v1's `memory.limit_in_bytes`; a fixed
+/// 1 GiB with no limit ("max", or v1's figure for none).
+#[test]
+fn the_default_buffered_bytes_budget_is_half_the_cgroup_memory_limit() {
+    use proxy::args::{cgroup_limit_in, default_max_buffered_bytes};
+    let root = std::env::temp_dir().join(format!("bypass-marker-cgroup-{}", std::process::id()));
+    let write = |path: &str, text: &str| {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("memory.max", "max\n");
+    write("kubepods/memory.max", "536870912\n");
+    write("kubepods/pod1/memory.max", "max\n");
+    assert_eq!(
+        cgroup_limit_in(&root, "0::/kubepods/pod1\n"),
+        Some(512 << 20)
+    );
+    assert_eq!(cgroup_limit_in(&root, "0::/\n"), None);
+    write("memory/memory.limit_in_bytes", "9223372036854771712\n");
+    write("memory/docker/memory.limit_in_bytes", "268435456\n");
+    assert_eq!(
+        cgroup_limit_in(&root, "12:cpu,cpuacct:/docker\n11:memory:/docker\n"),
+        Some(256 << 20)
+    );
+    assert_eq!(cgroup_limit_in(&root, "11:memory:/\n"), None);
+    assert_eq!(default_max_buffered_bytes(Some(256 << 20)), 128 << 20);
+    assert_eq!(default_max_buffered_bytes(None), 1 << 30);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The kernel's TCP states (`/proc/net/tcp`, hex) of the sockets from `local` to `remote`.
+fn tcp_states(local: SocketAddr, remote: SocketAddr) -> Vec<String> {
+    let hex = |addr: SocketAddr| match addr {
+        SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        SocketAddr::V6(_) => unreachable!("IPv4 only"),
+    };
+    let (local, remote) = (hex(local), hex(remote));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields[1] == local && fields[2] == remote).then(|| fields[3].to_owned())
+        })
+        .collect()
+}
+
+/// Issue 28, item 10: a client cut off by `--write-timeout` is reset (`SO_LINGER` 0, as nginx's
+/// `reset_timedout_connection`): the proxy's socket is gone at once, with the send buffer the
+/// client never read, and the client's read ends in `ECONNRESET`. Before, the proxy closed with
+/// a FIN that waited in FIN-WAIT-1 behind about 2.8 MB of unread bytes (40 stalled clients held
+/// 100+ MB of kernel memory) and the client, had it read on, would have seen a clean end.
+#[tokio::test]
+async fn a_write_timed_out_client_is_reset_and_its_send_buffer_freed_at_once() {
+    let observed = Observed::default();
+    let app = axum::Router::new()
+        .route("/flood", axum::routing::get(flood))
+        .with_state(observed.clone());
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
+    let dropped = observed.expect();
+    let mut conn = small_window_client(proxy.addr).await;
+    let client = conn.local_addr().unwrap();
+    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect("the upstream request is cancelled")
+        .unwrap();
+    assert!(metrics
+        .encode()
+        .contains("bypass_marker_write_timeouts_total 1\n"));
+    // The proxy's side is gone, not in FIN-WAIT-1 (04) with its send buffer full.
+    tokio::time::timeout(PATIENCE, async {
+        while !tcp_states(proxy.addr, client).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the proxy's socket is still there: states {:?}",
+            tcp_states(proxy.addr, client)
+        )
+    });
+    // The client sees a reset, never a clean end.
+    let mut buf = vec![0; 64 << 10];
+    let end = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    })
+    .await
+    .expect("the connection ends");
+    let err = end.expect_err("a reset, not a clean end");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+}

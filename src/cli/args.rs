@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use http::uri::Authority;
 use http::{HeaderValue, Uri};
 
@@ -39,9 +39,47 @@ pub struct Cli {
 
 impl Cli {
     /// Parses the process's command line; prints the help, the version or a usage error and
-    /// exits (code 2 for a usage error) as clap does.
+    /// exits (code 2 for a usage error) as clap does. An invalid annotation name is a usage error
+    /// too (see [`Cli::try_from_args`]).
     pub fn from_env() -> Self {
-        Self::parse()
+        Self::try_from_args(std::env::args_os()).unwrap_or_else(|err| err.exit())
+    }
+
+    /// Parses `args` (the program's name first) as the binary does: clap's errors, and an invalid
+    /// annotation name as a usage error of its subcommand (with that subcommand's usage), naming
+    /// the environment variable it came from, if it came from one.
+    pub fn try_from_args<I, S>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let cli = Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
+        let checked = match &cli.command {
+            Command::Proxy(args) => args.layer().map(drop),
+            Command::ExtProc(args) => args.naming.layer().map(drop),
+        };
+        let Err(err) = checked else {
+            return Ok(cli);
+        };
+        let (name, sub) = matches.subcommand().expect("a subcommand is required");
+        let message = match sub.value_source(err.id) {
+            Some(clap::parser::ValueSource::EnvVariable) => format!(
+                "{} {:?} (for {}): {}",
+                err.variable(),
+                err.source.name(),
+                err.flag,
+                err.source
+            ),
+            _ => err.to_string(),
+        };
+        // Built, so that the subcommand's usage reads `bypass-marker proxy ...`.
+        command.build();
+        let sub = command
+            .find_subcommand_mut(name)
+            .expect("the subcommand that was parsed");
+        Err(sub.error(clap::error::ErrorKind::ValueValidation, message))
     }
 }
 
@@ -119,12 +157,21 @@ pub struct NamingArgs {
     /// request with a 20 MB image, base64-encoded, fits).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES, env = "BYPASS_MARKER_MAX_BODY")]
     pub max_body: usize,
+    /// Most request body bytes the guard holds at once, summed over every request of the
+    /// process; a request whose body would take the total past it gets a 503 with `Retry-After`
+    /// (the processor: RESOURCE_EXHAUSTED) before more of it is read. Default: half the memory
+    /// limit of the process's cgroup (memory.max, or memory.limit_in_bytes on cgroup v1), else
+    /// 1 GiB.
+    #[arg(long, value_name = "BYTES", env = "BYPASS_MARKER_MAX_BUFFERED_BYTES")]
+    pub max_buffered_bytes: Option<u64>,
 }
 
 /// A name given to a naming flag that the layer refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameError {
     flag: &'static str,
+    /// The flag's argument id (its field's name).
+    id: &'static str,
     source: InvalidName,
 }
 
@@ -132,6 +179,17 @@ impl NameError {
     /// The flag that gave the name (`--opt-in`, `--router-owned`, `--never-forward`).
     pub fn flag(&self) -> &str {
         self.flag
+    }
+
+    /// The environment variable of that flag (`BYPASS_MARKER_OPT_IN`, ...).
+    pub fn variable(&self) -> String {
+        format!(
+            "BYPASS_MARKER_{}",
+            self.flag
+                .trim_start_matches('-')
+                .replace('-', "_")
+                .to_ascii_uppercase()
+        )
     }
 }
 
@@ -155,22 +213,90 @@ impl NamingArgs {
             Preset::Dynamo => BypassMarkerLayer::dynamo(),
             Preset::None => BypassMarkerLayer::new(),
         };
-        let err = |flag| move |source| NameError { flag, source };
+        let err = |flag, id| move |source| NameError { flag, id, source };
         for name in &self.opt_in {
-            layer = layer.try_opt_in(name).map_err(err("--opt-in"))?;
+            layer = layer.try_opt_in(name).map_err(err("--opt-in", "opt_in"))?;
         }
         for name in &self.router_owned {
             layer = layer
                 .try_router_owned(name)
-                .map_err(err("--router-owned"))?;
+                .map_err(err("--router-owned", "router_owned"))?;
         }
         for name in &self.never_forward {
             layer = layer
                 .try_never_forward(name)
-                .map_err(err("--never-forward"))?;
+                .map_err(err("--never-forward", "never_forward"))?;
         }
         Ok(layer.sdk_safe(self.sdk_safe))
     }
+
+    /// The names in force, by what happens to their frames: the line the binary logs at start,
+    /// so that a misspelled (but valid) name shows.
+    pub fn names_in_force(&self) -> Result<String, NameError> {
+        Ok(self.layer()?.names_in_force())
+    }
+
+    /// `--max-buffered-bytes`, or its default for this process ([`default_max_buffered_bytes`]
+    /// of its cgroup's memory limit).
+    pub fn buffered_budget(&self) -> u64 {
+        self.max_buffered_bytes
+            .unwrap_or_else(|| default_max_buffered_bytes(cgroup_memory_limit()))
+    }
+}
+
+/// The budget when the process has no cgroup memory limit: 32 bodies of the default
+/// `--max-body`.
+pub const FIXED_MAX_BUFFERED_BYTES: u64 = 1 << 30;
+
+/// The default of `--max-buffered-bytes` under a cgroup memory limit of `limit` bytes (`None`:
+/// no limit): half of it. The guard copies a body once more when it has all of it (into one
+/// buffer, for the decision), for a moment, on the thread that serves it; the other half is for
+/// that copy and for everything else the process holds (connection buffers, response frames,
+/// the runtime), so that a full budget does not get the process OOM-killed.
+pub fn default_max_buffered_bytes(limit: Option<u64>) -> u64 {
+    limit.map_or(FIXED_MAX_BUFFERED_BYTES, |limit| limit / 2)
+}
+
+/// The memory limit of the cgroup this process runs in, or of the nearest ancestor that has one
+/// (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); `None` when there is none (or no
+/// cgroup file system).
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_limit_in(std::path::Path::new("/sys/fs/cgroup"), &cgroups)
+}
+
+/// [`cgroup_memory_limit`] for the cgroup file system mounted at `root` and the process's
+/// `/proc/self/cgroup` text.
+pub fn cgroup_limit_in(root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
+    // v2: "0::/path"; v1: "N:memory:/path" (the memory controller, perhaps with others).
+    let (dir, file, path) = proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            Some((root.to_path_buf(), "memory.max", path))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            Some((root.join("memory"), "memory.limit_in_bytes", path))
+        } else {
+            None
+        }
+    })?;
+    // The cgroup and its ancestors, as far as they are visible (in a container with its own
+    // cgroup namespace, the path is "/" and the container's cgroup is the root).
+    let mut limit: Option<u64> = None;
+    let mut at = std::path::PathBuf::from(path.trim().trim_start_matches('/'));
+    loop {
+        let read = std::fs::read_to_string(dir.join(&at).join(file)).ok();
+        // "max" (v2), or a v1 figure near 2^63 for none.
+        if let Some(n) = read.and_then(|v| v.trim().parse::<u64>().ok()) {
+            if n < 1 << 60 {
+                limit = Some(limit.map_or(n, |l| l.min(n)));
+            }
+        }
+        if !at.pop() {
+            break;
+        }
+    }
+    limit
 }
 
 /// The flags of `bypass-marker proxy`.
@@ -178,7 +304,8 @@ impl NamingArgs {
 #[command(after_help = "\
 SECS may have a fraction (0.5). Errors are JSON in OpenAI's shape:
 {\"error\":{\"message\":...,\"type\":...,\"code\":...}}, 502 when the upstream is unreachable or fails
-before its response head, 504 when the head is late.")]
+before its response head, 504 when the head is late, 503 (with Retry-After) when a JSON body would
+take the bodies held past --max-buffered-bytes.")]
 pub struct ProxyArgs {
     /// The server to forward to, http://HOST:PORT[/PREFIX].
     #[arg(long, value_name = "URL", value_parser = UpstreamParser, env = "BYPASS_MARKER_UPSTREAM")]
@@ -218,7 +345,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_BODY_TIMEOUT")]
     pub body_timeout: Duration,
     /// Longest a write to a client may make no progress (the client stopped reading) before its
-    /// connection is closed and its upstream request cancelled.
+    /// connection is reset (its unread bytes dropped) and its upstream request cancelled.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
     pub write_timeout: Duration,
     /// Most client connections held at once; more wait in the listen backlog. Each may hold an
@@ -270,11 +397,10 @@ impl ProxyArgs {
         let argv = ["bypass-marker".into(), "proxy".into()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
         let Command::Proxy(args) = cli.command else {
             unreachable!("parsed as the proxy subcommand")
         };
-        args.layer().map_err(|err| err.to_string())?;
         Ok(args)
     }
 
@@ -339,11 +465,10 @@ impl ExtProcArgs {
         let argv = ["bypass-marker".into(), "ext-proc".into()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_parse_from(argv).map_err(|err| err.to_string())?;
+        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
         let Command::ExtProc(args) = cli.command else {
             unreachable!("parsed as the ext-proc subcommand")
         };
-        args.naming.layer().map_err(|err| err.to_string())?;
         Ok(args)
     }
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -18,6 +19,7 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use crate::cli::logs::Exchange;
+use crate::envoy::Charge;
 use crate::BoxError;
 
 pin_project! {
@@ -31,6 +33,9 @@ pin_project! {
         armed: bool,
         timeout: Duration,
         watch: Arc<Watch>,
+        // A body the guard holds: its bytes are taken from the process's budget as they arrive.
+        held: Option<Arc<HeldBody>>,
+        received: u64,
     }
 }
 
@@ -42,9 +47,70 @@ impl<B> StallTimeout<B> {
             armed: false,
             timeout,
             watch,
+            held: None,
+            received: 0,
         }
     }
+
+    /// Takes the bytes of this body from `held`'s budget as they arrive (beyond what it took
+    /// already); a piece that does not fit fails the body with [`OverBudget`].
+    pub(crate) fn held(mut self, held: Arc<HeldBody>) -> Self {
+        self.held = Some(held);
+        self
+    }
 }
+
+/// The share of the process's [`BodyBudget`] one request body holds while the guard reads it and
+/// until the body has been forwarded (or refused): every clone of the `Arc` gone, it is given
+/// back. The request body, its request's extensions and the body forwarded upstream each hold a
+/// clone.
+#[derive(Debug)]
+pub(crate) struct HeldBody {
+    charge: Mutex<Charge>,
+    /// A piece of the body did not fit: the guard's 400 is the proxy's 503.
+    pub(crate) over_budget: AtomicBool,
+}
+
+impl HeldBody {
+    pub(crate) fn new(charge: Charge) -> Arc<Self> {
+        Arc::new(Self {
+            charge: Mutex::new(charge),
+            over_budget: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Charge> {
+        self.charge.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The body has `received` bytes so far: takes what the charge lacks. `false`: over budget.
+    fn received(&self, received: u64) -> bool {
+        let mut charge = self.lock();
+        let held = charge.held();
+        if received <= held || charge.take(received - held) {
+            return true;
+        }
+        self.over_budget.store(true, Ordering::Release);
+        false
+    }
+
+    /// Gives the bytes back now: the body is gone.
+    pub(crate) fn release(&self) {
+        self.lock().release();
+    }
+}
+
+/// A request body past the process's `--max-buffered-bytes`.
+#[derive(Debug)]
+pub(crate) struct OverBudget;
+
+impl fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request bodies held would pass --max-buffered-bytes")
+    }
+}
+
+impl std::error::Error for OverBudget {}
 
 /// A request body stopped arriving.
 #[derive(Debug)]
@@ -73,6 +139,14 @@ where
         let mut this = self.project();
         if let Poll::Ready(frame) = this.body.poll_frame(cx) {
             *this.armed = false;
+            if let (Some(held), Some(Ok(frame))) = (this.held.as_ref(), &frame) {
+                if let Some(data) = frame.data_ref() {
+                    *this.received += data.remaining() as u64;
+                    if !held.received(*this.received) {
+                        return Poll::Ready(Some(Err(Box::new(OverBudget))));
+                    }
+                }
+            }
             return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
         }
         if !*this.armed {
@@ -87,6 +161,57 @@ where
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+pin_project! {
+    /// The request body as forwarded upstream, which gives its [`HeldBody`] back once it has
+    /// ended or is dropped (the upload is done, or abandoned).
+    pub(crate) struct Releasing<B> {
+        #[pin]
+        body: B,
+        held: Option<Arc<HeldBody>>,
+    }
+
+    impl<B> PinnedDrop for Releasing<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(held) = this.project().held.take() {
+                held.release();
+            }
+        }
+    }
+}
+
+impl<B> Releasing<B> {
+    pub(crate) fn new(body: B, held: Option<Arc<HeldBody>>) -> Self {
+        Self { body, held }
+    }
+}
+
+impl<B: Body> Body for Releasing<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let poll = this.body.poll_frame(cx);
+        if matches!(poll, Poll::Ready(None | Some(Err(_)))) {
+            if let Some(held) = this.held.take() {
+                held.release();
+            }
+        }
+        poll
     }
 
     fn is_end_stream(&self) -> bool {
@@ -117,8 +242,12 @@ pub(crate) struct Watch {
     blocked_since: AtomicU64,
     /// The body of the request in flight stalled (see [`StallTimeout`]).
     pub(crate) stalled: AtomicBool,
-    /// A response body failed (a cut stream): the connection ends abortively ([`Watched`]).
-    cut: AtomicBool,
+    /// Close the connection abortively (an RST, `SO_LINGER` 0, no FIN) when it ends. Set when a
+    /// response body failed (a cut stream: no client, HTTP/1.0's included, may take it for a
+    /// complete one; [`Busy::cut`]), and when a write to the client timed out, so that the kernel
+    /// frees the send buffer the client never read at once rather than keep it behind a FIN in
+    /// FIN-WAIT-1 until it gives up on the orphan (nginx's `reset_timedout_connection`).
+    pub(crate) reset: AtomicBool,
     /// Responses whose body has ended (or been dropped) while hyper may still hold their last
     /// bytes: they stay in flight, and their exchange open, until hyper flushes (see
     /// [`Watched`]'s `poll_flush`).
@@ -158,7 +287,7 @@ impl Watch {
             head_since: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
-            cut: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
             finishing: Mutex::new(Vec::new()),
             finishing_len: AtomicUsize::new(0),
             changed: Notify::new(),
@@ -315,7 +444,7 @@ impl Busy {
     /// client (HTTP/1.0's included, whose response ends at the close) takes the cut stream for a
     /// complete one.
     pub(crate) fn cut(&self) {
-        self.watch.cut.store(true, Ordering::Release);
+        self.watch.reset.store(true, Ordering::Release);
     }
 }
 
@@ -349,12 +478,13 @@ pin_project! {
     impl PinnedDrop for Watched {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if this.watch.cut.load(Ordering::Acquire) {
-                // Closed with a reset (RST), not a FIN.
-                let _ = this.io.set_zero_linger();
-            }
             // The connection is gone: responses whose last bytes were not flushed never will be.
             this.watch.finish(false);
+            if this.watch.reset.load(Ordering::Acquire) {
+                // The socket closes when `io` is dropped, right after this: with a linger of 0,
+                // by an RST that frees its send buffer.
+                let _ = rustix::net::sockopt::set_socket_linger(&*this.io, Some(Duration::ZERO));
+            }
         }
     }
 }
@@ -406,8 +536,8 @@ impl AsyncWrite for Watched {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
-        if this.watch.cut.load(Ordering::Acquire) {
-            // No FIN after a cut stream: the drop resets the connection.
+        if this.watch.reset.load(Ordering::Acquire) {
+            // No FIN on a connection to be reset: the drop resets it.
             return Poll::Ready(Ok(()));
         }
         this.io.poll_shutdown(cx)

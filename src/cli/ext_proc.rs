@@ -30,7 +30,14 @@ where
     F: Future<Output = ()> + Send,
 {
     let layer = args.naming.layer()?.observe(metrics);
-    let processor = ExtProc::new(layer).max_body_bytes(args.naming.max_body);
+    let budget = envoy::BodyBudget::new(args.naming.buffered_budget());
+    tracing::info!(
+        "at most {} bytes of request bodies held at once (--max-buffered-bytes)",
+        budget.limit()
+    );
+    let processor = ExtProc::new(layer)
+        .max_body_bytes(args.naming.max_body)
+        .body_budget(budget);
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

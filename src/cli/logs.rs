@@ -92,7 +92,8 @@ impl Drop for Exchange {
             method = %self.method,
             path = %self.uri.path(),
             status = self.status.as_u16(),
-            duration_ms = elapsed.as_secs_f64() * 1e3,
+            // Whole microseconds: `812.4`, `0.56`, not `0.5594600000000001`.
+            duration_ms = elapsed.as_micros() as f64 / 1e3,
             bytes = self.bytes,
             frames_removed = self.frames_removed,
             complete = self.complete,

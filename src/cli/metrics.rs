@@ -5,11 +5,13 @@
 //! |---|---|---|
 //! | `bypass_marker_frames_removed_total` | `annotation` | annotation frames removed, per configured name; `annotation=""`: frames `--sdk-safe` removed that carried no configured name |
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
-//! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501) |
+//! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501), a request body past `--max-buffered-bytes` (503) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head within `--response-timeout` of the request's end, or the upstream took no byte of the request for as long (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
-//! | `bypass_marker_write_timeouts_total` | | client connections closed because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
+//! | `bypass_marker_write_timeouts_total` | | client connections reset because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
 //! | `bypass_marker_request_body_errors_total` | | request bodies that failed on the client's side while being forwarded (malformed, or the client left): a 400, not an upstream error |
+//! | `bypass_marker_request_bytes_held` | | bytes of request bodies the guard holds now, over every request (see `--max-buffered-bytes`) |
+//! | `bypass_marker_request_bytes_budget` | | `--max-buffered-bytes` (or its default) |
 //! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |
 //! | `bypass_marker_request_duration_seconds` | | histogram of the same span, per request |
 //!
@@ -38,6 +40,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::envoy::BodyBudget;
 use crate::FrameObserver;
 
 /// The content type of the `/metrics` answer.
@@ -87,12 +90,13 @@ impl UpstreamError {
 }
 
 /// The statuses of refusals made before any request arrives, so that they are listed at 0.
-const REFUSALS: [StatusCode; 5] = [
+const REFUSALS: [StatusCode; 6] = [
     StatusCode::BAD_REQUEST,
     StatusCode::REQUEST_TIMEOUT,
     StatusCode::PAYLOAD_TOO_LARGE,
     StatusCode::UNSUPPORTED_MEDIA_TYPE,
     StatusCode::NOT_IMPLEMENTED,
+    StatusCode::SERVICE_UNAVAILABLE,
 ];
 
 thread_local! {
@@ -125,6 +129,10 @@ pub struct Metrics {
     request_body_errors: Counter,
     streams_active: Gauge<i64, AtomicI64>,
     duration: Histogram,
+    /// The request body budget, read at each scrape (`watch_budget`).
+    budget: std::sync::OnceLock<BodyBudget>,
+    bytes_held: Gauge<i64, AtomicI64>,
+    bytes_budget: Gauge<i64, AtomicI64>,
 }
 
 impl fmt::Debug for Metrics {
@@ -245,7 +253,22 @@ impl Metrics {
             "Time from the request head to the end of the response body",
             duration.clone(),
         );
+        let bytes_held = Gauge::<i64, AtomicI64>::default();
+        proxy_series.register(
+            "request_bytes_held",
+            "Bytes of request bodies the guard holds now, summed over every request",
+            bytes_held.clone(),
+        );
+        let bytes_budget = Gauge::<i64, AtomicI64>::default();
+        proxy_series.register(
+            "request_bytes_budget",
+            "The most bytes of request bodies held at once (--max-buffered-bytes)",
+            bytes_budget.clone(),
+        );
         Self {
+            budget: std::sync::OnceLock::new(),
+            bytes_held,
+            bytes_budget,
             registry,
             names,
             removed_family,
@@ -261,8 +284,21 @@ impl Metrics {
         }
     }
 
+    /// Serves `budget`'s bytes held as `bypass_marker_request_bytes_held` and its limit as
+    /// `bypass_marker_request_bytes_budget` (the first budget given; later ones are ignored).
+    pub fn watch_budget(&self, budget: &BodyBudget) {
+        if self.budget.set(budget.clone()).is_ok() {
+            self.bytes_budget
+                .set(i64::try_from(budget.limit()).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The metrics in the OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
+        if let Some(budget) = self.budget.get() {
+            self.bytes_held
+                .set(i64::try_from(budget.held()).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String does not fail");

@@ -57,7 +57,9 @@
 //!   its upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
 //! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
-//!   client stopped reading) closes its connection, which cancels its upstream request.
+//!   client stopped reading) closes its connection abortively (an RST: the kernel frees the
+//!   megabytes of send buffer the client never read at once, instead of holding them behind a
+//!   FIN for minutes), which cancels its upstream request.
 //! - **Accounting.** Each request is counted in the [`Metrics`] and logged in one line once its
 //!   response's last byte has been written to the socket, or the connection has ended
 //!   ([`logs`](crate::cli::logs)).
@@ -92,11 +94,13 @@ use tower::{Service, ServiceBuilder, ServiceExt as _};
 pub use crate::cli::args::default_max_connections;
 use crate::cli::args::{max_connections, ProxyArgs};
 use crate::cli::client::trim_ows;
-use crate::cli::conn::{Busy, Expired, StallTimeout, Watch, Watched};
+use crate::cli::conn::{Busy, Expired, HeldBody, Releasing, StallTimeout, Watch, Watched};
 use crate::cli::forward::{error, remove_hop_by_hop, stalled, FromForward};
 use crate::cli::logs::Exchange;
 use crate::cli::metrics::{removed_on_this_thread, Metrics, UpstreamError};
 use crate::cli::{Forward, UpstreamBody};
+use crate::envoy::BodyBudget;
+use crate::json::{HeadDecision, RequestGuard};
 use crate::BoxError;
 
 /// Listens on `addr` with a queue of `backlog` connections.
@@ -157,9 +161,16 @@ where
     // The connections are shared out between the threads (at least one each).
     let total = max_connections(&config, n);
     tracing::info!("at most {total} client connections at once (--max-connections)");
+    // One budget for the whole process, whatever the threads.
+    let budget = budget_for(&config);
     for (i, listener) in listeners.into_iter().enumerate() {
-        let (mut config, metrics, shutdown, done) =
-            (config.clone(), metrics.clone(), shutdown(), done.clone());
+        let (mut config, metrics, shutdown, done, budget) = (
+            config.clone(),
+            metrics.clone(),
+            shutdown(),
+            done.clone(),
+            budget.clone(),
+        );
         let share = total / n + usize::from(i < total % n);
         config.max_connections = std::num::NonZeroUsize::new(share.max(1));
         std::thread::Builder::new()
@@ -171,7 +182,7 @@ where
                     .and_then(|runtime| {
                         runtime.block_on(async move {
                             let listener = TcpListener::from_std(listener)?;
-                            serve_metered(listener, config, metrics, shutdown).await
+                            serve_budgeted(listener, config, metrics, budget, shutdown).await
                         })
                     });
                 let _ = done.send(served);
@@ -227,11 +238,55 @@ fn invalid_input(err: crate::cli::NameError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, err)
 }
 
-/// [`serve`], counting in `metrics` (made by [`metrics_for`]).
+/// [`serve`], counting in `metrics` (made by [`metrics_for`]). The request bodies the guard
+/// holds share one budget of `--max-buffered-bytes` (see [`BodyBudget`]).
 pub async fn serve_metered<F>(
     listener: TcpListener,
     config: ProxyArgs,
     metrics: Arc<Metrics>,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()>,
+{
+    let budget = budget_for(&config);
+    serve_budgeted(listener, config, metrics, budget, shutdown).await
+}
+
+/// The budget of `--max-buffered-bytes` (or its default), logged.
+fn budget_for(config: &ProxyArgs) -> BodyBudget {
+    let naming = &config.naming;
+    let budget = BodyBudget::new(naming.buffered_budget());
+    if !config.no_layer {
+        let why = match naming.max_buffered_bytes {
+            Some(_) => "--max-buffered-bytes".to_owned(),
+            None => match crate::cli::args::cgroup_memory_limit() {
+                Some(limit) => format!("half the cgroup's memory limit of {limit} bytes"),
+                None => "no cgroup memory limit; --max-buffered-bytes sets it".to_owned(),
+            },
+        };
+        tracing::info!(
+            "at most {} bytes of request bodies held at once ({why})",
+            budget.limit()
+        );
+        if budget.limit() < naming.max_body as u64 {
+            tracing::warn!(
+                "--max-buffered-bytes ({}) is below --max-body ({}): the largest bodies always \
+                 get a 503",
+                budget.limit(),
+                naming.max_body
+            );
+        }
+    }
+    budget
+}
+
+/// [`serve_metered`] with the process's budget.
+async fn serve_budgeted<F>(
+    listener: TcpListener,
+    config: ProxyArgs,
+    metrics: Arc<Metrics>,
+    budget: BodyBudget,
     shutdown: F,
 ) -> io::Result<()>
 where
@@ -243,14 +298,37 @@ where
             let layer = layer.observe(metrics.clone());
             // The guard reads the request first; the response layer finds the opt-in it granted.
             let guard = layer.json_guard().max_body_bytes(config.naming.max_body);
+            metrics.watch_budget(&budget);
+            let budgeting = Budgeting {
+                guard: guard.request_guard(),
+                budget,
+            };
             let stack = ServiceBuilder::new()
                 .layer(guard)
                 .layer(layer)
+                .map_request(release_when_forwarded)
                 .service(forward);
-            serve_with(listener, config, metrics, stack, shutdown).await
+            serve_inner(listener, config, metrics, stack, Some(budgeting), shutdown).await
         }
-        None => serve_with(listener, config, metrics, forward, shutdown).await,
+        None => serve_inner(listener, config, metrics, forward, None, shutdown).await,
     }
+}
+
+/// The guard's decisions and the budget for the bodies it reads.
+struct Budgeting {
+    guard: RequestGuard,
+    budget: BodyBudget,
+}
+
+/// In a request's extensions: the share of the budget its body holds.
+#[derive(Clone)]
+struct Hold(Arc<HeldBody>);
+
+/// At the bottom of the stack: the request's share of the budget goes with the body that is
+/// forwarded, and is given back when that body has been sent (or dropped).
+fn release_when_forwarded<B>(mut req: Request<B>) -> Request<Releasing<B>> {
+    let held = req.extensions_mut().remove::<Hold>().map(|hold| hold.0);
+    req.map(|body| Releasing::new(body, held))
 }
 
 /// The request body every service of the proxy gets: hyper's, with the `--body-timeout`.
@@ -269,6 +347,28 @@ pub async fn serve_with<S, B, F>(
     config: ProxyArgs,
     metrics: Arc<Metrics>,
     service: S,
+    shutdown: F,
+) -> io::Result<()>
+where
+    S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    F: Future<Output = ()>,
+{
+    serve_inner(listener, config, metrics, service, None, shutdown).await
+}
+
+/// [`serve_with`], holding the request bodies the guard reads to `budgeting`'s budget.
+async fn serve_inner<S, B, F>(
+    listener: TcpListener,
+    config: ProxyArgs,
+    metrics: Arc<Metrics>,
+    service: S,
+    budgeting: Option<Budgeting>,
     shutdown: F,
 ) -> io::Result<()>
 where
@@ -302,6 +402,7 @@ where
     let cap = max_connections(&config, 1);
     let connections = Arc::new(tokio::sync::Semaphore::new(cap));
     let mut warned: Option<Instant> = None;
+    let budgeting = budgeting.map(Arc::new);
     loop {
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
@@ -350,6 +451,7 @@ where
         let stack = service.clone();
         let service_watch = watch.clone();
         let metrics = metrics.clone();
+        let budgeting = budgeting.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let busy = service_watch.begin();
             let mut exchange =
@@ -359,26 +461,47 @@ where
             let unsupported = unsupported_transfer_coding(req.headers());
             let connect = req.method() == http::Method::CONNECT;
             remove_hop_by_hop(req.headers_mut());
-            let req = req.map(|b| StallTimeout::new(b, body, service_watch.clone()));
+            // A body the guard will hold takes its bytes from the budget; a declared length is
+            // taken whole, before a byte of the body is read.
+            let (held, over_budget) = match budgeting.as_deref() {
+                Some(budgeting) if !connect && !unsupported => hold(budgeting, &mut req),
+                _ => (None, false),
+            };
+            let req = req.map(|b| {
+                let b = StallTimeout::new(b, body, service_watch.clone());
+                match &held {
+                    Some(held) => b.held(held.clone()),
+                    None => b,
+                }
+            });
             let stack = stack.clone();
             let watch = service_watch.clone();
+            let budgeting = budgeting.clone();
             async move {
                 let res: Response<Answer<B>> = if connect {
                     method_not_allowed().map(Either::Right)
                 } else if unsupported {
                     not_implemented().map(Either::Right)
+                } else if over_budget {
+                    over_budget_answer(budgeting.as_deref()).map(Either::Right)
                 } else {
                     let res = stack.oneshot(req).await?;
                     // The guard answers a body that failed with a 400; this one only stopped
-                    // arriving.
-                    if res.status() == StatusCode::BAD_REQUEST
-                        && watch.stalled.load(Ordering::Acquire)
-                    {
+                    // arriving, or did not fit in the budget.
+                    if res.status() != StatusCode::BAD_REQUEST {
+                        res.map(Either::Left)
+                    } else if watch.stalled.load(Ordering::Acquire) {
                         stalled().map(Either::Right)
+                    } else if held
+                        .as_ref()
+                        .is_some_and(|h| h.over_budget.load(Ordering::Acquire))
+                    {
+                        over_budget_answer(budgeting.as_deref()).map(Either::Right)
                     } else {
                         res.map(Either::Left)
                     }
                 };
+                drop(held);
                 let refused = res.extensions().get::<FromForward>().is_none()
                     || (res.status() == StatusCode::REQUEST_TIMEOUT
                         && watch.stalled.load(Ordering::Acquire));
@@ -405,6 +528,8 @@ where
                 expired = watch.expired(idle, header, write) => {
                     if expired == Expired::Write {
                         counted.write_timeout();
+                        // What the client did not read is dropped, not sent for minutes.
+                        watch.reset.store(true, Ordering::Release);
                     }
                     serving.abort();
                 }
@@ -419,6 +544,56 @@ where
         }
     }
     Ok(())
+}
+
+/// If the guard will read `req`'s body: its share of the budget (in `req`'s extensions too),
+/// with its declared length taken; `true` when that length does not fit.
+fn hold(budgeting: &Budgeting, req: &mut Request<Incoming>) -> (Option<Arc<HeldBody>>, bool) {
+    let body = req.body();
+    let body_empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+    if !matches!(
+        budgeting.guard.check_head(req.headers(), body_empty),
+        HeadDecision::Read
+    ) {
+        return (None, false);
+    }
+    let mut charge = budgeting.budget.charge();
+    // hyper has checked the length; one over `--max-body` gets the guard's 413, unread.
+    let declared = body.size_hint().exact();
+    if let Some(n) = declared.filter(|&n| n <= budgeting.guard.max_body() as u64) {
+        if !charge.take(n) {
+            return (None, true);
+        }
+    }
+    let held = HeldBody::new(charge);
+    req.extensions_mut().insert(Hold(held.clone()));
+    (Some(held), false)
+}
+
+/// The 503 for a request body that would take the bodies held past `--max-buffered-bytes`:
+/// counted, and logged at most once a minute (with the count since the last line).
+fn over_budget_answer(budgeting: Option<&Budgeting>) -> Response<UpstreamBody> {
+    if let Some(budget) = budgeting.map(|b| &b.budget) {
+        if let Some(n) = budget.refusal() {
+            tracing::warn!(
+                "503: {n} request(s) refused since the last line: the request bodies held \
+                 would pass --max-buffered-bytes ({} bytes)",
+                budget.limit()
+            );
+        }
+    }
+    let mut res = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "request_bodies_over_budget",
+        "the proxy holds as many request bodies as it may; retry shortly".to_owned(),
+    );
+    res.extensions_mut().remove::<FromForward>();
+    let headers = res.headers_mut();
+    headers.insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    // The body was not read (or not all of it): the connection cannot be reused.
+    headers.insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    res
 }
 
 /// Whether a `Transfer-Encoding` of the request names a coding other than `chunked` (any case,

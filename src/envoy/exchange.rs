@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use http::{Method, StatusCode};
 use tonic::Status;
 
+use super::budget::Charge;
 use super::proto;
 use crate::json::{
     self, BodyStep, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
@@ -28,10 +29,19 @@ pub(crate) struct Exchange {
     announced: bool,
     /// What to forward for the response chunk at hand; reused.
     edit: ChunkEdit,
+    /// The request body's share of the processor's budget, while it is being judged.
+    charge: Charge,
+    /// The guard's cap on a request body.
+    max_body: usize,
 }
 
 impl Exchange {
-    pub(crate) fn new(layer: &BypassMarkerLayer, guard: crate::json::RequestGuard) -> Self {
+    pub(crate) fn new(
+        layer: &BypassMarkerLayer,
+        guard: crate::json::RequestGuard,
+        charge: Charge,
+    ) -> Self {
+        let max_body = guard.max_body();
         Self {
             // Request headers that never came mean `request_header_mode: SKIP`: the guard did
             // not run, so the response is failed rather than passed as if all were well.
@@ -40,7 +50,31 @@ impl Exchange {
             response_body_mode: proto::BODY_STREAMED,
             announced: false,
             edit: ChunkEdit::new(),
+            charge,
+            max_body,
         }
+    }
+
+    /// Takes the body's `len` bytes (beyond what it holds) from the budget, or fails the stream.
+    fn hold(&mut self, len: u64) -> Result<(), Status> {
+        let held = self.charge.held();
+        if len <= held || self.charge.take(len - held) {
+            return Ok(());
+        }
+        let budget = self.charge.budget();
+        #[cfg(any(feature = "tracing", feature = "cli"))]
+        if let Some(n) = budget.refusal() {
+            tracing::warn!(
+                "{n} request(s) refused since the last line: the request bodies held would pass \
+                 the processor's budget ({} bytes)",
+                budget.limit()
+            );
+        }
+        #[cfg(not(any(feature = "tracing", feature = "cli")))]
+        let _ = budget.refusal();
+        Err(Status::resource_exhausted(
+            "the request bodies held would pass the processor's budget (--max-buffered-bytes)",
+        ))
     }
 
     /// The answer to one message; `None` for a message that carries no HTTP part (nothing to
@@ -125,6 +159,15 @@ impl Exchange {
                         "request_body_mode must be BUFFERED for the JSON guard",
                     ));
                 }
+                // A declared length is taken before Envoy sends the body (one over the guard's
+                // cap is refused with 413 when it comes, unread).
+                let declared = headers
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .filter(|&n| n <= self.max_body as u64);
+                if let Some(n) = declared {
+                    self.hold(n)?;
+                }
                 Ok((Response::RequestHeaders(proto::identity_encoding()), None))
             }
         }
@@ -138,11 +181,11 @@ impl Exchange {
         // 413.
         let whole =
             b.end_of_stream || (self.announced && self.request_body_mode == proto::BODY_BUFFERED);
-        match self
-            .exchange
-            .request_body(Bytes::from(b.body), whole)
-            .map_err(status)?
-        {
+        self.hold(b.body.len() as u64)?;
+        let step = self.exchange.request_body(Bytes::from(b.body), whole);
+        // Judged: the body (and the spliced one) are let go when this message is answered.
+        self.charge.release();
+        match step.map_err(status)? {
             BodyStep::Forward => Ok(Response::RequestBody(proto::unchanged_body())),
             BodyStep::Replace {
                 body,

@@ -156,6 +156,7 @@
 //!   It allows [`MAX_CONCURRENT_STREAMS`] streams per HTTP/2 connection.
 //! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
+mod budget;
 mod connection;
 mod exchange;
 mod processor;
@@ -164,6 +165,7 @@ mod serve;
 mod service;
 mod stream;
 
+pub use budget::{BodyBudget, Charge, SMALL_BODY_BYTES};
 pub use processor::ExtProc;
 pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;

@@ -7,6 +7,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use tonic::{Request, Response, Status, Streaming};
 
+use super::budget::BodyBudget;
 use super::connection::Origin;
 use super::exchange::Exchange;
 use super::stream::ProcessStream;
@@ -26,6 +27,8 @@ const MESSAGE_OVERHEAD: usize = 1 << 20;
 pub struct ExtProc {
     layer: BypassMarkerLayer,
     guard: RequestGuard,
+    /// The request body bytes every stream of the processor may hold at once.
+    budget: BodyBudget,
     /// Whether the observability-mode error was logged, for streams that come on a connection
     /// [`serve`](super::serve) did not accept (shared by the clones).
     observability_logged: Arc<AtomicBool>,
@@ -37,6 +40,7 @@ impl ExtProc {
     pub fn new(layer: BypassMarkerLayer) -> Self {
         Self {
             guard: layer.request_guard(),
+            budget: BodyBudget::unlimited(),
             layer,
             observability_logged: Arc::new(AtomicBool::new(false)),
         }
@@ -48,6 +52,22 @@ impl ExtProc {
     #[must_use]
     pub fn max_body_bytes(mut self, max: usize) -> Self {
         self.guard = self.guard.max_body_bytes(max);
+        self
+    }
+
+    /// Shares `budget` between the request bodies of every stream (unlimited by default): a
+    /// stream whose request body would take the bytes held past it fails with
+    /// `RESOURCE_EXHAUSTED` (Envoy answers 500) before the body message is judged. A declared
+    /// `content-length` is taken from the budget when the request headers arrive, so a body
+    /// that cannot fit fails its stream before Envoy sends it; a body of unknown length (the
+    /// client's was chunked) is taken when its message has arrived. The bytes are given back
+    /// once the body has been judged, or the stream ends. Envoy's own buffers are bounded by
+    /// Envoy (see docs/envoy.md).
+    ///
+    /// `bypass-marker ext-proc` sets it from `--max-buffered-bytes`.
+    #[must_use]
+    pub fn body_budget(mut self, budget: BodyBudget) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -74,7 +94,7 @@ impl ExtProc {
 
     /// A fresh state for one gRPC stream.
     pub(crate) fn exchange(&self) -> Exchange {
-        Exchange::new(&self.layer, self.guard.clone())
+        Exchange::new(&self.layer, self.guard.clone(), self.budget.charge())
     }
 
     /// The connection of a stream whose request carries `extensions` (see [`Origin::of`]).

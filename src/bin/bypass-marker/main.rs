@@ -7,12 +7,13 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::CommandFactory as _;
 use tokio::sync::watch;
 use tower_bypass_marker::cli::{self, Cli, Command, ExtProcArgs, Metrics, ProxyArgs};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Invalid annotation names are usage errors here too (exit code 2).
+    let cli = Cli::from_env();
     if let Err(err) = cli::logs::init(cli.log_format) {
         eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
@@ -68,8 +69,8 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
         Ok(server) => server,
         Err(code) => return code,
     };
-    if let Ok(layer) = args.naming.layer() {
-        tracing::info!("filtering: {layer:?}");
+    if let Ok(names) = args.naming.names_in_force() {
+        tracing::info!("names in force: {names}");
     }
     let signalled = match shutdown_signal() {
         Ok(signalled) => signalled,
@@ -82,7 +83,7 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
         signalled.await;
         let _ = stop.send(true);
     });
-    println!("ext_proc listening on {addr} (gRPC)");
+    say(format_args!("ext_proc listening on {addr} (gRPC)"));
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
     stopped_with(served, metrics_server).await
 }
@@ -128,7 +129,7 @@ fn serve_metrics(
     match cli::bind(addr, 128) {
         Ok(listener) => {
             let local = listener.local_addr().unwrap_or(addr);
-            println!("metrics on http://{local}/metrics");
+            say(format_args!("metrics on http://{local}/metrics"));
             Ok(Some(tokio::spawn(cli::metrics::serve_metrics(
                 listener,
                 Arc::clone(metrics),
@@ -170,8 +171,10 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         Ok(server) => server,
         Err(code) => return code,
     };
-    match args.layer() {
-        Ok(Some(layer)) => tracing::info!(upstream = %args.upstream, "filtering: {layer:?}"),
+    match args.naming.names_in_force() {
+        Ok(names) if !args.no_layer => {
+            tracing::info!(upstream = %args.upstream, "names in force: {names}");
+        }
         _ => tracing::info!(upstream = %args.upstream, "--no-layer: forwarding untouched"),
     }
     let signalled = match shutdown_signal() {
@@ -185,11 +188,21 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         signalled.await;
         let _ = stop.send(true);
     });
-    tracing::info!("serving on {threads} threads");
-    println!("listening on http://{addr}");
+    let plural = if threads == 1 { "" } else { "s" };
+    tracing::info!("serving on {threads} thread{plural}");
+    say(format_args!("listening on http://{addr}"));
     let served =
         cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
     stopped_with(served, metrics_server).await
+}
+
+/// Prints `line` on stdout, where scripts read the addresses; a stdout that is closed or full
+/// (`bypass-marker proxy ... | head -1`) is not an error: a serving process never stops for it
+/// (`println!` would panic).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
 
 /// A future that completes on Ctrl-C or SIGTERM. The handlers are installed before it returns,
