@@ -132,7 +132,7 @@ fn media_type(headers: &HeaderMap) -> Option<(&[u8], &[u8])> {
 }
 
 /// Splits a header value at the commas that are not inside a quoted string (with `\` escapes).
-fn split_outside_quotes(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn split_outside_quotes(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut quoted = false;
     let mut escaped = false;
     value.split(move |&b| {

@@ -382,3 +382,80 @@ proptest! {
         prop_assert_eq!(granted.unwrap_or_default(), expected_granted);
     }
 }
+
+/// One `content-type` header value: a media type (JSON or not, or empty) and parameters, some
+/// with quoted strings that hold commas, some with a quote left open. No non-JSON media type ends
+/// in `json` or `+json`, so the merged value never reads as JSON as a whole unless one header
+/// does.
+fn content_type() -> impl Strategy<Value = Vec<u8>> {
+    let essence = prop::sample::select(vec![
+        &b"application/json"[..],
+        b"APPLICATION/JSON",
+        b" application/json ",
+        b"\xA0application/json",
+        b"application/vnd.api+json",
+        b"application/+json",
+        b"text/plain",
+        b"text/html",
+        b"application/xml",
+        b"multipart/form-data",
+        b"application/jsonl",
+        b"text/json",
+        b"",
+        b" ",
+    ]);
+    let param = prop::sample::select(vec![
+        &b"charset=utf-8"[..],
+        b"q=\"a,b\"",
+        b"x=\"",
+        b"y=\"\\\",application/json\"",
+        b"z=\"text/plain, application/json\"",
+        b"boundary=a,b",
+        b"w=\"\\\\\"",
+        b"",
+    ]);
+    (essence, prop::collection::vec(param, 0..3)).prop_map(|(essence, params)| {
+        let mut value = essence.to_vec();
+        for p in params {
+            value.push(b';');
+            value.extend_from_slice(p);
+        }
+        value
+    })
+}
+
+fn reads(guard: &tower_bypass_marker::json::RequestGuard, values: &[&[u8]]) -> bool {
+    let mut headers = http::HeaderMap::new();
+    for v in values {
+        headers.append(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_bytes(v).unwrap(),
+        );
+    }
+    match guard.check_head(&headers, false) {
+        tower_bypass_marker::json::HeadDecision::Read => true,
+        tower_bypass_marker::json::HeadDecision::Skip => false,
+        other => panic!("{other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// Envoy merges repeated `content-type` headers into one value joined by `,`: the guard reads
+    /// the merged value exactly when it reads the headers apart ("any one counts").
+    #[test]
+    fn several_content_types_and_their_comma_joined_value_get_the_same_verdict(
+        values in prop::collection::vec(content_type(), 1..5),
+    ) {
+        let guard = layer().request_guard();
+        let apart: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let joined = values.join(&b","[..]);
+        prop_assert_eq!(
+            reads(&guard, &apart),
+            reads(&guard, &[&joined[..]]),
+            "{:?}",
+            String::from_utf8_lossy(&joined)
+        );
+    }
+}

@@ -332,13 +332,27 @@ pub(crate) fn join(mut chunks: Vec<Bytes>) -> Bytes {
     }
 }
 
-/// Whether the content type is one a lenient server parses as JSON: no `content-type` header, an
-/// empty one, or any value whose media type is `application/json` or `application/*+json` (see
-/// [`is_json_media_type`]). Of several headers, any one counts.
+/// Whether the content type is one a lenient server parses as JSON: no `content-type` header, or
+/// any one of several whose value [`reads_value`] reads.
 fn reads_content_type(headers: &HeaderMap) -> bool {
     let mut types = headers.get_all(CONTENT_TYPE).iter().peekable();
-    types.peek().is_none()
-        || types.any(|v| trim_lenient(v.as_bytes()).is_empty() || is_json_media_type(v.as_bytes()))
+    types.peek().is_none() || types.any(|v| reads_value(v.as_bytes()))
+}
+
+/// Whether one `content-type` value is read: the value as a whole is empty or a JSON media type
+/// (see [`is_json_media_type`]), or it is a comma-separated list (as Envoy and other proxies merge
+/// repeated headers: `text/plain,application/json`) and one of its elements is.
+///
+/// Elements are found twice, at the commas outside quoted strings (RFC 9110) and at every comma,
+/// and either finding counts: a quoted string that one header opens and the next one closes (`a/b;
+/// x="` then `application/json; y="`, merged) cannot hide the element after it. So a list is
+/// read whenever one of the headers it was merged from would have been, and also when the merged
+/// value as a whole reads as JSON to a server that does not split it. Both passes are linear.
+pub(crate) fn reads_value(value: &[u8]) -> bool {
+    let reads = |element: &[u8]| trim_lenient(element).is_empty() || is_json_media_type(element);
+    reads(value)
+        || value.split(|&b| b == b',').any(reads)
+        || crate::future::split_outside_quotes(value).any(reads)
 }
 
 /// `application/json` or `application/<anything>+json` (`application/+json` included), any ASCII
@@ -445,6 +459,40 @@ mod tests {
                 !is_json_media_type(other),
                 "{:?}",
                 String::from_utf8_lossy(other)
+            );
+        }
+    }
+
+    /// Envoy merges repeated `content-type` headers into one value joined by commas; the docs
+    /// promise that any one of several headers counts, so any one element counts.
+    #[test]
+    fn a_comma_joined_content_type_is_read_when_any_element_is_json() {
+        for read in [
+            &b"text/plain,application/json"[..],
+            b"application/json,text/plain",
+            b"text/plain, application/vnd.api+json; charset=utf-8",
+            b"text/plain; q=\"a,b\",application/json",
+            b"text/plain,",
+            b",text/plain",
+            b"text/plain, \xA0 ,text/html",
+            // A quote that the next header closes does not hide the element between them.
+            b"a/b; x=\",application/json; y=\"",
+            b"text/plain; x=\"unterminated,application/json",
+            // Read whole, as a server that does not split it reads it.
+            b"application/xml,text/vnd+json",
+        ] {
+            assert!(reads_value(read), "{:?}", String::from_utf8_lossy(read));
+        }
+        for skipped in [
+            &b"text/plain,text/html"[..],
+            b"text/plain; x=\"application/json\"",
+            b"text/plain; x=\"a,application/json\"",
+            b"multipart/form-data; boundary=\"a,b\", text/plain",
+        ] {
+            assert!(
+                !reads_value(skipped),
+                "{:?}",
+                String::from_utf8_lossy(skipped)
             );
         }
     }

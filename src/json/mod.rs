@@ -73,8 +73,12 @@
 //!
 //! A request is read when it has a body (one not known to be empty) and a JSON content type:
 //! `application/json` or `application/<anything>+json`, any case, with parameters (any one of
-//! several `content-type` headers counts), or no `content-type` at all (or an empty one), which
-//! many frameworks (FastAPI among them) parse as JSON anyway. Every other request (GET, gRPC,
+//! several `content-type` headers counts, and so does any one element of a comma-separated value,
+//! which is how Envoy merges repeated headers: `text/plain,application/json` is read), or no
+//! `content-type` at all (or an empty one, or an empty element), which many frameworks (FastAPI
+//! among them) parse as JSON anyway. Elements are split at commas outside quoted strings and, in
+//! case a quote is left open, at every comma: a comma inside a quoted parameter may make the guard
+//! read a body it could have skipped, never the other way round. Every other request (GET, gRPC,
 //! multipart, text, forms) passes through without being buffered: same body, same `size_hint`,
 //! same `is_end_stream`.
 //!
