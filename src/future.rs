@@ -102,15 +102,48 @@ pub(crate) fn body_filter(config: &Arc<Config>, requested: u64) -> Option<EventS
     Some(EventStreamFilter::new(Scanner::new(config.clone(), remove)))
 }
 
+/// The content codings of an event stream the filter cannot read: `Some` (the codings other than
+/// `identity`, as the response lists them, at most 64 bytes) when a response with this head has
+/// content, is a `text/event-stream` and has a `content-encoding` other than `identity`.
+pub(crate) fn encoded_event_stream(
+    head_request: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> Option<String> {
+    let no_content = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if no_content || !is_event_stream(headers) || is_identity(headers) {
+        return None;
+    }
+    let mut codings = Vec::new();
+    for value in headers.get_all(CONTENT_ENCODING) {
+        for coding in value.as_bytes().split(|&b| b == b',').map(trim_ows) {
+            if !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity") {
+                if !codings.is_empty() {
+                    codings.extend_from_slice(b", ");
+                }
+                codings.extend_from_slice(coding);
+            }
+        }
+    }
+    codings.truncate(64);
+    Some(String::from_utf8_lossy(&codings).into_owned())
+}
+
+/// `content-type: text/event-stream` (any case, parameters allowed), whatever its coding.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    media_type(headers).is_some_and(|(ty, subtype)| {
+        ty.eq_ignore_ascii_case(b"text") && subtype.eq_ignore_ascii_case(b"event-stream")
+    })
+}
+
 /// `content-type: text/event-stream` (any case, parameters allowed) with no content coding
 /// other than `identity`. Header values are read as bytes, so parameters holding obs-text bytes
 /// (`x="\xE9"`) do not matter.
 fn is_plain_event_stream(headers: &HeaderMap) -> bool {
-    let event_stream = media_type(headers).is_some_and(|essence| {
-        let (ty, subtype) = essence;
-        ty.eq_ignore_ascii_case(b"text") && subtype.eq_ignore_ascii_case(b"event-stream")
-    });
-    event_stream && is_identity(headers)
+    is_event_stream(headers) && is_identity(headers)
 }
 
 /// The media type of the response (type and subtype) as a browser reads it, the way Fetch's

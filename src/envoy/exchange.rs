@@ -193,6 +193,8 @@ impl Exchange {
                 let mode = proto::mode(self.request_body_mode, proto::BODY_STREAMED);
                 Ok((Response::ResponseHeaders(response), Some(mode)))
             }
+            // An encoded event stream with something to remove: a 502 before any byte.
+            ResponseStep::Refuse(refusal) => Ok((refuse(&refusal), None)),
             ResponseStep::Pass if h.end_of_stream => {
                 Ok((Response::ResponseHeaders(proto::unchanged_headers()), None))
             }

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Method, StatusCode};
 
 use super::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
+use crate::future::encoded_event_stream;
 use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, RequestedAnnotations};
 
 /// One HTTP request and its response, as a gateway's filter sees them: the JSON guard on the
@@ -19,8 +20,10 @@ use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, Requ
 ///    refuse it (a local reply: [`Refusal`]'s status and body; forward nothing);
 /// 2. after [`RequestStep::ReadBody`], [`request_body`](Self::request_body) with the whole body:
 ///    forward it, forward a spliced one (and set `content-length`), or refuse it;
-/// 3. [`response_headers`](Self::response_headers): pass the response through untouched, or
-///    filter its body (and drop its `content-length`);
+/// 3. [`response_headers`](Self::response_headers): pass the response through untouched,
+///    filter its body (and drop its `content-length`), or refuse it (an encoded event stream
+///    with something to remove: answer [`Refusal`]'s 502 instead, before any byte of it, or
+///    reset the stream if the response has started);
 /// 4. while filtering, [`response_body`](Self::response_body) for every chunk, the last one
 ///    (perhaps empty) with `end_of_stream`; the [`ChunkEdit`] says what to forward in its place.
 ///
@@ -113,7 +116,7 @@ pub enum BodyStep {
 }
 
 /// The answer to [`Exchange::response_headers`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum ResponseStep {
     /// Pass the response through untouched: there is nothing to remove from it.
@@ -123,6 +126,10 @@ pub enum ResponseStep {
         /// The response has a `content-length`, which no longer holds: remove it.
         remove_content_length: bool,
     },
+    /// Send this refusal instead of the response ([`Refusal::encoded_event_stream`]): it is an
+    /// event stream in a content coding the filter cannot read, and something would have to be
+    /// removed from it for this client. Forward no byte of the response.
+    Refuse(Refusal),
 }
 
 /// Why an [`Exchange`] cannot go on: the host must fail the stream (reset it, or answer 5xx
@@ -201,10 +208,10 @@ impl Exchange {
 
     /// The request's head. `end_of_stream`: the request has no body.
     ///
-    /// A request that goes on ([`RequestStep::Forward`], [`RequestStep::ReadBody`]) must ask its
-    /// upstream for `accept-encoding: identity`: an encoded event stream cannot be filtered (it
-    /// passes through), so an upstream that compresses for a client that accepts gzip would carry
-    /// annotations past the filter.
+    /// A request that goes on ([`RequestStep::Forward`], [`RequestStep::ReadBody`]) should ask
+    /// its upstream for `accept-encoding: identity`: an encoded event stream cannot be filtered,
+    /// so one from an upstream that compresses for a client that accepts gzip is refused
+    /// ([`ResponseStep::Refuse`]) when something would be removed from it.
     ///
     /// # Errors
     ///
@@ -293,6 +300,11 @@ impl Exchange {
 
     /// The response's head. `end_of_stream`: the response has no body.
     ///
+    /// An event stream with a `content-encoding` other than `identity` cannot be read: when a
+    /// configured name would be removed for this client, the answer is
+    /// [`ResponseStep::Refuse`] (a 502), so that no frame reaches it unfiltered; when nothing
+    /// would be, it passes.
+    ///
     /// # Errors
     ///
     /// [`ExchangeError::Order`] for a second response head, and for a response whose request
@@ -318,6 +330,13 @@ impl Exchange {
         self.response = ResponseState::Done;
         if end_of_stream {
             return Ok(ResponseStep::Pass);
+        }
+        let head = self.method == Method::HEAD;
+        if let Some(coding) = encoded_event_stream(head, status, headers) {
+            let config = &self.layer.config;
+            if config.removal_mask(config.requested_mask(&self.granted)) != 0 {
+                return Ok(ResponseStep::Refuse(Refusal::encoded_event_stream(&coding)));
+            }
         }
         match self
             .layer
@@ -375,5 +394,115 @@ impl Exchange {
             self.response = ResponseState::Done;
         }
         Ok(out?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// An exchange whose request (a JSON body listing `annotations`) has been judged.
+    fn after_request(layer: &BypassMarkerLayer, method: Method, annotations: &str) -> Exchange {
+        let mut exchange = Exchange::new(layer, layer.request_guard(), UnseenRequest::Fail);
+        let mut json = HeaderMap::new();
+        json.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let step = exchange.request_headers(method, &json, false).unwrap();
+        assert!(matches!(step, RequestStep::ReadBody));
+        let body = format!(r#"{{"nvext":{{"annotations":{annotations}}}}}"#);
+        let step = exchange.request_body(Bytes::from(body), true).unwrap();
+        assert!(!matches!(step, BodyStep::Refuse(_)));
+        exchange
+    }
+
+    fn sse(coding: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        if !coding.is_empty() {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding));
+        }
+        headers
+    }
+
+    #[test]
+    fn an_encoded_event_stream_with_something_to_remove_is_refused_with_a_502() {
+        let layer = BypassMarkerLayer::dynamo();
+        for (coding, named) in [
+            ("gzip", "gzip"),
+            ("identity, br", "br"),
+            ("GZIP, identity,, zstd", "GZIP, zstd"),
+        ] {
+            let mut exchange = after_request(&layer, Method::POST, r#"["request_id"]"#);
+            let step = exchange
+                .response_headers(StatusCode::OK, &sse(coding), false)
+                .unwrap();
+            let ResponseStep::Refuse(refusal) = step else {
+                panic!("{coding}: {step:?}")
+            };
+            assert_eq!(refusal.status(), StatusCode::BAD_GATEWAY);
+            assert_eq!(refusal.code(), "encoded_event_stream");
+            assert_eq!(refusal.kind(), "server_error");
+            assert!(
+                refusal
+                    .message()
+                    .contains(&format!("content-encoding {named},")),
+                "{}",
+                refusal.message()
+            );
+            let body: serde_json::Value = serde_json::from_slice(&refusal.body()).unwrap();
+            assert_eq!(body["error"]["code"], "encoded_event_stream");
+            assert_eq!(body["error"]["type"], "server_error");
+            assert!(body["error"]["param"].is_null());
+            // Nothing of the response is filtered afterwards.
+            assert!(!exchange.filters_response());
+        }
+    }
+
+    #[test]
+    fn an_encoded_event_stream_with_nothing_to_remove_passes() {
+        // The client opted in to every name the layer knows.
+        let layer = BypassMarkerLayer::new().opt_in("request_id");
+        let mut exchange = after_request(
+            &layer,
+            Method::POST,
+            r#"["request_id","x-bypass-remote-prefill"]"#,
+        );
+        let step = exchange
+            .response_headers(StatusCode::OK, &sse("gzip"), false)
+            .unwrap();
+        assert_eq!(step, ResponseStep::Pass);
+    }
+
+    #[test]
+    fn responses_without_content_and_plain_streams_are_not_refused() {
+        let layer = BypassMarkerLayer::dynamo();
+        for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+            let mut exchange = after_request(&layer, Method::POST, "[]");
+            let step = exchange.response_headers(status, &sse("gzip"), false);
+            assert_eq!(step.unwrap(), ResponseStep::Pass, "{status}");
+        }
+        let mut exchange = after_request(&layer, Method::HEAD, "[]");
+        let step = exchange.response_headers(StatusCode::OK, &sse("gzip"), false);
+        assert_eq!(step.unwrap(), ResponseStep::Pass);
+        // No body at all.
+        let mut exchange = after_request(&layer, Method::POST, "[]");
+        let step = exchange.response_headers(StatusCode::OK, &sse("gzip"), true);
+        assert_eq!(step.unwrap(), ResponseStep::Pass);
+        // Not an event stream.
+        let mut exchange = after_request(&layer, Method::POST, "[]");
+        let mut json = HeaderMap::new();
+        json.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        let step = exchange.response_headers(StatusCode::OK, &json, false);
+        assert_eq!(step.unwrap(), ResponseStep::Pass);
+        // Identity: filtered as before.
+        let mut exchange = after_request(&layer, Method::POST, "[]");
+        let step = exchange.response_headers(StatusCode::OK, &sse("identity"), false);
+        assert!(matches!(step.unwrap(), ResponseStep::Filter { .. }));
     }
 }

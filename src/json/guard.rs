@@ -122,6 +122,7 @@ impl Spliced {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     status: StatusCode,
+    kind: &'static str,
     code: &'static str,
     message: String,
 }
@@ -130,8 +131,25 @@ impl Refusal {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: String) -> Self {
         Self {
             status,
+            kind: "invalid_request_error",
             code,
             message,
+        }
+    }
+
+    /// 502 `encoded_event_stream` (error type `server_error`): the upstream answered with a
+    /// `text/event-stream` in a content coding (`coding`, such as `gzip`) that the filter cannot
+    /// read, and something would have to be removed from it for this client. Sent instead of the
+    /// response, before any byte of it.
+    pub fn encoded_event_stream(coding: &str) -> Self {
+        Self {
+            status: StatusCode::BAD_GATEWAY,
+            kind: "server_error",
+            code: "encoded_event_stream",
+            message: format!(
+                "the upstream sent an event stream with content-encoding {coding}, which cannot \
+                 be filtered; the upstream must answer with content-encoding identity"
+            ),
         }
     }
 
@@ -159,7 +177,8 @@ impl Refusal {
     }
 
     /// The error's `code`: `request_too_large`, `unsupported_content_encoding`, `invalid_json`,
-    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)).
+    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)),
+    /// or `encoded_event_stream` for a response ([`Refusal::encoded_event_stream`]).
     pub fn code(&self) -> &str {
         self.code
     }
@@ -169,13 +188,20 @@ impl Refusal {
         &self.message
     }
 
+    /// The error's `type`: `invalid_request_error` for a refused request, `server_error` for a
+    /// refused response.
+    pub fn kind(&self) -> &str {
+        self.kind
+    }
+
     /// The response body, `content-type: application/json`:
-    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}`.
+    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}` (the
+    /// `type` is [`kind`](Self::kind)).
     pub fn body(&self) -> Bytes {
         let json = serde_json::json!({
             "error": {
                 "message": self.message,
-                "type": "invalid_request_error",
+                "type": self.kind,
                 "param": null,
                 "code": self.code,
             }
