@@ -335,6 +335,9 @@ impl Exchange {
         if let Some(coding) = encoded_event_stream(head, status, headers) {
             let config = &self.layer.config;
             if config.removal_mask(config.requested_mask(&self.granted)) != 0 {
+                if let Some(observer) = &config.observer {
+                    observer.0.encoded_stream_refused(&coding);
+                }
                 return Ok(ResponseStep::Refuse(Refusal::encoded_event_stream(&coding)));
             }
         }
