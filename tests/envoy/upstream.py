@@ -17,6 +17,9 @@
          {"kind": "paced", "events": N, "interval_ms": MS}
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
+         {"kind": "gzip"}         three data frames with markers, gzip-encoded whatever the
+                                   request's accept-encoding says (an upstream that compresses
+                                   anyway)
          {"kind": "reset", "events": N}
                                    N data frames (with markers) 50 ms apart, then after 200 ms a
                                    TCP reset (no end chunk)
@@ -211,6 +214,9 @@ async def handle(reader, writer):
                 elif test.get("kind") == "paced":
                     frames = script.paced(test["events"])
                     if not await send_stream(writer, frames, entry, pace=test["interval_ms"] / 1000):
+                        return
+                elif test.get("kind") == "gzip":
+                    if not await send_stream(writer, script.paced(3), entry, gzip=True):
                         return
                 elif test.get("kind") == "reset":
                     # Paced, and a pause before the reset, so that everything sent before it has
