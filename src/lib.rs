@@ -242,8 +242,9 @@
 //! ([`encoded_stream_refused`](FrameObserver::encoded_stream_refused)). When nothing is to be
 //! removed (the client opted in to every configured name that is not never-forwarded), the encoded
 //! stream passes through untouched. The same holds at every front door: the JSON guard's
-//! [`Exchange`](crate::json::Exchange) (the Envoy processor and module) answers
-//! `ResponseStep::Refuse` with the same error, and the sidecar answers the same 502.
+//! `json::Exchange` (feature `json`; the Envoy processor and module drive it) answers
+//! `ResponseStep::Refuse` with the same error, the sidecar answers the same 502, and a host of
+//! your own asks [`BypassMarkerLayer::refuses_encoded`].
 //!
 //! Failing is the only safe answer: decoding and re-encoding would cost the layer a decompressor
 //! and a compressor per stream (and the dependencies), and passing the stream on would hand
