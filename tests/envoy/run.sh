@@ -12,7 +12,8 @@
 #     is), one behind Envoy and one for the control straight to it;
 #   - the processor, `bypass-marker ext-proc --preset dynamo`;
 #   - three Envoys rendered from the shipped bootstrap: to upstream.py, to a router, and one whose
-#     processor address has nothing listening (the processor is down).
+#     processor address has nothing listening (the processor is down); two more with
+#     FULL_DUPLEX_STREAMED bodies both ways, to upstream.py and to a router of their own.
 # The checks (client.py and the SDK suite's clients):
 #   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy, and fail straight
 #     to the router (the control); a raw client's bytes: an opted-in client gets the marker byte
@@ -27,6 +28,9 @@
 #     marker, never a clean end);
 #   - Envoy's gRPC health check (grpc.health.v1) finds the processor healthy, and an address where
 #     nothing listens failed;
+#   - full duplex: the request-side checks and the SDKs again, through the full-duplex Envoys;
+#   - an upstream that gzips its event stream anyway: a 502 encoded_event_stream before any byte,
+#     in both modes, logged once each by the processor;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -115,6 +119,15 @@ log "installs and builds ready in $((SECONDS - started)) s"
 
 suite=$SECONDS
 start_upstreams
+# Two more routers for the full-duplex SDK run: the raw client's "cold" requests must meet routers
+# that have not seen its prompts yet.
+start router-duplex "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-duplex || die "the router did not start: $(cat "$work/router-duplex.log")"
+router_duplex="$url"
+start router-duplex-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-duplex-direct ||
+  die "the router did not start: $(cat "$work/router-duplex-direct.log")"
+router_duplex_direct="$url"
 
 ext_proc_port="$(free_port)"
 start processor "$bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
@@ -163,7 +176,7 @@ duplex=(REQUEST_BODY_MODE=FULL_DUPLEX_STREAMED RESPONSE_BODY_MODE=FULL_DUPLEX_ST
   REQUEST_TRAILER_MODE=SEND RESPONSE_TRAILER_MODE=SEND)
 start_envoy envoy-duplex "${upstream##*:}" "$ext_proc_port" "${duplex[@]}"
 envoy_duplex="$url"
-start_envoy envoy-duplex-router "${router_behind##*:}" "$ext_proc_port" "${duplex[@]}"
+start_envoy envoy-duplex-router "${router_duplex##*:}" "$ext_proc_port" "${duplex[@]}"
 envoy_duplex_router="$url"
 log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down), full duplex $envoy_duplex, $envoy_duplex_router"
 
@@ -196,7 +209,7 @@ run_sdk_clients "$envoy_router" "$router_direct" "Envoy"
 # stripped, opted-in clients get the marker byte for byte), and the SDKs stream through it.
 run_client "full duplex: request side, pass-through, opt-ins" "${client[@]}" checks --front duplex \
   --envoy "$envoy_duplex" --upstream "$upstream"
-run_sdk_clients "$envoy_duplex_router" "$router_direct" "Envoy (full duplex)"
+run_sdk_clients "$envoy_duplex_router" "$router_duplex_direct" "Envoy (full duplex)"
 
 # An upstream that gzips its event stream anyway: a 502 before any byte, in both modes, and the
 # processor logs each once (its metrics count them: tests/proxy.rs, tests/envoy_processor.rs).
