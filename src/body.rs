@@ -25,8 +25,19 @@ pin_project! {
     pub struct BypassMarkerBody<B> {
         #[pin]
         inner: B,
-        filter: Option<Filter>,
+        mode: Mode,
     }
+}
+
+/// Whether the body is passed through, filtered, or replaced.
+// One per body; boxing the filter would add an allocation per filtered stream.
+#[allow(clippy::large_enum_variant)]
+enum Mode {
+    Pass,
+    Filter(Filter),
+    /// The layer's own error body (what is left of it), sent in place of an encoded event stream
+    /// that it cannot read; the inner body is never polled.
+    Refused(Option<Bytes>),
 }
 
 /// The state of a body that is being filtered.
@@ -47,23 +58,39 @@ impl<B> BypassMarkerBody<B> {
     pub(crate) fn passthrough(inner: B) -> Self {
         Self {
             inner,
-            filter: None,
+            mode: Mode::Pass,
         }
     }
 
     pub(crate) fn filtering(inner: B, filter: EventStreamFilter) -> Self {
         Self {
             inner,
-            filter: Some(Filter {
+            mode: Mode::Filter(Filter {
                 filter,
                 end: End::Open,
             }),
         }
     }
 
+    /// The layer's error `json` in place of `inner`, which is kept (and dropped with this body)
+    /// but never polled.
+    pub(crate) fn refused(inner: B, json: Bytes) -> Self {
+        Self {
+            inner,
+            mode: Mode::Refused(Some(json)),
+        }
+    }
+
     /// Whether this body removes annotation frames (`false`: it is passed through untouched).
     pub fn is_filtering(&self) -> bool {
-        self.filter.is_some()
+        matches!(self.mode, Mode::Filter(_))
+    }
+
+    /// Whether this body is the layer's own 502 error in place of an event stream in a content
+    /// coding it cannot read (see the [crate docs](crate#encoded-bodies)); the inner body is not
+    /// read.
+    pub fn is_refused(&self) -> bool {
+        matches!(self.mode, Mode::Refused(_))
     }
 
     /// The inner body.
@@ -81,7 +108,8 @@ impl<B: fmt::Debug> fmt::Debug for BypassMarkerBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BypassMarkerBody")
             .field("inner", &self.inner)
-            .field("filtering", &self.filter.is_some())
+            .field("filtering", &self.is_filtering())
+            .field("refused", &self.is_refused())
             .finish()
     }
 }
@@ -101,9 +129,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
-        let Some(filter) = this.filter else {
-            let frame = ready!(this.inner.poll_frame(cx));
-            return Poll::Ready(frame.map(|r| r.map(into_bytes_frame).map_err(Into::into)));
+        let filter = match this.mode {
+            Mode::Pass => {
+                let frame = ready!(this.inner.poll_frame(cx));
+                return Poll::Ready(frame.map(|r| r.map(into_bytes_frame).map_err(Into::into)));
+            }
+            Mode::Filter(filter) => filter,
+            Mode::Refused(json) => return Poll::Ready(json.take().map(|j| Ok(Frame::data(j)))),
         };
         #[cfg(feature = "tracing")]
         {
@@ -121,17 +153,22 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.filter {
-            None => self.inner.is_end_stream(),
-            Some(f) => f.is_end_stream(&self.inner),
+        match &self.mode {
+            Mode::Pass => self.inner.is_end_stream(),
+            Mode::Filter(f) => f.is_end_stream(&self.inner),
+            Mode::Refused(json) => json.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        let inner = self.inner.size_hint();
-        let Some(f) = &self.filter else {
-            return inner;
+        let f = match &self.mode {
+            Mode::Pass => return self.inner.size_hint(),
+            Mode::Filter(f) => f,
+            Mode::Refused(json) => {
+                return SizeHint::with_exact(json.as_ref().map_or(0, |j| j.len() as u64))
+            }
         };
+        let inner = self.inner.size_hint();
         // Frames may be removed, so only an upper bound holds.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {

@@ -3,8 +3,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
 use crate::annotations::RequestedAnnotations;
@@ -57,37 +58,115 @@ where
         let (mut parts, body) = res.into_parts();
         let config = this.config;
 
-        let filter = if filters_head(*this.head, parts.status, &parts.headers) {
-            let requested = *this.requested
-                | parts
-                    .extensions
-                    .get::<RequestedAnnotations>()
-                    .map_or(0, |r| config.requested_mask(r));
-            body_filter(config, requested)
-        } else {
-            None
-        };
-        let body = match filter {
-            None => BypassMarkerBody::passthrough(body),
-            Some(filter) => {
-                parts.headers.remove(CONTENT_LENGTH);
-                BypassMarkerBody::filtering(body, filter)
+        let body = match head_kind(*this.head, parts.status, &parts.headers) {
+            HeadKind::Other => BypassMarkerBody::passthrough(body),
+            kind => {
+                let requested = *this.requested
+                    | parts
+                        .extensions
+                        .get::<RequestedAnnotations>()
+                        .map_or(0, |r| config.requested_mask(r));
+                if kind == HeadKind::Encoded {
+                    if config.removal_mask(requested) != 0 {
+                        // An encoded event stream with something to remove for this client: a
+                        // 502 in its place, before any byte of it. Its body is never polled.
+                        let coding = codings(&parts.headers);
+                        if let Some(observer) = &config.observer {
+                            observer.0.encoded_stream_refused(&coding);
+                        }
+                        let json = encoded_refusal_json(&coding);
+                        parts.status = StatusCode::BAD_GATEWAY;
+                        parts.headers.clear();
+                        parts
+                            .headers
+                            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                        parts
+                            .headers
+                            .insert(CONTENT_LENGTH, HeaderValue::from(json.len()));
+                        BypassMarkerBody::refused(body, json)
+                    } else {
+                        BypassMarkerBody::passthrough(body)
+                    }
+                } else {
+                    match body_filter(config, requested) {
+                        None => BypassMarkerBody::passthrough(body),
+                        Some(filter) => {
+                            parts.headers.remove(CONTENT_LENGTH);
+                            BypassMarkerBody::filtering(body, filter)
+                        }
+                    }
+                }
             }
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
 }
 
-/// Whether a response with this head has a body the layer filters: it has content (not a `1xx`,
-/// `204` or `304`, nor the response to a `HEAD` request) and is an unencoded event stream.
-pub(crate) fn filters_head(head_request: bool, status: StatusCode, headers: &HeaderMap) -> bool {
+/// What a response head announces, for the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeadKind {
+    /// No content, or content that is not an event stream: passed through.
+    Other,
+    /// An unencoded event stream: filtered.
+    Plain,
+    /// An event stream with a content coding other than `identity`: it cannot be read.
+    Encoded,
+}
+
+/// What a response with this head carries: content (not a `1xx`, `204` or `304`, nor the
+/// response to a `HEAD` request) that is an event stream, unencoded or encoded, or anything else.
+pub(crate) fn head_kind(head_request: bool, status: StatusCode, headers: &HeaderMap) -> HeadKind {
     // A response without content keeps every header, `content-length` included (it states the
     // length of the content a GET would have had, or of the cached one for a 304).
     let no_content = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    !no_content && is_plain_event_stream(headers)
+    if no_content || !is_event_stream(headers) {
+        HeadKind::Other
+    } else if is_identity(headers) {
+        HeadKind::Plain
+    } else {
+        HeadKind::Encoded
+    }
+}
+
+/// The message of the error that replaces an encoded event stream.
+pub(crate) fn encoded_message(coding: &str) -> String {
+    format!(
+        "the upstream sent an event stream with content-encoding {coding}, which cannot be \
+         filtered; the upstream must answer with content-encoding identity"
+    )
+}
+
+/// The body of the 502 that replaces an encoded event stream, in OpenAI's error shape, with the
+/// keys in the order serde_json writes them (the JSON guard's [`Refusal::body`] writes the same
+/// bytes).
+///
+/// [`Refusal::body`]: crate::json::Refusal::body
+pub(crate) fn encoded_refusal_json(coding: &str) -> Bytes {
+    let mut json = String::from(r#"{"error":{"code":"encoded_event_stream","message":""#);
+    for c in encoded_message(coding).chars() {
+        match c {
+            '"' => json.push_str("\\\""),
+            '\\' => json.push_str("\\\\"),
+            '\n' => json.push_str("\\n"),
+            '\r' => json.push_str("\\r"),
+            '\t' => json.push_str("\\t"),
+            '\u{8}' => json.push_str("\\b"),
+            '\u{c}' => json.push_str("\\f"),
+            c if u32::from(c) < 0x20 => json.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => json.push(c),
+        }
+    }
+    json.push_str(r#"","param":null,"type":"server_error"}}"#);
+    Bytes::from(json)
+}
+
+/// Whether a response with this head has a body the layer filters: it has content (not a `1xx`,
+/// `204` or `304`, nor the response to a `HEAD` request) and is an unencoded event stream.
+pub(crate) fn filters_head(head_request: bool, status: StatusCode, headers: &HeaderMap) -> bool {
+    head_kind(head_request, status, headers) == HeadKind::Plain
 }
 
 /// The filter for an event stream to a client that asked for the configured names in
@@ -103,20 +182,19 @@ pub(crate) fn body_filter(config: &Arc<Config>, requested: u64) -> Option<EventS
 }
 
 /// The content codings of an event stream the filter cannot read: `Some` (the codings other than
-/// `identity`, as the response lists them, at most 64 bytes) when a response with this head has
-/// content, is a `text/event-stream` and has a `content-encoding` other than `identity`.
+/// `identity`, see [`codings`]) when a response with this head has content, is a
+/// `text/event-stream` and has a `content-encoding` other than `identity`.
 pub(crate) fn encoded_event_stream(
     head_request: bool,
     status: StatusCode,
     headers: &HeaderMap,
 ) -> Option<String> {
-    let no_content = head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    if no_content || !is_event_stream(headers) || is_identity(headers) {
-        return None;
-    }
+    (head_kind(head_request, status, headers) == HeadKind::Encoded).then(|| codings(headers))
+}
+
+/// The content codings other than `identity`, as the response lists them, joined by `, `, at most
+/// 64 bytes (for a message).
+fn codings(headers: &HeaderMap) -> String {
     let mut codings = Vec::new();
     for value in headers.get_all(CONTENT_ENCODING) {
         for coding in value.as_bytes().split(|&b| b == b',').map(trim_ows) {
@@ -129,7 +207,7 @@ pub(crate) fn encoded_event_stream(
         }
     }
     codings.truncate(64);
-    Some(String::from_utf8_lossy(&codings).into_owned())
+    String::from_utf8_lossy(&codings).into_owned()
 }
 
 /// `content-type: text/event-stream` (any case, parameters allowed), whatever its coding.
@@ -142,6 +220,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 /// `content-type: text/event-stream` (any case, parameters allowed) with no content coding
 /// other than `identity`. Header values are read as bytes, so parameters holding obs-text bytes
 /// (`x="\xE9"`) do not matter.
+#[cfg(test)]
 fn is_plain_event_stream(headers: &HeaderMap) -> bool {
     is_event_stream(headers) && is_identity(headers)
 }
@@ -374,5 +453,23 @@ mod tests {
             ("content-encoding", b""),
             ("content-encoding", b"identity")
         ]));
+    }
+}
+
+#[cfg(all(test, feature = "json"))]
+mod json_tests {
+    use super::*;
+
+    /// The layer writes its error without serde_json (not a default dependency); the bytes are
+    /// the JSON guard's, which serde_json writes.
+    #[test]
+    fn the_layers_502_body_is_the_guards_refusal_byte_for_byte() {
+        for coding in ["gzip", "br, zstd", "x\"y\\z\t\u{1}", "\u{e9}"] {
+            assert_eq!(
+                encoded_refusal_json(coding),
+                crate::json::Refusal::encoded_event_stream(coding).body(),
+                "{coding:?}"
+            );
+        }
     }
 }

@@ -9,7 +9,7 @@ use crate::config::{Config, InvalidName, Kind, Overflow};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
-use crate::future::{body_filter, filters_head};
+use crate::future::{body_filter, encoded_event_stream, filters_head};
 use crate::observe::{FrameObserver, Observer};
 use crate::service::BypassMarker;
 
@@ -208,6 +208,44 @@ impl BypassMarkerLayer {
         self.config.names.iter().map(|n| &*n.name)
     }
 
+    /// The content coding (such as `gzip`) of an event stream that must not pass because the
+    /// filter cannot read it: `Some` when the response has content, is a `text/event-stream` with
+    /// a `content-encoding` other than `identity`, and something would be removed for a client
+    /// that asked for `requested`. Answer such a response with a 502 instead, before any byte of
+    /// it, as [`BypassMarker`] does (see [Encoded bodies](crate#encoded-bodies);
+    /// `json::Refusal::encoded_event_stream` makes the error, with feature `json`). Tells the
+    /// [observer](Self::observe).
+    ///
+    /// ```
+    /// use http::{header, HeaderMap, Method, StatusCode};
+    /// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+    ///
+    /// let layer = BypassMarkerLayer::new();
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    /// headers.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+    /// let none = RequestedAnnotations::new();
+    /// let coding = layer.refuses_encoded(&Method::POST, StatusCode::OK, &headers, &none);
+    /// assert_eq!(coding.as_deref(), Some("gzip"));
+    /// ```
+    pub fn refuses_encoded(
+        &self,
+        request_method: &Method,
+        status: StatusCode,
+        headers: &HeaderMap,
+        requested: &RequestedAnnotations,
+    ) -> Option<String> {
+        let coding = encoded_event_stream(request_method == Method::HEAD, status, headers)?;
+        let config = &self.config;
+        if config.removal_mask(config.requested_mask(requested)) == 0 {
+            return None;
+        }
+        if let Some(observer) = &config.observer {
+            observer.0.encoded_stream_refused(&coding);
+        }
+        Some(coding)
+    }
+
     /// The filter this layer applies to a response with this head, for a client that asked for
     /// `requested`: the same decision as [`BypassMarker`]'s, for hosts that are not tower services.
     ///
@@ -215,6 +253,9 @@ impl BypassMarkerLayer {
     /// content (`1xx`, `204`, `304`), is not an unencoded `text/event-stream`, or nothing is to be
     /// removed for this client. When it is `Some`, drop the response's `content-length` (frames
     /// may be removed) and drive the [`EventStreamFilter`] with the body's chunks.
+    ///
+    /// An *encoded* event stream gets `None` too: ask [`refuses_encoded`](Self::refuses_encoded)
+    /// first, which says when it must not pass (the layer answers 502 instead).
     ///
     /// ```
     /// use http::{header, HeaderMap, Method, StatusCode};

@@ -114,9 +114,11 @@
 //! The body is filtered when the response can have content (not a `1xx`, `204` or `304`
 //! response, nor the response to a `HEAD` request), its media type is `text/event-stream`, it has
 //! no `content-encoding` other than `identity`, and at least one configured name is to be removed
-//! for this request (or SDK-safe mode is on). Every other response (JSON, gRPC, compressed
-//! streams, responses without content) passes through untouched, headers included, with the inner
-//! body's `size_hint` and `is_end_stream`. A filtered response loses its `content-length` header.
+//! for this request (or SDK-safe mode is on). Every other response (JSON, gRPC, responses without
+//! content) passes through untouched, headers included, with the inner body's `size_hint` and
+//! `is_end_stream`. A filtered response loses its `content-length` header. An event stream with a
+//! `content-encoding` other than `identity` is not read at all: see [Encoded
+//! bodies](#encoded-bodies).
 //!
 //! Headers are read as bytes, as a browser reads them:
 //!
@@ -205,7 +207,8 @@
 //!
 //! # Where to put it
 //!
-//! Inside any compression layer: an encoded body is passed through unfiltered.
+//! Inside any compression layer: the layer reads the body as the service below it wrote it, and
+//! cannot read an encoded one (see [Encoded bodies](#encoded-bodies)).
 //!
 //! ```rust
 //! use tower::ServiceBuilder;
@@ -220,9 +223,33 @@
 //!
 //! tower-http's default `CompressionLayer` predicate never compresses `text/event-stream`, so with it
 //! either order filters. The order matters as soon as event streams are compressed (a custom
-//! `compress_when` predicate, or an upstream that sends gzip): outside the compression layer, this
-//! layer sees `content-encoding: gzip` and passes the body through untouched, marker included
-//! (`tests/compression.rs` pins both orders).
+//! `compress_when` predicate): outside the compression layer, this layer sees `content-encoding:
+//! gzip` and answers 502 instead of the stream (below), so every client that did not opt in to
+//! everything gets an error rather than its stream (`tests/compression.rs` pins both orders).
+//!
+//! # Encoded bodies
+//!
+//! The filter reads event-stream bytes; it cannot read a gzip or brotli stream, and cutting bytes
+//! out of one would break it. So an event stream whose `content-encoding` is not `identity` (a
+//! compression layer below this one, an upstream that compresses although a proxy asked it for
+//! `accept-encoding: identity`) is never passed through to a client it would have to be filtered
+//! for: when at least one configured name is to be removed for this request, the layer answers
+//! **502** in its place, before any byte of it, with an error in OpenAI's shape
+//! (`{"error":{"code":"encoded_event_stream","message":"... content-encoding gzip ...",
+//! "param":null,"type":"server_error"}}`, `content-type: application/json`, the stream's own
+//! headers dropped) and never polls the stream's body, which is dropped with the response
+//! ([`BypassMarkerBody::is_refused`]). A [`FrameObserver`] hears of it
+//! ([`encoded_stream_refused`](FrameObserver::encoded_stream_refused)). When nothing is to be
+//! removed (the client opted in to every configured name that is not never-forwarded), the encoded
+//! stream passes through untouched. The same holds at every front door: the JSON guard's
+//! `json::Exchange` (feature `json`; the Envoy processor and module drive it) answers
+//! `ResponseStep::Refuse` with the same error, the sidecar answers the same 502, and a host of
+//! your own asks [`BypassMarkerLayer::refuses_encoded`].
+//!
+//! Failing is the only safe answer: decoding and re-encoding would cost the layer a decompressor
+//! and a compressor per stream (and the dependencies), and passing the stream on would hand
+//! router-owned frames to a client that decompresses them. An application that compresses event
+//! streams puts its compression layer outside this one.
 //!
 //! # Configuration
 //!
@@ -421,8 +448,9 @@
 //!
 //! What the layer does not protect:
 //!
-//! - **Encoded bodies.** An event stream with a `content-encoding` other than `identity` passes
-//!   through unfiltered. Put the layer inside any compression layer.
+//! - **Encoded bodies** cannot be filtered: an encoded event stream is refused with a 502 when
+//!   something is to be removed from it ([Encoded bodies](#encoded-bodies)), so such a route fails
+//!   until the layer goes inside the compression layer or the upstream stops compressing.
 //! - **Oversized frames under `Overflow::Forward`.** A frame that outgrows `max_frame_bytes` (1 MiB by
 //!   default) is forwarded unfiltered, even one that starts with `event: x-bypass-remote-prefill`;
 //!   memory stays bounded either way. Use `Overflow::Error` if such a frame must never reach a

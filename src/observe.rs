@@ -48,6 +48,14 @@ pub trait FrameObserver: Send + Sync + 'static {
     fn frame_forwarded(&self, annotation: &str) {
         let _ = annotation;
     }
+
+    /// An event stream in a content coding the filter cannot read (`coding`: the codings other
+    /// than `identity`, such as `gzip`) was refused with a 502 before any byte of it, because
+    /// something would have been removed from it for its client. Called once per such response,
+    /// by the layer and by every processor made from it.
+    fn encoded_stream_refused(&self, coding: &str) {
+        let _ = coding;
+    }
 }
 
 /// The observer a configuration holds.

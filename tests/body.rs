@@ -157,18 +157,30 @@ async fn non_event_stream_responses_pass_through_untouched() {
     }
 }
 
+/// A compressed event stream cannot be read: it passes untouched only to a client with nothing
+/// to remove; any other gets the layer's 502 and no byte of it.
 #[tokio::test]
-async fn compressed_event_streams_pass_through_untouched() {
+async fn compressed_event_streams_pass_untouched_only_when_nothing_is_removed() {
     let layer = BypassMarkerLayer::new();
     let gz = Bytes::from_static(
         b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03event: x-bypass-remote-prefill\n\n",
     );
-    let mut res = response(SSE, Items::new([Item::Data(gz.clone())]));
-    res.headers_mut()
-        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-    let res = through(&layer, None, res).await;
-    assert!(!res.body().is_filtering());
+    let compressed = || {
+        let mut res = response(SSE, Items::new([Item::Data(gz.clone())]));
+        res.headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        res
+    };
+    let all: RequestedAnnotations = [BYPASS_REMOTE_PREFILL].into_iter().collect();
+    let res = through(&layer, Some(all), compressed()).await;
+    assert!(!res.body().is_filtering() && !res.body().is_refused());
     assert_eq!(collect(res.into_body()).await.data, gz);
+
+    let res = through(&layer, None, compressed()).await;
+    assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
+    assert!(res.body().is_refused());
+    let out = collect(res.into_body()).await.data;
+    assert!(out.starts_with(br#"{"error":{"code":"encoded_event_stream""#));
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
 //! Where the layer goes relative to tower-http's `CompressionLayer`: inside it. The layer reads
-//! the body it is given; a gzip body is opaque to it and passes through untouched, marker and all.
+//! the body it is given; a gzip body is opaque to it, so it never reaches a client the layer would
+//! have to filter it for: that client gets a 502 (`encoded_event_stream`) instead, and a client
+//! that opted in to every name gets the encoded stream untouched.
 //!
 //! tower-http's default predicate does not compress `text/event-stream` at all, so the order only
 //! matters once an application compresses event streams; these tests use such a predicate, and pin
@@ -85,6 +87,17 @@ fn stored_gzip() -> Vec<u8> {
 
 /// What a client gets: whether the body was gzip-encoded, and the body decoded.
 async fn fetch(addr: std::net::SocketAddr, gzip: bool, opt_in: bool) -> (bool, String) {
+    let (status, gzipped, body) = fetch_status(addr, gzip, opt_in).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    (gzipped, body)
+}
+
+/// The status, whether the body was gzip-encoded, and the body decoded.
+async fn fetch_status(
+    addr: std::net::SocketAddr,
+    gzip: bool,
+    opt_in: bool,
+) -> (http::StatusCode, bool, String) {
     let mut req = Request::get(format!("http://{addr}/v1/events"));
     if gzip {
         req = req.header(header::ACCEPT_ENCODING, "gzip");
@@ -96,16 +109,17 @@ async fn fetch(addr: std::net::SocketAddr, gzip: bool, opt_in: bool) -> (bool, S
         .request(req.body(Full::<Bytes>::default()).unwrap())
         .await
         .unwrap();
+    let status = res.status();
     let encoding = res.headers().get(header::CONTENT_ENCODING).cloned();
     let (body, _) = read_all(res.into_body()).await;
     match encoding {
-        None => (false, String::from_utf8(body.to_vec()).unwrap()),
+        None => (status, false, String::from_utf8(body.to_vec()).unwrap()),
         Some(v) if v == HeaderValue::from_static("gzip") => {
             let mut text = String::new();
             flate2::read::GzDecoder::new(&body[..])
                 .read_to_string(&mut text)
                 .unwrap();
-            (true, text)
+            (status, true, text)
         }
         Some(other) => panic!("unexpected content-encoding {other:?}"),
     }
@@ -127,10 +141,23 @@ async fn inside_compression_the_gzip_body_decompresses_to_the_filtered_stream() 
     assert_eq!(fetch(addr, false, false).await, (false, filtered()));
 }
 
+/// The error a client gets instead of an encoded event stream it would have had filtered.
+fn assert_encoded_refusal((status, gzipped, body): (http::StatusCode, bool, String)) {
+    assert_eq!(status, http::StatusCode::BAD_GATEWAY, "{body}");
+    assert!(!gzipped);
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], "encoded_event_stream", "{body}");
+    assert_eq!(error["error"]["type"], "server_error", "{body}");
+    assert!(error["error"]["param"].is_null(), "{body}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("content-encoding gzip"), "{message}");
+}
+
 #[tokio::test]
-async fn outside_compression_the_gzip_body_passes_through_unfiltered() {
-    // The wrong order: the layer sees `content-encoding: gzip` and leaves the body alone, so the
-    // marker reaches a client that did not opt in, once it decompresses the body.
+async fn outside_compression_a_gzip_event_stream_is_refused_with_a_502_unless_nothing_is_removed() {
+    // The wrong order: the layer sees `content-encoding: gzip` and cannot read the body. It used
+    // to pass it on, and the marker reached a client that did not opt in once it decompressed the
+    // body; now that client gets a 502 and no byte of the stream.
     let app = routes()
         .layer(
             ServiceBuilder::new()
@@ -140,7 +167,9 @@ async fn outside_compression_the_gzip_body_passes_through_unfiltered() {
         .layer(middleware::from_fn(opt_in));
     let addr = spawn_axum(app).await;
 
-    assert_eq!(fetch(addr, true, false).await, (true, unfiltered()));
+    assert_encoded_refusal(fetch_status(addr, true, false).await);
+    // A client that opted in to the marker has nothing removed: its stream passes, encoded.
+    assert_eq!(fetch(addr, true, true).await, (true, unfiltered()));
     // A client that does not accept gzip gets an identity body, which the layer does filter.
     assert_eq!(fetch(addr, false, false).await, (false, filtered()));
 }
@@ -173,7 +202,8 @@ async fn default_compression_predicate_leaves_event_streams_uncompressed_and_fil
 }
 
 #[tokio::test]
-async fn an_encoded_event_stream_passes_byte_for_byte_even_with_marker_bytes_inside() {
+async fn an_encoded_event_stream_is_refused_or_passes_byte_for_byte_even_with_marker_bytes_inside()
+{
     let gz = stored_gzip();
     assert!(
         gz.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
@@ -192,22 +222,90 @@ async fn an_encoded_event_stream_passes_byte_for_byte_even_with_marker_bytes_ins
                 )
             }),
         )
-        .layer(BypassMarkerLayer::new());
+        .layer(BypassMarkerLayer::new())
+        .layer(middleware::from_fn(opt_in));
     let addr = spawn_axum(app).await;
 
     let res = h1_client()
         .request(
             Request::get(format!("http://{addr}/v1/events"))
+                .header("x-opt-in", "1")
                 .body(Full::<Bytes>::default())
                 .unwrap(),
         )
         .await
         .unwrap();
     let (body, _) = read_all(res.into_body()).await;
-    // Filtering the encoded bytes would have cut the marker out of the gzip stream and broken it.
+    // Filtering the encoded bytes would have cut the marker out of the gzip stream and broken it:
+    // for a client with nothing to remove, it passes byte for byte.
     assert_eq!(body, gz);
     assert_eq!(
-        fetch(addr, true, false).await,
+        fetch(addr, true, true).await,
         (true, format!(": stream start\n\n{}", unfiltered()))
     );
+    // For one that did not opt in: the 502, whatever it accepts.
+    assert_encoded_refusal(fetch_status(addr, true, false).await);
+    assert_encoded_refusal(fetch_status(addr, false, false).await);
+}
+
+/// The layer's own 502 carries exactly the error body and headers it announces, and never reads
+/// the encoded stream.
+#[tokio::test]
+async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() {
+    use http_body::Body as _;
+    use tower::{service_fn, ServiceExt};
+    let svc = ServiceBuilder::new()
+        .layer(BypassMarkerLayer::dynamo())
+        .service(service_fn(|_req: Request<Full<Bytes>>| async {
+            let mut res = http::Response::new(Forever);
+            let headers = res.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            headers.append(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+            headers.append(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
+            headers.insert("x-upstream", HeaderValue::from_static("1"));
+            Ok::<_, std::convert::Infallible>(res)
+        }));
+    let res = svc.oneshot(Request::new(Full::default())).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
+    assert!(res.body().is_refused() && !res.body().is_filtering());
+    assert_eq!(res.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(res.headers().get(header::CONTENT_ENCODING).is_none());
+    assert!(res.headers().get("x-upstream").is_none());
+    let length: u64 = res.headers()[header::CONTENT_LENGTH]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(res.body().size_hint().exact(), Some(length));
+    // The inner body never ends: collecting the whole response shows it is not polled.
+    let (body, trailers) = read_all(res.into_body()).await;
+    assert!(trailers.is_none());
+    assert_eq!(body.len() as u64, length);
+    let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], "encoded_event_stream");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("content-encoding br,"));
+}
+
+/// A body that never yields: polling it would hang the test.
+struct Forever;
+
+impl http_body::Body for Forever {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
 }

@@ -251,6 +251,14 @@ enum Seen {
         content_type: Vec<u8>,
         body: Bytes,
     },
+    /// Forwarded, but the response was replaced by the filter's own error (an encoded event
+    /// stream): the request body the upstream got, and what the client got instead.
+    ResponseRefused {
+        upstream_body: Option<Bytes>,
+        status: u16,
+        content_type: Vec<u8>,
+        body: Bytes,
+    },
     /// Forwarded: the request body the upstream got (and its content-length), the response
     /// body the client got (and whether it still had content-length).
     Forwarded {
@@ -351,6 +359,23 @@ async fn through_envoy(
         .unwrap();
     if let Some(mode) = &answer.mode_override {
         response_body_mode = mode.response_body_mode;
+    }
+    if let Some(Answer::ImmediateResponse(i)) = answer.response {
+        let Seen::Refused {
+            status,
+            content_type,
+            body,
+        } = refused(i)
+        else {
+            unreachable!()
+        };
+        let seen = Seen::ResponseRefused {
+            upstream_body,
+            status,
+            content_type,
+            body,
+        };
+        return (seen, stream.sent);
     }
     let Some(Answer::ResponseHeaders(h)) = answer.response else {
         panic!("unexpected answer to response headers: {answer:?}");
@@ -501,6 +526,12 @@ async fn through_tower(layer: &BypassMarkerLayer, max_body: usize, ex: &Exchange
     let client_length = res.headers().contains_key(header::CONTENT_LENGTH);
     let (client_body, _) = read_all(res.into_body()).await;
     match rx.try_recv() {
+        Ok((upstream_body, _)) if status.as_u16() != ex.status => Seen::ResponseRefused {
+            upstream_body: ex.request_body.as_ref().map(|_| upstream_body),
+            status: status.as_u16(),
+            content_type: content_type.unwrap_or_default(),
+            body: client_body,
+        },
         Ok((upstream_body, upstream_length)) => Seen::Forwarded {
             upstream_body: ex.request_body.as_ref().map(|_| upstream_body),
             upstream_length,
@@ -535,7 +566,7 @@ async fn same(
 fn client_body(seen: &Seen) -> &Bytes {
     match seen {
         Seen::Forwarded { client_body, .. } => client_body,
-        Seen::Refused { .. } => panic!("refused: {seen:?}"),
+        Seen::Refused { .. } | Seen::ResponseRefused { .. } => panic!("refused: {seen:?}"),
     }
 }
 
@@ -570,6 +601,58 @@ async fn headers_only_request_and_a_json_response_cost_one_message_each_way() {
     server.stop().await;
 }
 
+/// Counts the encoded streams refused.
+#[derive(Default)]
+struct EncodedRefusals(std::sync::Mutex<Vec<String>>);
+
+impl tower_bypass_marker::FrameObserver for EncodedRefusals {
+    fn encoded_stream_refused(&self, coding: &str) {
+        self.0.lock().unwrap().push(coding.to_owned());
+    }
+}
+
+/// Issue 27 item 2: an event stream the upstream gzipped cannot be filtered; the processor
+/// answers an immediate 502 at the response headers (before any byte of the body reaches the
+/// client), as the tower layer does, and tells the observer once. A client that opted in to every
+/// name gets the stream untouched.
+#[tokio::test]
+async fn an_encoded_event_stream_gets_an_immediate_502_as_from_the_layer() {
+    let refusals = std::sync::Arc::new(EncodedRefusals::default());
+    let layer = BypassMarkerLayer::new().observe(refusals.clone());
+    let server = start(ExtProc::new(layer.clone())).await;
+    let mut client = server.client().await;
+    let gzipped = |body: &str| Exchange {
+        response_headers: vec![
+            ("content-type", b"text/event-stream".to_vec()),
+            ("content-encoding", b"gzip".to_vec()),
+            ("content-length", b"80".to_vec()),
+        ],
+        ..Exchange::chat(body, &one(STREAM))
+    };
+    let (seen, _) = same(&mut client, &layer, &gzipped(CHAT)).await;
+    let Seen::ResponseRefused {
+        status,
+        content_type,
+        body,
+        ..
+    } = &seen
+    else {
+        panic!("not refused: {seen:?}")
+    };
+    assert_eq!(*status, 502);
+    assert_eq!(content_type, b"application/json");
+    let error: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(error["error"]["code"], "encoded_event_stream");
+    assert_eq!(error["error"]["type"], "server_error");
+    // Once for the processor, once for the tower stack it was compared with.
+    assert_eq!(*refusals.0.lock().unwrap(), ["gzip", "gzip"]);
+
+    let (seen, _) = same(&mut client, &layer, &gzipped(OPTED_IN)).await;
+    assert_eq!(client_body(&seen), STREAM);
+    assert_eq!(refusals.0.lock().unwrap().len(), 2);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
     let layer = BypassMarkerLayer::new();
@@ -589,9 +672,8 @@ async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
         "nothing to override for a request without body"
     );
     for (content_type, encoding) in [
-        ("application/json", None),
+        ("application/json", None::<&str>),
         ("application/grpc", None),
-        ("text/event-stream", Some("gzip")),
     ] {
         let mut pairs: Vec<(&str, &[u8])> = vec![
             (":status", b"200"),
@@ -2160,4 +2242,379 @@ async fn request_bodies_past_the_processors_budget_fail_with_resource_exhausted(
     assert_eq!(budget.refused(), 2);
     drop((first, second, small, chunked, third));
     server.stop().await;
+}
+
+/// Issue 27 item 6: Envoy's `FULL_DUPLEX_STREAMED` body mode (the Gateway API Inference
+/// Extension's and agentgateway's). Envoy sends body chunks without waiting and forwards only what
+/// comes back in `streamed_response`s; the request body is held and judged whole before any of it
+/// goes upstream, response chunks are answered as they come.
+mod full_duplex {
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+    use envoy_types::pb::envoy::service::ext_proc::v3::HttpTrailers;
+
+    use super::*;
+
+    const ROUTER_OWNED: &str = r#"{"model":"m","nvext":{"annotations":["request_id","x-bypass-remote-prefill"]},"stream":true}"#;
+    const STRIPPED: &str = r#"{"model":"m","nvext":{"annotations":["request_id"]},"stream":true}"#;
+
+    /// One stream in full duplex: messages go out without waiting for answers.
+    struct Duplex {
+        tx: mpsc::Sender<ProcessingRequest>,
+        rx: Streaming<ProcessingResponse>,
+        first: bool,
+        request_mode: BodySendMode,
+        response_mode: BodySendMode,
+    }
+
+    impl Duplex {
+        async fn open(client: &mut ExternalProcessorClient<Channel>) -> Duplex {
+            Duplex::with_modes(
+                client,
+                BodySendMode::FullDuplexStreamed,
+                BodySendMode::FullDuplexStreamed,
+            )
+            .await
+        }
+
+        async fn with_modes(
+            client: &mut ExternalProcessorClient<Channel>,
+            request_mode: BodySendMode,
+            response_mode: BodySendMode,
+        ) -> Duplex {
+            let (tx, rx) = mpsc::channel(64);
+            let rx = tokio::time::timeout(PATIENCE, client.process(ReceiverStream::new(rx)))
+                .await
+                .unwrap()
+                .unwrap()
+                .into_inner();
+            Duplex {
+                tx,
+                rx,
+                first: true,
+                request_mode,
+                response_mode,
+            }
+        }
+
+        async fn send(&mut self, request: Msg) {
+            let mut msg = ProcessingRequest {
+                request: Some(request),
+                ..ProcessingRequest::default()
+            };
+            if std::mem::take(&mut self.first) {
+                msg.protocol_config = Some(ProtocolConfiguration {
+                    request_body_mode: self.request_mode as i32,
+                    response_body_mode: self.response_mode as i32,
+                    send_body_without_waiting_for_header_response: false,
+                });
+            }
+            self.tx.send(msg).await.unwrap();
+        }
+
+        async fn recv(&mut self) -> Result<ProcessingResponse, Status> {
+            match tokio::time::timeout(PATIENCE, self.rx.message())
+                .await
+                .unwrap()
+            {
+                Ok(Some(answer)) => {
+                    assert!(
+                        answer.mode_override.is_none(),
+                        "no mode override in full duplex"
+                    );
+                    Ok(answer)
+                }
+                Ok(None) => panic!("the processor ended the stream cleanly"),
+                Err(status) => Err(status),
+            }
+        }
+
+        /// The streamed body answers up to the one with `end_of_stream`, or up to `count` of
+        /// them: their bytes, and whether the last one ended the body.
+        async fn streamed(
+            &mut self,
+            request: bool,
+            count: Option<usize>,
+        ) -> (Vec<u8>, usize, bool) {
+            let mut body = Vec::new();
+            let mut n = 0;
+            loop {
+                let answer = self.recv().await.unwrap();
+                let b = match (request, answer.response.unwrap()) {
+                    (true, Answer::RequestBody(b)) | (false, Answer::ResponseBody(b)) => b,
+                    (_, other) => panic!("not a body answer: {other:?}"),
+                };
+                let Some(Mutation::StreamedResponse(s)) =
+                    b.response.unwrap().body_mutation.unwrap().mutation
+                else {
+                    panic!("a body answer without streamed_response")
+                };
+                assert!(s.body.len() <= 64 << 10, "chunks of at most 64 KiB");
+                body.extend_from_slice(&s.body);
+                n += 1;
+                if s.end_of_stream || count == Some(n) {
+                    return (body, n, s.end_of_stream);
+                }
+            }
+        }
+
+        async fn request_headers(&mut self, content_type: &[u8]) {
+            self.send(Msg::RequestHeaders(headers_msg(
+                &[(":method", b"POST"), ("content-type", content_type)],
+                false,
+                true,
+            )))
+            .await;
+            let answer = self.recv().await.unwrap();
+            assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+        }
+    }
+
+    async fn servers() -> Vec<Server> {
+        let layer = BypassMarkerLayer::dynamo();
+        vec![
+            start(ExtProc::new(layer.clone()).max_body_bytes(256 << 10)).await,
+            start_own(ExternalProcessorServer::new(
+                ExtProc::new(layer).max_body_bytes(256 << 10),
+            ))
+            .await,
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_request_body_is_held_until_its_end_then_sent_on_stripped() {
+        for server in servers().await {
+            let mut client = server.client().await;
+            for (cuts, trailers) in [(vec![], false), (vec![1, 30, 31], false), (vec![50], true)] {
+                let mut s = Duplex::open(&mut client).await;
+                s.request_headers(b"application/json").await;
+                let body = ROUTER_OWNED.as_bytes();
+                let mut start = 0;
+                for &cut in &cuts {
+                    s.send(Msg::RequestBody(body_msg(&body[start..cut], false)))
+                        .await;
+                    start = cut;
+                }
+                s.send(Msg::RequestBody(body_msg(&body[start..], !trailers)))
+                    .await;
+                if trailers {
+                    s.send(Msg::RequestTrailers(HttpTrailers::default())).await;
+                }
+                // The first answer after the headers already carries the judged body: no chunk
+                // was answered (forwarded) before the end.
+                let mut got = Vec::new();
+                loop {
+                    let answer = s.recv().await.unwrap();
+                    match answer.response.unwrap() {
+                        Answer::RequestBody(b) => {
+                            let Some(Mutation::StreamedResponse(r)) =
+                                b.response.unwrap().body_mutation.unwrap().mutation
+                            else {
+                                panic!("a body answer without streamed_response")
+                            };
+                            got.extend_from_slice(&r.body);
+                            // The end is announced by the last chunk, unless trailers follow.
+                            assert!(!(trailers && r.end_of_stream));
+                            if r.end_of_stream {
+                                break;
+                            }
+                        }
+                        Answer::RequestTrailers(_) if trailers => break,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!(String::from_utf8(got).unwrap(), STRIPPED, "{cuts:?}");
+            }
+            server.stop().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_spliced_body_goes_back_in_chunks_of_at_most_64_kib() {
+        let server = &servers().await[0];
+        let mut client = server.client().await;
+        let pad = "x".repeat(200 << 10);
+        let body =
+            format!(r#"{{"pad":"{pad}","nvext":{{"annotations":["x-bypass-remote-prefill"]}}}}"#);
+        let want = format!(r#"{{"pad":"{pad}","nvext":{{"annotations":[]}}}}"#);
+        let mut s = Duplex::open(&mut client).await;
+        s.request_headers(b"application/json").await;
+        for (i, piece) in body.as_bytes().chunks(16 << 10).enumerate() {
+            let last = (i + 1) * (16 << 10) >= body.len();
+            s.send(Msg::RequestBody(body_msg(piece, last))).await;
+        }
+        let (got, n, ended) = s.streamed(true, None).await;
+        assert!(ended);
+        assert!(n >= 4, "{n} answers");
+        assert!(got == want.as_bytes());
+    }
+
+    #[tokio::test]
+    async fn a_held_body_over_the_cap_is_refused_with_413_before_its_end() {
+        let server = &servers().await[0];
+        let mut client = server.client().await;
+        let mut s = Duplex::open(&mut client).await;
+        s.request_headers(b"application/json").await;
+        s.send(Msg::RequestBody(body_msg(&[b' '; 200 << 10], false)))
+            .await;
+        s.send(Msg::RequestBody(body_msg(&[b' '; 100 << 10], false)))
+            .await;
+        let answer = s.recv().await.unwrap();
+        let Some(Answer::ImmediateResponse(i)) = answer.response else {
+            panic!("{answer:?}")
+        };
+        assert_eq!(i.status.unwrap().code, 413);
+    }
+
+    #[tokio::test]
+    async fn a_body_the_guard_does_not_read_goes_back_chunk_by_chunk() {
+        let server = &servers().await[0];
+        let mut client = server.client().await;
+        let mut s = Duplex::open(&mut client).await;
+        s.request_headers(b"text/plain").await;
+        for (piece, end) in [(&b"one "[..], false), (ROUTER_OWNED.as_bytes(), true)] {
+            s.send(Msg::RequestBody(body_msg(piece, end))).await;
+            let (got, n, ended) = s.streamed(true, Some(1)).await;
+            assert_eq!((got.as_slice(), n, ended), (piece, 1, end));
+        }
+    }
+
+    #[tokio::test]
+    async fn response_frames_go_back_as_they_complete_without_the_marker() {
+        for server in servers().await {
+            let mut client = server.client().await;
+            for trailers in [false, true] {
+                let mut s = Duplex::open(&mut client).await;
+                s.send(Msg::RequestHeaders(headers_msg(
+                    &[(":method", b"GET")],
+                    true,
+                    true,
+                )))
+                .await;
+                s.recv().await.unwrap();
+                s.send(Msg::ResponseHeaders(headers_msg(
+                    &[(":status", b"200"), ("content-type", b"text/event-stream")],
+                    false,
+                    true,
+                )))
+                .await;
+                assert!(matches!(
+                    s.recv().await.unwrap().response,
+                    Some(Answer::ResponseHeaders(_))
+                ));
+                // The marker, a frame cut in two, and (before trailers) a frame left open.
+                let chunks: [&[u8]; 3] = [
+                    b"event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\ndata: ",
+                    b"2\n\n",
+                    b"data: [DONE]",
+                ];
+                let mut got = Vec::new();
+                for (i, chunk) in chunks.iter().enumerate() {
+                    let end = i == 2 && !trailers;
+                    s.send(Msg::ResponseBody(body_msg(chunk, end))).await;
+                    let (out, _, ended) = s.streamed(false, Some(1)).await;
+                    assert_eq!(ended, end);
+                    got.push(String::from_utf8(out).unwrap());
+                }
+                assert_eq!(got[..2], ["data: 1\n\n", "data: 2\n\n"]);
+                if trailers {
+                    // The open frame waits for the end, which the trailers announce.
+                    assert_eq!(got[2], "");
+                    s.send(Msg::ResponseTrailers(HttpTrailers::default())).await;
+                    let (out, _, ended) = s.streamed(false, Some(1)).await;
+                    assert!(!ended);
+                    assert_eq!(out, b"data: [DONE]");
+                    let answer = s.recv().await.unwrap();
+                    assert!(matches!(answer.response, Some(Answer::ResponseTrailers(_))));
+                } else {
+                    assert_eq!(got[2], "data: [DONE]");
+                }
+            }
+            server.stop().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_passed_through_is_answered_chunk_by_chunk_with_itself() {
+        let server = &servers().await[0];
+        let mut client = server.client().await;
+        let mut s = Duplex::open(&mut client).await;
+        s.send(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        )))
+        .await;
+        s.recv().await.unwrap();
+        s.send(Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"application/json")],
+            false,
+            true,
+        )))
+        .await;
+        s.recv().await.unwrap();
+        s.send(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))
+            .await;
+        let (out, _, ended) = s.streamed(false, Some(1)).await;
+        assert!(ended);
+        assert_eq!(out, MARKER.as_bytes());
+    }
+
+    /// Modes that cannot be supported fail the stream with a status that names the mode.
+    #[tokio::test]
+    async fn unsupported_modes_fail_the_stream_naming_the_mode() {
+        let server = &servers().await[0];
+        let mut client = server.client().await;
+        // gRPC messages instead of bytes.
+        let grpc = BodySendMode::try_from(5).unwrap();
+        let mut s = Duplex::with_modes(&mut client, grpc, BodySendMode::FullDuplexStreamed).await;
+        s.send(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        )))
+        .await;
+        let err = s.recv().await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition);
+        assert!(err.message().contains("request_body_mode GRPC"), "{err:?}");
+        // A JSON request in pieces that are answered one by one: it cannot be judged whole.
+        for mode in [BodySendMode::Streamed, BodySendMode::BufferedPartial] {
+            let mut s = Duplex::with_modes(&mut client, mode, BodySendMode::Streamed).await;
+            s.send(Msg::RequestHeaders(headers_msg(
+                &[(":method", b"POST"), ("content-type", b"application/json")],
+                false,
+                true,
+            )))
+            .await;
+            let err = s.recv().await.unwrap_err();
+            assert_eq!(err.code(), Code::FailedPrecondition);
+            assert!(
+                err.message()
+                    .contains(&format!("request_body_mode {}", mode.as_str_name())),
+                "{err:?}"
+            );
+        }
+        // Full-duplex requests, no response body: no mode override can turn it on.
+        let mut s = Duplex::with_modes(
+            &mut client,
+            BodySendMode::FullDuplexStreamed,
+            BodySendMode::None,
+        )
+        .await;
+        s.send(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        )))
+        .await;
+        s.recv().await.unwrap();
+        s.send(Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+            false,
+            true,
+        )))
+        .await;
+        let err = s.recv().await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition);
+        assert!(err.message().contains("response_body_mode NONE"), "{err:?}");
+    }
 }

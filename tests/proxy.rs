@@ -14,6 +14,9 @@
 
 use tower_bypass_marker::cli as proxy;
 
+#[path = "logs/mod.rs"]
+mod logs;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -1271,6 +1274,80 @@ async fn the_upstream_is_asked_for_unencoded_event_streams() {
         String::from_utf8(body).unwrap(),
         "data: {\"x\":1}\n\ndata: [DONE]\n\n"
     );
+}
+
+/// An upstream that gzips its event stream whatever it is asked for.
+async fn always_gzip() -> Response {
+    use std::io::Write as _;
+    let events = format!("{MARKER}data: {{\"x\":1}}\n\n");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(events.as_bytes()).unwrap();
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONTENT_ENCODING, "gzip"),
+        ],
+        gz.finish().unwrap(),
+    )
+        .into_response()
+}
+
+/// An upstream that compresses although it was asked for `identity`: the proxy cannot filter the
+/// stream, so a client with something to remove gets a 502 in OpenAI's shape and no byte of it,
+/// counted and logged once; a client that opted in to every name gets it untouched.
+#[tokio::test]
+async fn an_encoded_event_stream_is_answered_with_a_502_counted_and_logged() {
+    let captured = logs::Captured::default();
+    let _log = tracing::subscriber::set_default(captured.subscriber(tracing::Level::WARN));
+    let app = axum::Router::new().fallback(always_gzip);
+    let upstream = spawn_upstream(app).await;
+    let (proxy, metrics) =
+        start_metered(&format!("http://{upstream}"), &["--preset", "none"]).await;
+    let chat = |annotations: &str| {
+        http::Request::post(proxy.url("/v1/chat/completions"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"model":"m","stream":true,"nvext":{{"annotations":{annotations}}}}}"#
+            ))))
+            .unwrap()
+    };
+    let reply = send(chat("[]")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(reply.headers[header::CONTENT_TYPE], "application/json");
+    assert!(reply.headers.get(header::CONTENT_ENCODING).is_none());
+    let error: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(error["error"]["code"], "encoded_event_stream", "{error}");
+    assert_eq!(error["error"]["type"], "server_error", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("content-encoding gzip,"),
+        "{error}"
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains("bypass_marker_encoded_streams_refused_total 1\n"),
+        "{text}"
+    );
+    let logged = captured.text();
+    assert_eq!(
+        logged.matches("encoded_event_stream").count(),
+        1,
+        "{logged}"
+    );
+    assert!(
+        logged.contains("WARN") && logged.contains("coding=\"gzip\""),
+        "{logged}"
+    );
+
+    // Opted in to the one configured name: nothing to remove, the stream passes encoded.
+    let reply = send(chat(r#"["x-bypass-remote-prefill"]"#)).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers[header::CONTENT_ENCODING], "gzip");
+    assert!(metrics
+        .encode()
+        .contains("bypass_marker_encoded_streams_refused_total 1\n"));
 }
 
 #[tokio::test]

@@ -71,13 +71,40 @@ async fn empty_content_coding_list_elements_do_not_let_the_marker_through() {
     }
 }
 
+/// An event stream in a real coding cannot be read: the layer answers its own 502 instead (its
+/// body is the error, not the stream), however the coding is listed.
 #[tokio::test]
-async fn a_real_coding_after_identity_passes_the_body_through() {
+async fn a_real_coding_after_identity_gets_the_502_not_the_body() {
+    for coding in [
+        &b"identity, gzip"[..],
+        b"GZIP",
+        b"identity,,br",
+        b"identity;q=1",
+    ] {
+        let mut headers = sse(b"text/event-stream");
+        headers.push((header::CONTENT_ENCODING, coding));
+        let (headers, filtering, body) = through(Method::GET, StatusCode::OK, &headers).await;
+        let coding = String::from_utf8_lossy(coding);
+        assert!(!filtering, "{coding}");
+        assert_eq!(
+            headers[header::CONTENT_TYPE],
+            "application/json",
+            "{coding}"
+        );
+        assert!(headers.get(header::CONTENT_ENCODING).is_none(), "{coding}");
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            body.contains(r#""code":"encoded_event_stream""#),
+            "{coding}: {body}"
+        );
+    }
+    // Without content (a HEAD request, a 204), there is nothing to refuse: headers kept.
     let mut headers = sse(b"text/event-stream");
-    headers.push((header::CONTENT_ENCODING, b"identity, gzip"));
-    let (_, filtering, body) = through(Method::GET, StatusCode::OK, &headers).await;
-    assert!(!filtering);
-    assert_eq!(body, format!("{MARKER}{DATA}"));
+    headers.push((header::CONTENT_ENCODING, b"gzip"));
+    let (kept, _, _) = through(Method::HEAD, StatusCode::OK, &headers).await;
+    assert_eq!(kept[header::CONTENT_ENCODING], "gzip");
+    let (kept, _, _) = through(Method::GET, StatusCode::NO_CONTENT, &headers).await;
+    assert_eq!(kept[header::CONTENT_ENCODING], "gzip");
 }
 
 #[tokio::test]

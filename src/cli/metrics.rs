@@ -7,6 +7,7 @@
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501), a request body past `--max-buffered-bytes` (503) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head within `--response-timeout` of the request's end, or the upstream took no byte of the request for as long (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
+//! | `bypass_marker_encoded_streams_refused_total` | | event streams in a content coding other than `identity` (which cannot be filtered) answered with a 502 `encoded_event_stream` instead, because something would have been removed for their client; each is also logged at `warn` (the proxy and the processor) |
 //! | `bypass_marker_write_timeouts_total` | | client connections reset because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
 //! | `bypass_marker_request_body_errors_total` | | request bodies that failed on the client's side while being forwarded (malformed, or the client left): a 400, not an upstream error |
@@ -122,6 +123,7 @@ pub struct Metrics {
     forwarded_family: Family<AnnotationLabel, Counter>,
     /// `annotation=""`: removed by SDK-safe mode, no configured name (listed in SDK-safe mode).
     removed_unnamed: Option<Counter>,
+    encoded_refused: Counter,
     refused: Family<StatusLabel, Counter>,
     upstream_errors: [Counter; 4],
     write_timeouts: Counter,
@@ -191,6 +193,12 @@ impl Metrics {
             .collect();
         // Only a layer in SDK-safe mode removes frames of no name.
         let removed_unnamed = sdk_safe.then(|| series(&removed_family, ""));
+        let encoded_refused = Counter::default();
+        registry.register(
+            "encoded_streams_refused",
+            "Event streams in a content coding other than identity answered with a 502 instead, because something would have been removed from them",
+            encoded_refused.clone(),
+        );
         // The proxy's own series: registered only for the proxy.
         let mut proxy_registry = Registry::default();
         let proxy_series = if proxy {
@@ -274,6 +282,7 @@ impl Metrics {
             removed_family,
             forwarded_family,
             removed_unnamed,
+            encoded_refused,
             refused,
             upstream_errors,
             write_timeouts,
@@ -392,6 +401,15 @@ impl FrameObserver for Metrics {
                     .inc();
             }
         }
+    }
+
+    fn encoded_stream_refused(&self, coding: &str) {
+        self.encoded_refused.inc();
+        tracing::warn!(
+            coding,
+            "an event stream in a content coding the filter cannot read was answered with a 502 \
+             (encoded_event_stream): make the upstream answer with content-encoding identity"
+        );
     }
 }
 

@@ -1,7 +1,9 @@
 //! The processor's state for one gRPC stream (one HTTP request), sans-IO: a `ProcessingRequest`
 //! in, the `ProcessingResponse` to send back (or the error that fails the stream) out.
 
-use bytes::Bytes;
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, processing_response::Response, BodyResponse, HeaderMutation,
@@ -33,7 +35,19 @@ pub(crate) struct Exchange {
     charge: Charge,
     /// The guard's cap on a request body.
     max_body: usize,
+    /// `FULL_DUPLEX_STREAMED` request body the guard reads: the chunks so far, held until the
+    /// body ends (nothing of it goes upstream before the guard has judged all of it).
+    held: Option<Vec<Bytes>>,
+    held_len: usize,
+    /// A `FULL_DUPLEX_STREAMED` request body message came (so its end must be answered).
+    request_body_seen: bool,
+    /// Answers owed after the one [`answer`](Self::answer) returned (a full-duplex body released
+    /// in several chunks, then the trailers' answer).
+    queued: VecDeque<ProcessingResponse>,
 }
+
+/// The largest body chunk sent back in one `FULL_DUPLEX_STREAMED` answer, as Envoy recommends.
+const STREAMED_CHUNK: usize = 64 << 10;
 
 impl Exchange {
     pub(crate) fn new(
@@ -52,6 +66,10 @@ impl Exchange {
             edit: ChunkEdit::new(),
             charge,
             max_body,
+            held: None,
+            held_len: 0,
+            request_body_seen: false,
+            queued: VecDeque::new(),
         }
     }
 
@@ -77,6 +95,29 @@ impl Exchange {
         ))
     }
 
+    /// The next answer owed for the last message, after the one [`answer`](Self::answer)
+    /// returned: the callers send them, in order, before reading the next message.
+    pub(crate) fn queued(&mut self) -> Option<ProcessingResponse> {
+        self.queued.pop_front()
+    }
+
+    /// Envoy streams this direction's body in `FULL_DUPLEX_STREAMED`: every body message is
+    /// answered with a `streamed_response` (Envoy forwards only what comes back).
+    fn duplex_request(&self) -> bool {
+        self.request_body_mode == proto::BODY_FULL_DUPLEX
+    }
+
+    fn duplex_response(&self) -> bool {
+        self.response_body_mode == proto::BODY_FULL_DUPLEX
+    }
+
+    /// A `mode_override` may be sent: not when a direction is `FULL_DUPLEX_STREAMED`, whose mode
+    /// cannot be changed mid-stream (Envoy ignores or refuses it), so every message is answered
+    /// instead.
+    fn overrides(&self) -> bool {
+        !self.duplex_request() && !self.duplex_response()
+    }
+
     /// The answer to one message; `None` for a message that carries no HTTP part (nothing to
     /// answer). `Err`: the stream must fail (Envoy then resets the HTTP stream, or answers 500
     /// before the response started; never a clean end).
@@ -98,6 +139,20 @@ impl Exchange {
 
     fn on_message(&mut self, msg: ProcessingRequest) -> Result<Option<ProcessingResponse>, Status> {
         if let Some(config) = msg.protocol_config {
+            for (direction, mode) in [
+                ("request_body_mode", config.request_body_mode),
+                ("response_body_mode", config.response_body_mode),
+            ] {
+                // GRPC (gRPC messages, not bytes) and modes newer than this build: nothing in
+                // them could be judged.
+                if !(proto::BODY_NONE..=proto::BODY_FULL_DUPLEX).contains(&mode) {
+                    return Err(Status::failed_precondition(format!(
+                        "{direction} {} is not supported: use BUFFERED or FULL_DUPLEX_STREAMED \
+                         for requests, STREAMED or FULL_DUPLEX_STREAMED for responses",
+                        proto::mode_name(mode)
+                    )));
+                }
+            }
             self.request_body_mode = config.request_body_mode;
             self.response_body_mode = config.response_body_mode;
             self.announced = true;
@@ -107,12 +162,29 @@ impl Exchange {
         };
         let (response, mode_override) = match request {
             Request::RequestHeaders(h) => self.request_headers(h)?,
+            Request::RequestBody(b) if self.duplex_request() => {
+                self.duplex_request_body(b)?;
+                return Ok(self.queued.pop_front());
+            }
             Request::RequestBody(b) => (self.request_body(b)?, None),
+            Request::RequestTrailers(_) if self.duplex_request() => {
+                self.duplex_request_end(false)?;
+                self.queue(Response::RequestTrailers(TrailersResponse::default()));
+                return Ok(self.queued.pop_front());
+            }
             Request::RequestTrailers(_) => {
                 (Response::RequestTrailers(TrailersResponse::default()), None)
             }
             Request::ResponseHeaders(h) => self.response_headers(h)?,
+            Request::ResponseBody(b) if self.duplex_response() => {
+                (Response::ResponseBody(self.duplex_response_body(b)?), None)
+            }
             Request::ResponseBody(b) => (Response::ResponseBody(self.response_body(b)?), None),
+            Request::ResponseTrailers(_) if self.duplex_response() => {
+                self.duplex_response_end()?;
+                self.queue(Response::ResponseTrailers(TrailersResponse::default()));
+                return Ok(self.queued.pop_front());
+            }
             Request::ResponseTrailers(_) => (
                 Response::ResponseTrailers(TrailersResponse::default()),
                 None,
@@ -142,22 +214,30 @@ impl Exchange {
         {
             RequestStep::Forward => {
                 // Nothing to read: tell Envoy not to buffer and send the body (a large upload
-                // would otherwise hit Envoy's buffer limit and be refused with 413).
-                let mode =
-                    (!h.end_of_stream && self.request_body_mode != proto::BODY_NONE).then(|| {
-                        self.request_body_mode = proto::BODY_NONE;
-                        proto::mode(proto::BODY_NONE, self.response_body_mode)
-                    });
+                // would otherwise hit Envoy's buffer limit and be refused with 413). In full
+                // duplex the chunks are answered as they come instead.
+                let mode = (!h.end_of_stream
+                    && self.request_body_mode != proto::BODY_NONE
+                    && self.overrides())
+                .then(|| {
+                    self.request_body_mode = proto::BODY_NONE;
+                    proto::mode(proto::BODY_NONE, self.response_body_mode)
+                });
                 Ok((Response::RequestHeaders(proto::identity_encoding()), mode))
             }
             RequestStep::Refuse(refusal) => Ok((refuse(&refusal), None)),
             RequestStep::ReadBody => {
-                if self.request_body_mode != proto::BODY_BUFFERED {
+                if self.duplex_request() {
+                    // The chunks are held until the body ends, then judged whole.
+                    self.held = Some(Vec::new());
+                } else if self.request_body_mode != proto::BODY_BUFFERED {
                     // Only a whole body can be judged; a request that cannot be judged must not
                     // reach the upstream (failure_mode_allow: false turns this into a 500).
-                    return Err(Status::failed_precondition(
-                        "request_body_mode must be BUFFERED for the JSON guard",
-                    ));
+                    return Err(Status::failed_precondition(format!(
+                        "request_body_mode {} cannot be judged: the JSON guard needs BUFFERED or \
+                         FULL_DUPLEX_STREAMED",
+                        proto::mode_name(self.request_body_mode)
+                    )));
                 }
                 // A declared length is taken before Envoy sends the body (one over the guard's
                 // cap is refused with 413 when it comes, unread).
@@ -207,6 +287,140 @@ impl Exchange {
         }
     }
 
+    fn queue(&mut self, response: Response) {
+        self.queued.push_back(ProcessingResponse {
+            response: Some(response),
+            ..ProcessingResponse::default()
+        });
+    }
+
+    /// A request body chunk in `FULL_DUPLEX_STREAMED`: held while the guard reads the body (a
+    /// body over its cap is refused with 413 at once), judged at its end; a body the guard does
+    /// not read goes back as it came.
+    fn duplex_request_body(&mut self, b: HttpBody) -> Result<(), Status> {
+        self.request_body_seen = true;
+        let Some(held) = &mut self.held else {
+            // Not read (or already judged): only an error matters here, for a body before its
+            // headers.
+            let _forward = self
+                .exchange
+                .request_body(Bytes::new(), b.end_of_stream)
+                .map_err(status)?;
+            self.queue(Response::RequestBody(proto::streamed(
+                b.body,
+                b.end_of_stream,
+            )));
+            return Ok(());
+        };
+        self.held_len = self.held_len.saturating_add(b.body.len());
+        let max = self.exchange.max_request_body();
+        if self.held_len > max {
+            self.held = None;
+            self.charge.release();
+            self.queue(refuse(&Refusal::too_large(max)));
+            return Ok(());
+        }
+        if !b.body.is_empty() {
+            held.push(Bytes::from(b.body));
+        }
+        // The chunks held so far count against the processor's budget, as a buffered body does.
+        self.hold(self.held_len as u64)?;
+        if b.end_of_stream {
+            self.duplex_request_end(true)?;
+        }
+        Ok(())
+    }
+
+    /// The end of a `FULL_DUPLEX_STREAMED` request body (its last chunk, or the trailers after
+    /// it): the held body is judged, then sent on in chunks of at most 64 KiB, the last one with
+    /// `end_of_stream` unless trailers follow; or the refusal is sent instead.
+    fn duplex_request_end(&mut self, end_of_stream: bool) -> Result<(), Status> {
+        let Some(chunks) = self.held.take() else {
+            return Ok(());
+        };
+        let body = match chunks.len() {
+            1 => chunks.into_iter().next().expect("one chunk"),
+            _ => {
+                let mut all = BytesMut::with_capacity(self.held_len);
+                for chunk in &chunks {
+                    all.extend_from_slice(chunk);
+                }
+                all.freeze()
+            }
+        };
+        // The body is whole (its end, or trailers after it); content-length is Envoy's to drop
+        // in this mode (it does, for every streamed body mutation).
+        let step = self.exchange.request_body(body.clone(), true);
+        // Judged: the held chunks are let go as their answers are queued.
+        self.charge.release();
+        let pieces = match step.map_err(status)? {
+            BodyStep::Forward => vec![body],
+            BodyStep::Replace { body, .. } => body.into_chunks().to_vec(),
+            BodyStep::Refuse(refusal) => {
+                self.queue(refuse(&refusal));
+                return Ok(());
+            }
+        };
+        if !self.request_body_seen {
+            // Trailers right after the headers: no body message to answer.
+            return Ok(());
+        }
+        let mut out: Vec<Bytes> = Vec::new();
+        for mut piece in pieces {
+            while !piece.is_empty() {
+                out.push(piece.split_to(piece.len().min(STREAMED_CHUNK)));
+            }
+        }
+        if out.is_empty() {
+            out.push(Bytes::new());
+        }
+        let last = out.len() - 1;
+        for (i, chunk) in out.into_iter().enumerate() {
+            self.queue(Response::RequestBody(proto::streamed(
+                chunk.to_vec(),
+                end_of_stream && i == last,
+            )));
+        }
+        Ok(())
+    }
+
+    /// A response body chunk in `FULL_DUPLEX_STREAMED`: answered at once with what the filter
+    /// forwards for it (its complete frames), or the chunk itself for a response passed through.
+    fn duplex_response_body(&mut self, b: HttpBody) -> Result<BodyResponse, Status> {
+        let input = b.body;
+        if !self.exchange.filters_response() {
+            self.exchange
+                .response_body(&[], b.end_of_stream, &mut self.edit)
+                .map_err(status)?;
+            return Ok(proto::streamed(input, b.end_of_stream));
+        }
+        self.exchange
+            .response_body(&[&input[..]], b.end_of_stream, &mut self.edit)
+            .map_err(status)?;
+        let out = if self.edit.input_len() == input.len() && self.edit.is_unchanged() {
+            input
+        } else {
+            self.edit.to_vec(&[&input[..]])
+        };
+        Ok(proto::streamed(out, b.end_of_stream))
+    }
+
+    /// Response trailers in `FULL_DUPLEX_STREAMED`: the body has ended, so a frame still open is
+    /// judged as it stands and what of it goes on is sent before the trailers' answer.
+    fn duplex_response_end(&mut self) -> Result<(), Status> {
+        if !self.exchange.filters_response() {
+            return Ok(());
+        }
+        self.exchange
+            .response_body(&[], true, &mut self.edit)
+            .map_err(status)?;
+        let rest = self.edit.to_vec(&[]);
+        if !rest.is_empty() {
+            self.queue(Response::ResponseBody(proto::streamed(rest, false)));
+        }
+        Ok(())
+    }
+
     fn response_headers(
         &mut self,
         h: HttpHeaders,
@@ -228,6 +442,21 @@ impl Exchange {
                 } else {
                     proto::unchanged_headers()
                 };
+                if !self.overrides() {
+                    // With a FULL_DUPLEX_STREAMED direction no mode can be switched: the body
+                    // must come in a mode that can be filtered chunk by chunk.
+                    return match self.response_body_mode {
+                        proto::BODY_STREAMED | proto::BODY_FULL_DUPLEX => {
+                            Ok((Response::ResponseHeaders(response), None))
+                        }
+                        other => Err(Status::failed_precondition(format!(
+                            "response_body_mode {} cannot filter an event stream here (a \
+                             FULL_DUPLEX_STREAMED direction rules out a mode override): use \
+                             STREAMED or FULL_DUPLEX_STREAMED",
+                            proto::mode_name(other)
+                        ))),
+                    };
+                }
                 // The body must come to the processor, chunk by chunk: STREAMED is asked for on
                 // every filtered response, whatever mode Envoy announced (an Envoy older than
                 // 1.34 announces none, and a configuration with NONE would send no body). It rides
@@ -243,10 +472,12 @@ impl Exchange {
             }
             ResponseStep::Pass => {
                 // Passed through untouched: stop the body messages (one message per response).
-                let mode = (self.response_body_mode != proto::BODY_NONE).then(|| {
-                    self.response_body_mode = proto::BODY_NONE;
-                    proto::mode(self.request_body_mode, proto::BODY_NONE)
-                });
+                // In full duplex every chunk is answered with itself instead.
+                let mode =
+                    (self.response_body_mode != proto::BODY_NONE && self.overrides()).then(|| {
+                        self.response_body_mode = proto::BODY_NONE;
+                        proto::mode(self.request_body_mode, proto::BODY_NONE)
+                    });
                 Ok((Response::ResponseHeaders(proto::unchanged_headers()), mode))
             }
         }

@@ -8,9 +8,8 @@
 //! - **Request headers and body**: the JSON guard's rules
 //!   ([`RequestGuard`](crate::json::RequestGuard)). Every request that goes on asks the upstream
 //!   for `accept-encoding: identity`, as the sidecar does: an encoded event stream cannot be
-//!   filtered (the layer passes it through), so a compressing upstream would carry annotations
-//!   past the processor (put Envoy's compressor filter before `ext_proc` in the chain to compress
-//!   for clients). A request the guard does not read goes on otherwise untouched (and Envoy is
+//!   filtered, so a compressing upstream's stream would be refused (put Envoy's compressor filter
+//!   before `ext_proc` in the chain to compress for clients). A request the guard does not read goes on otherwise untouched (and Envoy is
 //!   told not to send its body); a refused one gets the guard's status,
 //!   `content-type: application/json` and its OpenAI-shaped error as Envoy's local reply
 //!   (`immediate_response`); a body whose
@@ -18,11 +17,14 @@
 //!   `content-length`, if it had one, updated). The client's opt-in is kept for the response.
 //! - **Response headers**:
 //!   [`BypassMarkerLayer::response_filter`](crate::BypassMarkerLayer::response_filter) decides,
-//!   as the tower layer does. A response it passes through (JSON, gRPC, encoded
-//!   streams, nothing to remove for this client) is answered with a `mode_override` that stops
-//!   Envoy sending its body: one message per response. A filtered one loses `content-length`,
-//!   and its answer carries a `mode_override` to `STREAMED`, whatever body mode Envoy announced
-//!   (Envoy before 1.34 announces none).
+//!   as the tower layer does. A response it passes through (JSON, gRPC, nothing to remove for
+//!   this client) is answered with a `mode_override` that stops Envoy sending its body: one
+//!   message per response. A filtered one loses `content-length`, and its answer carries a
+//!   `mode_override` to `STREAMED`, whatever body mode Envoy announced (Envoy before 1.34
+//!   announces none). An event stream in a `content-encoding` other than `identity` with
+//!   something to remove for this client gets Envoy's local reply instead: a 502
+//!   [`encoded_event_stream`](crate::json::Refusal::encoded_event_stream), before any byte of it
+//!   (the layer's observer hears of it once).
 //! - **Response body**: every chunk through an [`EventStreamFilter`](crate::EventStreamFilter).
 //!   A chunk the filter forwards as it is gets an answer without a body mutation (Envoy forwards
 //!   the chunk it holds; nothing is copied back); otherwise the answer carries the bytes to
@@ -57,6 +59,20 @@
 //! with no change: correct, only slower (and Envoy buffers every request body, so a large upload
 //! that the guard does not read meets Envoy's buffer limit). Under another `response_body_mode`
 //! (`NONE`, say), the processor asks for `STREAMED` on the responses it must filter.
+//!
+//! ## `FULL_DUPLEX_STREAMED`
+//!
+//! Either body mode may also be `FULL_DUPLEX_STREAMED` (with that direction's trailer mode
+//! `SEND`, as Envoy requires). Envoy then streams each chunk without waiting and forwards only
+//! what comes back in `streamed_response`s. A JSON request body is held until its end (its last
+//! chunk or its trailers), at most `max_body_bytes` (past it, the 413 at once), judged whole and
+//! sent on in chunks of at most 64 KiB: nothing of it goes upstream unjudged. Other request bodies,
+//! and responses passed through, go back chunk by chunk as they came; a filtered response's
+//! chunks go back as their frames complete, and trailers flush a frame left open. No
+//! `mode_override` is sent while a direction is in this mode, so every chunk costs a message.
+//! A mode the processor cannot support fails the stream with `FAILED_PRECONDITION` naming the
+//! mode: `GRPC`; `STREAMED` or `BUFFERED_PARTIAL` for a request the guard must read; a response
+//! to filter whose body mode cannot be switched on (see docs/envoy.md).
 //!
 //! ## A configuration that keeps `content-length` on JSON responses
 //!
@@ -116,9 +132,12 @@
 //!   Checked by hand with Envoy 1.40.0: the frames before it arrive, then curl reports
 //!   "transfer closed with outstanding read data remaining" over HTTP/1.1 and `RST_STREAM`
 //!   `INTERNAL_ERROR` over HTTP/2.
-//! - **A request the guard must read, with `request_body_mode` other than `BUFFERED`**: the gRPC
-//!   stream fails with `FAILED_PRECONDITION` (Envoy answers 500): the guard never lets a body it
-//!   has not judged through.
+//! - **A request the guard must read, with `request_body_mode` `STREAMED` or
+//!   `BUFFERED_PARTIAL`** (or `GRPC` either way): the gRPC stream fails with
+//!   `FAILED_PRECONDITION`, the message naming the mode (Envoy answers 500): the guard never lets
+//!   a body it has not judged through.
+//! - **An encoded event stream** with something to remove: a 502 `encoded_event_stream` as
+//!   Envoy's local reply, before any byte of it.
 //! - **`observability_mode` in Envoy's filter configuration**: the guard cannot work there.
 //!   Envoy forwards requests and responses without waiting for the processor and ignores its
 //!   answers, so router-owned names reach the upstream and annotations reach clients whatever
@@ -134,9 +153,11 @@
 //!   (`request_header_mode` or `response_header_mode` set to `SKIP`), a second headers message.
 //! - **A headers message with more than 16,384 headers** (Envoy forwards 100 by default,
 //!   `max_headers_count`) fails the gRPC stream with `RESOURCE_EXHAUSTED` (Envoy answers 500).
-//! - **Response trailers**: Envoy does not tell the processor that a body ended when trailers
-//!   end it. Bytes held for a frame still open at that point (a stream that ends in the middle of
-//!   a frame, then sends trailers) are dropped rather than judged; complete frames are never held.
+//! - **Response trailers**: in `STREAMED` mode Envoy does not tell the processor that a body
+//!   ended when trailers end it. Bytes held for a frame still open at that point (a stream that
+//!   ends in the middle of a frame, then sends trailers) are dropped rather than judged; complete
+//!   frames are never held. In `FULL_DUPLEX_STREAMED` the trailers come to the processor, which
+//!   judges and sends the open frame before answering them.
 //!
 //! Memory per stream: the request body while the guard reads it (at most `max_body_bytes`, in up
 //! to three copies for the moment of the decision: gRPC's receive buffer, the decoded message, the

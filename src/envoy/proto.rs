@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation::Mutation, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
-    HeadersResponse, ImmediateResponse,
+    HeadersResponse, ImmediateResponse, StreamedBodyResponse,
 };
 use http::header::{HeaderMap, HeaderName, HeaderValue as HttpHeaderValue};
 
@@ -128,6 +128,24 @@ pub(crate) fn replace_body(body: Vec<u8>, headers: Option<HeaderMutation>) -> Bo
     }
 }
 
+/// A body response in `FULL_DUPLEX_STREAMED` mode: `body` is what Envoy forwards (it forwards
+/// nothing of the chunks it sent), `end_of_stream` on the last one when the body ended without
+/// trailers.
+pub(crate) fn streamed(body: Vec<u8>, end_of_stream: bool) -> BodyResponse {
+    BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                    body,
+                    end_of_stream,
+                    ..StreamedBodyResponse::default()
+                })),
+            }),
+            ..CommonResponse::default()
+        }),
+    }
+}
+
 /// A request headers response that asks the upstream for an unencoded response
 /// (`accept-encoding: identity`): an encoded event stream cannot be filtered, and the layer passes
 /// it through untouched, so a compressing upstream would carry annotations past the processor.
@@ -177,6 +195,16 @@ pub(crate) fn immediate(refusal: &Refusal) -> ImmediateResponse {
 pub(crate) const BODY_NONE: i32 = BodySendMode::None as i32;
 pub(crate) const BODY_STREAMED: i32 = BodySendMode::Streamed as i32;
 pub(crate) const BODY_BUFFERED: i32 = BodySendMode::Buffered as i32;
+pub(crate) const BODY_FULL_DUPLEX: i32 = BodySendMode::FullDuplexStreamed as i32;
+
+/// A body mode's name, as Envoy's configuration spells it (the number, for one this build does
+/// not know).
+pub(crate) fn mode_name(mode: i32) -> String {
+    BodySendMode::try_from(mode).map_or_else(
+        |_| format!("{mode} (unknown)"),
+        |m| m.as_str_name().to_owned(),
+    )
+}
 
 /// The processing mode to put in `mode_override`: Envoy replaces the whole mode of the stream
 /// with it, so it restates the documented configuration (headers sent, trailers skipped) with

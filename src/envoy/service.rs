@@ -269,7 +269,20 @@ where
             let observed = msg.observability_mode;
             let answer = proto::admit(&msg)
                 .and_then(|()| this.exchange.answer(msg))
-                .and_then(|answer| answer.map(|answer| framed(&answer)).transpose());
+                .and_then(|answer| answer.map(|answer| framed(&answer)).transpose())
+                .and_then(|first| match (first, this.exchange.queued()) {
+                    (Some(first), Some(next)) => {
+                        // Several answers for one message (a full-duplex body released in
+                        // chunks): one frame with all of them, in order.
+                        let mut all = BytesMut::from(&first[..]);
+                        all.extend_from_slice(&framed(&next)?);
+                        while let Some(next) = this.exchange.queued() {
+                            all.extend_from_slice(&framed(&next)?);
+                        }
+                        Ok(Some(all.freeze()))
+                    }
+                    (first, _) => Ok(first),
+                });
             match answer {
                 Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Ok(None) => {}

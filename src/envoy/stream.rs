@@ -47,6 +47,10 @@ impl Stream for ProcessStream {
             if this.done {
                 return Poll::Ready(None);
             }
+            // Answers owed for the last message (a full-duplex body released in chunks).
+            if let Some(answer) = this.exchange.queued() {
+                return Poll::Ready(Some(Ok(answer)));
+            }
             match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
                 // Envoy closed its side (the HTTP stream is over): nothing more to answer.
                 None => {

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Method, StatusCode};
 
 use super::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
-use crate::future::encoded_event_stream;
 use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, RequestedAnnotations};
 
 /// One HTTP request and its response, as a gateway's filter sees them: the JSON guard on the
@@ -331,12 +330,11 @@ impl Exchange {
         if end_of_stream {
             return Ok(ResponseStep::Pass);
         }
-        let head = self.method == Method::HEAD;
-        if let Some(coding) = encoded_event_stream(head, status, headers) {
-            let config = &self.layer.config;
-            if config.removal_mask(config.requested_mask(&self.granted)) != 0 {
-                return Ok(ResponseStep::Refuse(Refusal::encoded_event_stream(&coding)));
-            }
+        if let Some(coding) =
+            self.layer
+                .refuses_encoded(&self.method, status, headers, &self.granted)
+        {
+            return Ok(ResponseStep::Refuse(Refusal::encoded_event_stream(&coding)));
         }
         match self
             .layer

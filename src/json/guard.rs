@@ -146,10 +146,7 @@ impl Refusal {
             status: StatusCode::BAD_GATEWAY,
             kind: "server_error",
             code: "encoded_event_stream",
-            message: format!(
-                "the upstream sent an event stream with content-encoding {coding}, which cannot \
-                 be filtered; the upstream must answer with content-encoding identity"
-            ),
+            message: crate::future::encoded_message(coding),
         }
     }
 

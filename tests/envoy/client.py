@@ -310,8 +310,9 @@ async def run_checks(args):
         ("a body of 32 MiB + 128 KiB", max_body + (128 << 10), False, "processor 413"),
         # The processor sees a buffered body only once Envoy has all of it; the module sees every
         # chunk and refuses as soon as the body is over --max-body, before Envoy's limit.
+        # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing.
         ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True,
-         "processor 413" if args.front == "module" else "envoy 413"),
+         "processor 413" if args.front in ("module", "duplex") else "envoy 413"),
     ):
         test_id = ids()
         raw = sized_body(size, ["x-bypass-remote-prefill"])
@@ -603,6 +604,34 @@ async def run_reset(args):
     await served_after(args, "after an upstream reset")
 
 
+async def run_encoded(args):
+    """An upstream that gzips its event stream although it was asked for identity: the stream
+    cannot be filtered, so the client gets a 502 (OpenAI-shaped, code encoded_event_stream) before
+    any byte of it, never the stream."""
+    for what, names in (("a client that asked for nothing", []),
+                        ("a client that opted in to the marker", ["x-bypass-remote-prefill"])):
+        test_id = Ids("encoded")()
+        res = await request(args.envoy, "/v1/chat/completions", chat(True, names, {"kind": "gzip"}),
+                            headers={"x-test-id": test_id, "accept-encoding": "gzip"})
+        try:
+            error = json.loads(res.body)["error"]
+            shaped = (error["code"] == "encoded_event_stream" and error["type"] == "server_error"
+                      and "gzip" in error["message"])
+        except (ValueError, KeyError, TypeError):
+            shaped = False
+        entry = await seen(args.upstream, test_id)
+        report(
+            res.status == 502 and shaped and res.clean_end
+            and res.headers.get("content-type") == "application/json"
+            and "content-encoding" not in res.headers and entry is not None,
+            f"an event stream the upstream gzipped anyway, to {what} (the Dynamo preset always "
+            f"removes llm_metrics): 502 encoded_event_stream, no byte of the stream ({show(res.body, 120)})",
+            f"status {res.status}, headers {res.headers}, body {show(res.body)}, upstream saw it: "
+            f"{entry is not None}",
+        )
+    await served_after(args, "after an encoded stream")
+
+
 async def run_pieces(args):
     bad = []
     total = 0
@@ -673,27 +702,12 @@ async def run_chain(args):
             )
 
 
-async def run_encoded(args):
-    """An upstream that gzips an event stream although the module asked for identity: the client
-    gets a 502 before any byte, never the compressed marker (issue 27, item 2)."""
-    test_id = Ids("encoded")()
-    res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "gzip"}),
-                        headers={"x-test-id": test_id, "accept-encoding": "gzip"})
-    report(
-        res.status == 502 and res.headers.get("content-encoding") is None
-        and b"event-stream" not in res.headers.get("content-type", "").encode(),
-        f"a gzip-encoded event stream: status {res.status}, content-type "
-        f"{res.headers.get('content-type')}, no byte of the stream",
-        f"status {res.status}, headers {res.headers}, body {show(res.body)}",
-    )
-    await served_after(args, "after an encoded stream")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
                                          "pieces", "panic", "chain", "encoded"])
-    parser.add_argument("--front", choices=["processor", "module"], default="processor")
+    # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
+    parser.add_argument("--front", choices=["processor", "module", "duplex"], default="processor")
     parser.add_argument("--hook", default="response_body")
     parser.add_argument("--label", default="", help="names the Envoy in chain's check lines")
     parser.add_argument("--envoy", required=True)

@@ -12,7 +12,8 @@
 #     is), one behind Envoy and one for the control straight to it;
 #   - the processor, `bypass-marker ext-proc --preset dynamo`;
 #   - three Envoys rendered from the shipped bootstrap: to upstream.py, to a router, and one whose
-#     processor address has nothing listening (the processor is down).
+#     processor address has nothing listening (the processor is down); two more with
+#     FULL_DUPLEX_STREAMED bodies both ways, to upstream.py and to a router of their own.
 # The checks (client.py and the SDK suite's clients):
 #   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy, and fail straight
 #     to the router (the control); a raw client's bytes: an opted-in client gets the marker byte
@@ -27,6 +28,9 @@
 #     marker, never a clean end);
 #   - Envoy's gRPC health check (grpc.health.v1) finds the processor healthy, and an address where
 #     nothing listens failed;
+#   - full duplex: the request-side checks and the SDKs again, through the full-duplex Envoys;
+#   - an upstream that gzips its event stream anyway: a 502 encoded_event_stream before any byte,
+#     in both modes, logged once each by the processor;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -115,6 +119,15 @@ log "installs and builds ready in $((SECONDS - started)) s"
 
 suite=$SECONDS
 start_upstreams
+# Two more routers for the full-duplex SDK run: the raw client's "cold" requests must meet routers
+# that have not seen its prompts yet.
+start router-duplex "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-duplex || die "the router did not start: $(cat "$work/router-duplex.log")"
+router_duplex="$url"
+start router-duplex-direct "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+wait_for "$last_group" 100 listening router-duplex-direct ||
+  die "the router did not start: $(cat "$work/router-duplex-direct.log")"
+router_duplex_direct="$url"
 
 ext_proc_port="$(free_port)"
 start processor "$bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
@@ -125,14 +138,16 @@ wait_for "$processor_group" 100 accepts "$ext_proc_port" ||
 processor_pid="$(cat "/proc/$processor_group/task/$processor_group/children" 2>/dev/null | awk '{print $1}')"
 [[ -n "$processor_pid" ]] || die "cannot find the processor's pid under $processor_group"
 
-# Starts an Envoy named $1 from the shipped bootstrap with upstream port $2 and processor port $3;
-# sets `url` to its listener.
+# Starts an Envoy named $1 from the shipped bootstrap with upstream port $2 and processor port $3
+# (and any further NAME=VALUE for the bootstrap's templates); sets `url` to its listener.
 start_envoy() {
-  local name="$1" listen admin
+  local name="$1" upstream_port="$2" processor_port="$3" listen admin
+  shift 3
   listen="$(free_port)"
   admin="$(free_port)"
   render_bootstrap "$root/examples/envoy/ext-proc.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$admin" \
-    UPSTREAM_PORT="$2" EXT_PROC_PORT="$3" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" >"$work/$name.yaml" ||
+    UPSTREAM_PORT="$upstream_port" EXT_PROC_PORT="$processor_port" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" \
+    "$@" >"$work/$name.yaml" ||
     die "cannot render the bootstrap"
   start "$name" "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level warning \
     -c "$work/$name.yaml"
@@ -156,7 +171,14 @@ envoy_router="$url"
 start_envoy envoy-down "${upstream##*:}" "$(free_port)"
 envoy_down="$url"
 envoy_down_admin="$admin_url"
-log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down)"
+# The same bootstrap with FULL_DUPLEX_STREAMED bodies both ways (and the trailers that mode needs).
+duplex=(REQUEST_BODY_MODE=FULL_DUPLEX_STREAMED RESPONSE_BODY_MODE=FULL_DUPLEX_STREAMED
+  REQUEST_TRAILER_MODE=SEND RESPONSE_TRAILER_MODE=SEND)
+start_envoy envoy-duplex "${upstream##*:}" "$ext_proc_port" "${duplex[@]}"
+envoy_duplex="$url"
+start_envoy envoy-duplex-router "${router_duplex##*:}" "$ext_proc_port" "${duplex[@]}"
+envoy_duplex_router="$url"
+log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down), full duplex $envoy_duplex, $envoy_duplex_router"
 
 # ---------------------------------------------------------------------------------------------
 # The checks
@@ -182,6 +204,22 @@ run_client "$streams concurrent streams" "${client[@]}" concurrent --envoy "$env
   --streams "$streams"
 
 run_sdk_clients "$envoy_router" "$router_direct" "Envoy"
+
+# FULL_DUPLEX_STREAMED both ways: the same checks (a guarded request's router-owned names
+# stripped, opted-in clients get the marker byte for byte), and the SDKs stream through it.
+run_client "full duplex: request side, pass-through, opt-ins" "${client[@]}" checks --front duplex \
+  --envoy "$envoy_duplex" --upstream "$upstream"
+run_sdk_clients "$envoy_duplex_router" "$router_duplex_direct" "Envoy (full duplex)"
+
+# An upstream that gzips its event stream anyway: a 502 before any byte, in both modes, and the
+# processor logs each once (its metrics count them: tests/proxy.rs, tests/envoy_processor.rs).
+encoded_before="$(grep -c 'encoded_event_stream' "$work/processor.log" || true)"
+run_client "encoded event stream" "${client[@]}" encoded --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "encoded event stream, full duplex" "${client[@]}" encoded --envoy "$envoy_duplex" --upstream "$upstream"
+encoded_logged=$(($(grep -c 'encoded_event_stream' "$work/processor.log" || true) - encoded_before))
+ok=0
+((encoded_logged == 4)) && ok=1
+count $ok "the processor logged each of the 4 encoded streams it refused once ($encoded_logged lines)"
 
 run_client "processor down" "${client[@]}" down --envoy "$envoy_down" --upstream "$upstream"
 run_client "client disconnect" "${client[@]}" disconnect --envoy "$envoy_upstream" --upstream "$upstream"

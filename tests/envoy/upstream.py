@@ -223,6 +223,9 @@ async def handle(reader, writer):
                     frames = script.paced(test["events"])
                     if not await send_stream(writer, frames, entry, pace=test["interval_ms"] / 1000):
                         return
+                elif test.get("kind") == "gzip":
+                    if not await send_stream(writer, script.paced(3), entry, gzip=True):
+                        return
                 elif test.get("kind") == "reset":
                     # Paced, and a pause before the reset, so that everything sent before it has
                     # been read (a reset discards what the peer has not read yet).
