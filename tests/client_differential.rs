@@ -13,7 +13,7 @@
 #[allow(dead_code)]
 mod differential;
 
-use differential::{check, compare, decode, verdicts, End, PENDING_FIX, STRICTER};
+use differential::{check, compare, decode, verdicts, End, FOUND, PENDING_FIX, STRICTER};
 use proptest::prelude::*;
 
 /// An input of the fuzz target's format: mostly generated responses (realistic but hostile),
@@ -115,9 +115,14 @@ fn every_listed_case_is_one_where_the_verdicts_differ() {
         (false, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n00000000000000002\r\nok\r\n0\r\n\r\n", true),
         (false, b"\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true),
     ];
+    let found: &[(bool, &[u8], bool)] = &[
+        (false, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding:\r\n\r\n2\r\nok\r\n0\r\n\r\n", true),
+        (false, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nbad trailer\r\n\r\n", true),
+    ];
     assert_eq!(stricter.len(), STRICTER.len());
     assert_eq!(pending.len(), PENDING_FIX.len());
-    for (list, cases) in [(STRICTER, stricter), (PENDING_FIX, pending)] {
+    assert_eq!(found.len(), FOUND.len());
+    for (list, cases) in [(STRICTER, stricter), (PENDING_FIX, pending), (FOUND, found)] {
         for ((why, applies), (head, response, differs)) in list.iter().zip(cases) {
             // The blank lines of item 8 must arrive alone: cut after the 4th of 44 bytes.
             let cuts: &[u8] = if response.starts_with(b"\r\n") {
@@ -139,4 +144,19 @@ fn every_listed_case_is_one_where_the_verdicts_differ() {
             );
         }
     }
+}
+
+#[test]
+fn every_stored_input_reaches_hypers_verdict() {
+    // The fuzz target's seeds and the inputs of its findings (FUZZING.md).
+    let mut n = 0;
+    for dir in ["fuzz/seeds-client", "fuzz/regressions/client"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            check(&std::fs::read(&path).unwrap());
+            n += 1;
+        }
+    }
+    assert!(n >= 10, "the stored inputs are there");
 }
