@@ -88,7 +88,10 @@ pub fn check(data: &[u8]) {
     if flags & 0x01 == 0 {
         let whole = decode(&[bytes]).map(|(data, done, _)| (data, done));
         let split = decode(&cut(bytes, at)).map(|(data, done, _)| (data, done));
-        assert_eq!(whole, split, "the same bytes decode the same whatever the reads");
+        assert_eq!(
+            whole, split,
+            "the same bytes decode the same whatever the reads"
+        );
         return;
     }
     let mut chunks = Vec::new();
@@ -106,5 +109,8 @@ pub fn check(data: &[u8]) {
     let (out, done, taken) = decode(&pieces).expect("a valid encoding decodes");
     assert_eq!(out, chunks.concat());
     assert!(done, "the end is found");
-    assert_eq!(taken, end, "the body ends at its last CRLF, not before or after");
+    assert_eq!(
+        taken, end,
+        "the body ends at its last CRLF, not before or after"
+    );
 }

@@ -7,6 +7,7 @@ pub mod model;
 pub mod body;
 pub mod case;
 pub mod chunked;
+pub mod client;
 pub mod filter;
 pub mod json;
 pub mod module;

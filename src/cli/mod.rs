@@ -18,6 +18,8 @@
 pub mod args;
 mod client;
 mod conn;
+#[doc(hidden)]
+pub mod differential;
 pub mod ext_proc;
 mod forward;
 pub mod logs;
