@@ -293,6 +293,13 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
         .as_str()
         .unwrap()
         .contains("content-encoding br,"));
+    // The layer writes it without serde_json; the JSON guard's refusal (serde_json's bytes) is
+    // the reference.
+    #[cfg(feature = "json")]
+    assert_eq!(
+        body,
+        tower_bypass_marker::json::Refusal::encoded_event_stream("br").body()
+    );
 }
 
 /// A body that never yields: polling it would hang the test.
