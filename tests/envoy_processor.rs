@@ -2380,6 +2380,50 @@ mod full_duplex {
         ]
     }
 
+    /// The chunks a full-duplex request body holds count against the processor's budget
+    /// (issue 28, item 11), as a buffered body does: past it the stream fails with
+    /// `RESOURCE_EXHAUSTED` before the body's end, and a judged body gives its bytes back.
+    #[tokio::test]
+    async fn held_full_duplex_chunks_count_against_the_processors_budget() {
+        let budget = envoy::BodyBudget::new(1 << 20);
+        let server = start(
+            ExtProc::new(BypassMarkerLayer::dynamo())
+                .max_body_bytes(4 << 20)
+                .body_budget(budget.clone()),
+        )
+        .await;
+        let mut client = server.client().await;
+
+        // Judged whole: the budget is given back once the body has been answered.
+        let mut s = Duplex::open(&mut client).await;
+        s.request_headers(b"application/json").await;
+        s.send(Msg::RequestBody(body_msg(ROUTER_OWNED.as_bytes(), true)))
+            .await;
+        let (body, _, end) = s.streamed(true, None).await;
+        assert!(end);
+        assert_eq!(body, STRIPPED.as_bytes());
+        assert_eq!(budget.held(), 0);
+        drop(s);
+
+        // Of unknown length, larger than the budget: refused while its chunks arrive.
+        let mut s = Duplex::open(&mut client).await;
+        s.request_headers(b"application/json").await;
+        let chunk = vec![b' '; 256 << 10];
+        let mut refused = None;
+        for _ in 0..8 {
+            s.send(Msg::RequestBody(body_msg(&chunk, false))).await;
+        }
+        // Nothing of the body is answered before its end: the first answer is the failure.
+        if let Err(status) = s.recv().await {
+            refused = Some(status);
+        }
+        let status = refused.expect("the stream fails past the budget");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert_eq!(budget.refused(), 1);
+        drop(s);
+        server.stop().await;
+    }
+
     #[tokio::test]
     async fn a_request_body_is_held_until_its_end_then_sent_on_stripped() {
         for server in servers().await {
