@@ -444,11 +444,6 @@ fn interim_heads(bytes: &[u8]) -> usize {
         .count()
 }
 
-/// Every line of the bytes (a superset of the chunk-size lines).
-fn chunk_lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
-    bytes.split(|&b| b == b'\n')
-}
-
 /// Whether two verdicts agree, or why not.
 pub fn compare(case: &Case, hyper: &Verdict, ours: &Verdict) -> Result<(), String> {
     let listed = |list: &'static [(&'static str, Rule)]| {
