@@ -1,5 +1,5 @@
 //! The sidecar's in-place `chunked` decoder (`src/cli/client/chunked.rs`, included by path: it is
-//! private to the proxy and needs nothing but std), fuzzed two ways:
+//! private to the proxy and needs nothing but std, `http` and `httparse`), fuzzed two ways:
 //!
 //! - **any bytes**, cut into reads at fuzz-chosen places: the decoder never panics, and the data,
 //!   the end and the error are the same whatever the cuts (one read of everything, or many);

@@ -11,7 +11,11 @@
 //! needs more than 64 bits (leading zeros are no part of that: `000000000000000000A` is 10), a
 //! size followed by whitespace and then anything but `;` or CR (`2 x`), a missing CRLF, a
 //! chunk-size line or trailer section over its limit. The chunk-size line is read by hyper's rule
-//! (`hyper::proto::h1::decode`): digits, optional spaces or tabs, then extensions after `;`.
+//! (`hyper::proto::h1::decode`): digits, optional spaces or tabs, then extensions after `;`. So is
+//! the trailer section: its lines (each ended by CRLF) are kept, up to [`MAX_TRAILERS`] bytes and
+//! [`MAX_TRAILER_FIELDS`] lines, and parsed as header fields (httparse) once the final empty line
+//! arrives; a malformed section (a field name with a space, a line without a colon, a folded
+//! line) is an error, so the body ends cut rather than complete. The trailers are then dropped.
 
 use std::fmt;
 
@@ -19,6 +23,8 @@ use std::fmt;
 pub(crate) const MAX_LINE: usize = 4 * 1024;
 /// The longest trailer section accepted (the trailers are read and dropped).
 pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
+/// The most trailer lines accepted (the response head's limit on its fields).
+pub(crate) const MAX_TRAILER_FIELDS: usize = 128;
 
 /// Where the decoder is in the coding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +92,10 @@ pub(crate) struct Decoder {
     state: State,
     /// Bytes of the current chunk-size line, or of the trailers so far.
     line: usize,
+    /// The trailer section so far (allocated only when there is one), parsed at its end.
+    trailers: Vec<u8>,
+    /// How many trailer lines have ended.
+    fields: usize,
 }
 
 impl Default for Decoder {
@@ -96,6 +106,8 @@ impl Default for Decoder {
                 digits: false,
             },
             line: 0,
+            trailers: Vec::new(),
+            fields: 0,
         }
     }
 }
@@ -226,19 +238,63 @@ impl Decoder {
                 digits: false,
             },
             (State::DataLf, _) => return Err(ChunkedError("no CRLF after a chunk's data")),
-            (State::TrailerStart, b'\r') => State::EndLf,
-            (State::TrailerStart | State::Trailer, b'\n') => {
-                return Err(ChunkedError("a trailer line ended by LF without CR"))
+            // As hyper reads them: a line is any bytes up to a CR, which a LF must follow (a
+            // bare LF is kept in the line, for the parse at the end to judge).
+            (State::TrailerStart, b'\r') => {
+                if !self.trailers.is_empty() {
+                    self.trailers.push(byte);
+                }
+                State::EndLf
             }
-            (State::Trailer, b'\r') => State::TrailerLf,
-            (State::TrailerStart | State::Trailer, _) => State::Trailer,
-            (State::TrailerLf, b'\n') => State::TrailerStart,
+            (State::TrailerStart | State::Trailer, _) => {
+                self.trailers.push(byte);
+                if byte == b'\r' {
+                    State::TrailerLf
+                } else {
+                    State::Trailer
+                }
+            }
+            (State::TrailerLf, b'\n') => {
+                if self.fields >= MAX_TRAILER_FIELDS {
+                    return Err(ChunkedError("more than 128 trailer lines"));
+                }
+                self.fields += 1;
+                self.trailers.push(byte);
+                State::TrailerStart
+            }
             (State::TrailerLf, _) => return Err(ChunkedError("a CR without LF in the trailers")),
-            (State::EndLf, b'\n') => State::Done,
+            (State::EndLf, b'\n') => {
+                if !self.trailers.is_empty() {
+                    self.trailers.push(byte);
+                    let trailers = std::mem::take(&mut self.trailers);
+                    check_trailers(&trailers, self.fields)?;
+                }
+                State::Done
+            }
             (State::EndLf, _) => return Err(ChunkedError("a CR without LF at the body's end")),
             (State::Data(_) | State::Done, _) => unreachable!("handled by `decode`"),
         };
         Ok(())
+    }
+}
+
+/// Whether a trailer section (its lines and the final empty line) parses as header fields, by the
+/// rule hyper applies to it: httparse's, with as many fields as the section has lines, then each
+/// name and value as `http` takes them.
+fn check_trailers(section: &[u8], lines: usize) -> Result<(), ChunkedError> {
+    let mut fields = vec![httparse::EMPTY_HEADER; lines];
+    match httparse::parse_headers(section, &mut fields) {
+        Ok(httparse::Status::Complete((_, fields))) => {
+            for field in fields.iter() {
+                if http::HeaderName::from_bytes(field.name.as_bytes()).is_err()
+                    || http::HeaderValue::from_bytes(field.value).is_err()
+                {
+                    return Err(ChunkedError("a malformed trailer field"));
+                }
+            }
+            Ok(())
+        }
+        Ok(httparse::Status::Partial) | Err(_) => Err(ChunkedError("a malformed trailer section")),
     }
 }
 
@@ -322,7 +378,13 @@ mod tests {
             (b"2\r\nokX\r\n", "no CRLF after a chunk's data"),
             (b"2\r\nok\rX", "no CRLF after a chunk's data"),
             (b"10000000000000000\r\n", "a chunk size over 64 bits"),
-            (b"0\r\nx: 1\n", "a trailer line ended by LF without CR"),
+            (b"0\r\nx: 1\ny: 2\r\n\r\n", "a malformed trailer section"),
+            (b"0\r\nbad trailer\r\n\r\n", "a malformed trailer section"),
+            (b"0\r\nx y: 1\r\n\r\n", "a malformed trailer section"),
+            (
+                b"0\r\nx-a: 1\r\n x-fold\r\n\r\n",
+                "a malformed trailer section",
+            ),
             (b"0\r\n\rX", "a CR without LF at the body's end"),
         ] {
             let err = decode_all(&[bytes]).unwrap_err();
@@ -382,14 +444,50 @@ mod tests {
             decode_all(&[&line]).unwrap_err(),
             ChunkedError("a chunk-size line over 4 KiB")
         );
-        let mut trailers = b"0\r\n".to_vec();
-        while trailers.len() < MAX_TRAILERS + 100 {
-            trailers.extend_from_slice(b"x-a: b\r\n");
-        }
+        let mut trailers = b"0\r\nx-a: ".to_vec();
+        trailers.resize(MAX_TRAILERS + 100, b'b');
         assert_eq!(
             decode_all(&[&trailers]).unwrap_err(),
             ChunkedError("trailers over 16 KiB")
         );
+        let mut trailers = b"0\r\n".to_vec();
+        for _ in 0..=MAX_TRAILER_FIELDS {
+            trailers.extend_from_slice(b"x-a: b\r\n");
+        }
+        assert_eq!(
+            decode_all(&[&trailers]).unwrap_err(),
+            ChunkedError("more than 128 trailer lines")
+        );
+    }
+
+    /// hyper's rule: the trailer section is parsed as header fields, and a malformed one fails
+    /// the body; a sound one, whatever its lines, completes it.
+    #[test]
+    fn a_trailer_section_completes_the_body_only_when_it_parses() {
+        let mut most = b"0\r\n".to_vec();
+        for _ in 0..MAX_TRAILER_FIELDS {
+            most.extend_from_slice(b"x-a: b\r\n");
+        }
+        most.extend_from_slice(b"\r\n");
+        for bytes in [
+            &b"2\r\nok\r\n0\r\nx-sum: 1\r\nX-Other:\t\xe9 \r\n\r\n"[..],
+            // A bare LF ends a field for the parse, as long as the lines are no more fields.
+            b"2\r\nok\r\n0\r\nx: 1\n\r\n\r\n",
+            &most,
+        ] {
+            let what = String::from_utf8_lossy(&bytes[..bytes.len().min(60)]);
+            let (_, done, consumed) = decode_all(&[bytes]).unwrap();
+            assert!(done, "{what}");
+            assert_eq!(consumed, bytes.len(), "{what}");
+        }
+        // Split anywhere, a malformed section fails the same.
+        let bad = b"2\r\nok\r\n0\r\nx-a: 1\r\nbad trailer\r\n\r\n";
+        for at in 0..bad.len() {
+            assert_eq!(
+                decode_all(&[&bad[..at], &bad[at..]]).unwrap_err(),
+                ChunkedError("a malformed trailer section"),
+            );
+        }
     }
 
     proptest! {

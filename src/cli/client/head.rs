@@ -196,12 +196,15 @@ pub(super) fn response(
         if !http11 {
             return Err(invalid("Transfer-Encoding in an HTTP/1.0 response"));
         }
+        // Exactly one element, `chunked`, over all the field lines: an empty element
+        // (`chunked,`, or a second, empty `Transfer-Encoding:` line) is refused too, since
+        // readers differ on it (hyper reads the last element only, finds no `chunked` and reads
+        // the body to the close): two framings of one response.
         let mut codings = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(trim_ows)
-            .filter(|coding| !coding.is_empty());
+            .map(trim_ows);
         let only_chunked = codings
             .next()
             .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))

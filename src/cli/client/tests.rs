@@ -389,6 +389,9 @@ async fn a_head_that_is_not_http_or_is_ambiguous_fails_before_the_head() {
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxx",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
         b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        // An empty coding after `chunked`: hyper reads such a body to the close, as no chunked.
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding:\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked,\r\n\r\n2\r\nok\r\n0\r\n\r\n",
         interim,
         huge,
     ] {
@@ -849,4 +852,32 @@ async fn a_final_error_with_connection_close_stops_the_upload() {
         .expect("the upload stopped")
         .unwrap();
     assert!(total < len, "{total} bytes sent");
+}
+
+/// hyper's verdict: a trailer section that does not parse as header fields fails the body, which
+/// the client then sees cut, not complete; the connection is not reused.
+#[tokio::test]
+async fn a_malformed_trailer_section_cuts_the_body_and_a_sound_one_completes_it() {
+    for (reply, complete) in [
+        (&b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nbad trailer\r\n\r\n"[..], false),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx bad: 1\r\n\r\n", false),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-a: 1\r\n x-fold\r\n\r\n", false),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-sum: 1\r\n\r\n", true),
+    ] {
+        let (client, accepted) = upstream(answering(reply)).await;
+        for _ in 0..2 {
+            let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+            let got = frames(res.into_body()).await;
+            let what = String::from_utf8_lossy(reply);
+            if complete {
+                assert_eq!(got.unwrap().concat(), b"ok", "{what}");
+            } else {
+                let err = got.unwrap_err();
+                assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}");
+                assert!(err.to_string().contains("trailer"), "{what}: {err}");
+            }
+        }
+        let connections = if complete { 1 } else { 2 };
+        assert_eq!(accepted.load(Ordering::SeqCst), connections);
+    }
 }
