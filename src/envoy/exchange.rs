@@ -33,8 +33,6 @@ pub(crate) struct Exchange {
     edit: ChunkEdit,
     /// The request body's share of the processor's budget, while it is being judged.
     charge: Charge,
-    /// The guard's cap on a request body.
-    max_body: usize,
     /// `FULL_DUPLEX_STREAMED` request body the guard reads: the chunks so far, held until the
     /// body ends (nothing of it goes upstream before the guard has judged all of it).
     held: Option<Vec<Bytes>>,
@@ -55,7 +53,6 @@ impl Exchange {
         guard: crate::json::RequestGuard,
         charge: Charge,
     ) -> Self {
-        let max_body = guard.max_body();
         Self {
             // Request headers that never came mean `request_header_mode: SKIP`: the guard did
             // not run, so the response is failed rather than passed as if all were well.
@@ -65,7 +62,6 @@ impl Exchange {
             announced: false,
             edit: ChunkEdit::new(),
             charge,
-            max_body,
             held: None,
             held_len: 0,
             request_body_seen: false,
@@ -244,7 +240,7 @@ impl Exchange {
                 let declared = headers
                     .get(http::header::CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                    .filter(|&n| n <= self.max_body as u64);
+                    .filter(|&n| n <= self.exchange.max_request_body() as u64);
                 if let Some(n) = declared {
                     self.hold(n)?;
                 }
