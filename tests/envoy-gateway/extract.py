@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Extracts the structure of released CRDs into tests/envoy-gateway/schemas/, for validate.py.
+"""Extracts the structure of CRDs into tests/envoy-gateway/schemas/ and
+tests/dynamo-operator/schemas/, for validate.py.
 
 Keeps what validation needs (field names, types, formats, enums, patterns, bounds, defaults,
 required fields, `x-kubernetes-*` markers and the CEL rules of `x-kubernetes-validations`) and
 strips the prose (`description`, `example`), so the files are small and nothing in them is copied
-documentation. Each output file names its source: repository, tag, commit and path.
+documentation. Each output file names its source: repository, commit, path, and the tag, or for a
+plain commit its date and why that commit.
 
-Run by hand when a new release is to be checked, from clones of the two repositories (no
-network needed in CI: the output is committed):
+Run by hand when a new release is to be checked, from clones of the repositories (a work tree or a
+bare git directory; no network needed in CI: the output is committed). Only the sources of the
+repositories given are extracted:
 
     python3 tests/envoy-gateway/extract.py --refresh \
-        --envoy-gateway /path/to/envoyproxy/gateway --gateway-api /path/to/kubernetes-sigs/gateway-api
+        --envoy-gateway /path/to/envoyproxy/gateway --gateway-api /path/to/kubernetes-sigs/gateway-api \
+        --dynamo /path/to/ai-dynamo/dynamo.git
 
 Without --refresh it checks that the committed files are what the clones give (exit 1 if not).
 """
@@ -24,9 +28,12 @@ import sys
 import yaml
 
 HERE = pathlib.Path(__file__).resolve().parent
+TESTS = HERE.parent
 SCHEMAS = HERE / "schemas"
+DYNAMO_SCHEMAS = TESTS / "dynamo-operator" / "schemas"
 
-# (folder, repository, tag, [paths]): the CRDs of the kinds examples/envoy-gateway/ uses.
+# (schemas folder, folder, repository, tag or commit, [paths], note): the CRDs of the kinds
+# examples/envoy-gateway/ and examples/dynamo-operator/ use.
 EG_PATH = "charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_{}.yaml"
 EG_KINDS = ["envoyproxies", "clienttrafficpolicies", "backendtrafficpolicies", "envoyextensionpolicies"]
 GW_PATH = "config/crd/standard/gateway.networking.k8s.io_{}.yaml"
@@ -34,10 +41,17 @@ GW_KINDS = ["gateways", "httproutes"]
 SOURCES = [
     # Envoy Gateway v1.8.3 bundles Gateway API v1.5.1 (its gatewayapi-crds.yaml says so), v1.9.0
     # bundles v1.6.1: each is checked against the Gateway API it ships with (standard channel).
-    ("envoy-gateway-v1.8.3", "envoyproxy/gateway", "v1.8.3", [EG_PATH.format(k) for k in EG_KINDS]),
-    ("envoy-gateway-v1.9.0", "envoyproxy/gateway", "v1.9.0", [EG_PATH.format(k) for k in EG_KINDS]),
-    ("gateway-api-v1.5.1", "kubernetes-sigs/gateway-api", "v1.5.1", [GW_PATH.format(k) for k in GW_KINDS]),
-    ("gateway-api-v1.6.1", "kubernetes-sigs/gateway-api", "v1.6.1", [GW_PATH.format(k) for k in GW_KINDS]),
+    (SCHEMAS, "envoy-gateway-v1.8.3", "envoyproxy/gateway", "v1.8.3", [EG_PATH.format(k) for k in EG_KINDS], None),
+    (SCHEMAS, "envoy-gateway-v1.9.0", "envoyproxy/gateway", "v1.9.0", [EG_PATH.format(k) for k in EG_KINDS], None),
+    (SCHEMAS, "gateway-api-v1.5.1", "kubernetes-sigs/gateway-api", "v1.5.1", [GW_PATH.format(k) for k in GW_KINDS], None),
+    (SCHEMAS, "gateway-api-v1.6.1", "kubernetes-sigs/gateway-api", "v1.6.1", [GW_PATH.format(k) for k in GW_KINDS], None),
+    # The DynamoGraphDeployment CRD of Dynamo 1.6.1 could not be had where this was written (no
+    # route to github.com, the repository too large to mirror whole, no 1.6.1 source on PyPI): the
+    # newest whole copy reachable was this main commit, whose Cargo.toml still says 1.5.0.
+    (DYNAMO_SCHEMAS, "dynamo-main-2026-08-21", "ai-dynamo/dynamo", "2a6da14c83617f5412caba5777dbf0e2399e9c5f",
+     ["deploy/operator/config/crd/bases/nvidia.com_dynamographdeployments.yaml"],
+     "main before the 1.6 release (version 1.5.0 in its Cargo.toml), standing in for the 1.6.1 tag's "
+     "file, which could not be fetched here"),
 ]
 
 # Keys of a schema node whose values are schema nodes (or maps/lists of them).
@@ -66,19 +80,32 @@ def strip(node):
     return out
 
 
-def extract(git_dir, repo, tag, path):
-    commit = subprocess.run(["git", "-C", git_dir, "rev-parse", tag + "^{commit}"], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    text = subprocess.run(["git", "-C", git_dir, "show", f"{commit}:{path}"], check=True,
+def git(clone, *args):
+    """The output of `git args` in `clone`, a work tree or a (bare) git directory."""
+    git_dir = pathlib.Path(clone) / ".git"
+    git_dir = git_dir if git_dir.exists() else pathlib.Path(clone)
+    return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True,
                           capture_output=True, text=True).stdout
+
+
+def extract(clone, repo, ref, path, why=None):
+    """The kept structure of the CRD at `path` in `ref` (a tag, or a commit) of `clone`."""
+    commit = git(clone, "rev-parse", "--verify", ref + "^{commit}").strip()
+    text = git(clone, "show", f"{commit}:{path}")
     docs = [d for d in yaml.safe_load_all(text) if d]
     if len(docs) != 1 or docs[0].get("kind") != "CustomResourceDefinition":
-        sys.exit(f"extract: {repo}@{tag}:{path} is not one CustomResourceDefinition")
+        sys.exit(f"extract: {repo}@{ref}:{path} is not one CustomResourceDefinition")
     crd = docs[0]
     spec = crd["spec"]
+    note = "structure only: descriptions stripped by tests/envoy-gateway/extract.py"
+    if commit.startswith(ref.lower()):
+        # A plain commit: its date says how old it is, the note why it was taken.
+        source = {"repository": repo, "commit": commit, "date": git(clone, "show", "-s", "--format=%cs", commit).strip(),
+                  "path": path, "note": f"{note}; {why}" if why else note}
+    else:
+        source = {"repository": repo, "tag": ref, "commit": commit, "path": path, "note": note}
     return {
-        "source": {"repository": repo, "tag": tag, "commit": commit, "path": path,
-                   "note": "structure only: descriptions stripped by tests/envoy-gateway/extract.py"},
+        "source": source,
         "group": spec["group"],
         "kind": spec["names"]["kind"],
         "versions": {v["name"]: strip(v["schema"]["openAPIV3Schema"]) for v in spec["versions"]
@@ -88,24 +115,33 @@ def extract(git_dir, repo, tag, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envoy-gateway", required=True, help="a clone of envoyproxy/gateway (its tags)")
-    parser.add_argument("--gateway-api", required=True, help="a clone of kubernetes-sigs/gateway-api")
+    parser.add_argument("--envoy-gateway", help="a clone of envoyproxy/gateway (its tags)")
+    parser.add_argument("--gateway-api", help="a clone of kubernetes-sigs/gateway-api (its tags)")
+    parser.add_argument("--dynamo", help="a clone or git directory of ai-dynamo/dynamo holding the commit")
     parser.add_argument("--refresh", action="store_true", help="write the files (default: compare)")
     args = parser.parse_args()
-    clones = {"envoyproxy/gateway": args.envoy_gateway, "kubernetes-sigs/gateway-api": args.gateway_api}
+    clones = {"envoyproxy/gateway": args.envoy_gateway, "kubernetes-sigs/gateway-api": args.gateway_api,
+              "ai-dynamo/dynamo": args.dynamo}
+    if not any(clones.values()):
+        parser.error("give at least one of --envoy-gateway, --gateway-api, --dynamo")
     stale = 0
-    for folder, repo, tag, paths in SOURCES:
+    for schemas, folder, repo, ref, paths, why in SOURCES:
+        if not clones[repo]:
+            continue
         for path in paths:
-            data = extract(clones[repo], repo, tag, path)
-            out = SCHEMAS / folder / (data["kind"] + ".json")
+            data = extract(clones[repo], repo, ref, path, why)
+            out = schemas / folder / (data["kind"] + ".json")
+            shown = out.relative_to(TESTS)
             text = json.dumps(data, indent=1, sort_keys=True) + "\n"
             if args.refresh:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(text)
-                print(f"extract: {out.relative_to(HERE)} ({len(text)} bytes) from {repo}@{tag}:{path}")
+                print(f"extract: {shown} ({len(text)} bytes) from {repo}@{ref}:{path}")
             elif not out.exists() or out.read_text() != text:
-                print(f"extract: {out.relative_to(HERE)} differs from {repo}@{tag}:{path}")
+                print(f"extract: {shown} differs from {repo}@{ref}:{path}")
                 stale += 1
+            else:
+                print(f"extract: {shown} is what {repo}@{ref}:{path} gives")
     return 1 if stale else 0
 
 
