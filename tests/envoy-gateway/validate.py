@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
-"""Validates the custom resources under examples/envoy-gateway/ (and any files given) against the
-CRD structures in tests/envoy-gateway/schemas/ (extract.py), offline, the way the API server
-would on create:
+"""Validates the custom resources of a suite's examples (and any files given) against the CRD
+structures kept in the suite's folder (extract.py), offline, the way the API server would on
+create. Two suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
+default) and `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/).
 
 1. the CRD's defaults are applied;
 2. the OpenAPI schema is checked with `jsonschema` (PyPI), strict: a field the CRD does not
    declare is refused (structural schemas prune it; an operator's typo would be lost silently);
 3. the CEL rules (`x-kubernetes-validations`) on every node the document reaches are evaluated
-   with `cel-python` (PyPI, `celpy`). Transition rules (`oldSelf`) do not apply on create. A rule
-   that calls a function of Kubernetes' CEL library that celpy does not have cannot be checked:
-   such rules are printed, and the set must equal tests/envoy-gateway/unchecked.txt, so a new
-   one cannot go unnoticed.
+   with `cel-python` (PyPI, `celpy`), given the functions of Kubernetes' CEL string library
+   that the kept rules call (lowerAscii, upperAscii, split). Transition rules (`oldSelf`) do not
+   apply on create, except those marked `optionalOldSelf`, where `oldSelf` is an empty optional.
+   A rule that calls a function celpy does not have cannot be checked: such rules are printed,
+   and the set must equal the suite's unchecked.txt, so a new one cannot go unnoticed;
+4. lists typed `x-kubernetes-list-type: map` or `set` must not repeat a key or an item.
 
-Each document is checked against every release in RELEASES; all must accept it.
+Each document is checked against every release of its suite; all must accept it.
 
-    python3 tests/envoy-gateway/validate.py [FILE.yaml ...]      # default examples/envoy-gateway/*.yaml
-    python3 tests/envoy-gateway/validate.py --self-test          # broken copies must be refused
+    python3 tests/envoy-gateway/validate.py [--suite NAME] [FILE.yaml ...]  # default: the suite's examples
+    python3 tests/envoy-gateway/validate.py [--suite NAME] --self-test      # broken copies must be refused
 
 Exit status 0 only if every document passes against every release.
 """
@@ -24,23 +27,33 @@ import copy
 import json
 import pathlib
 import re
+import string
 import sys
 
 import celpy
+import celpy.celtypes
 import celpy.evaluation
 import jsonschema
 import yaml
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SCHEMAS = HERE / "schemas"
-UNCHECKED = HERE / "unchecked.txt"
 
-# Each Envoy Gateway release with the Gateway API release it bundles.
-RELEASES = [
-    ("Envoy Gateway v1.8.3 + Gateway API v1.5.1", ["envoy-gateway-v1.8.3", "gateway-api-v1.5.1"]),
-    ("Envoy Gateway v1.9.0 + Gateway API v1.6.1", ["envoy-gateway-v1.9.0", "gateway-api-v1.6.1"]),
-]
+
+class Suite:
+    """Examples under examples/<name>/, their CRDs kept in tests/<name>/schemas/<folder>/."""
+
+    def __init__(self, name, releases, cases):
+        self.name = name
+        self.home = ROOT / "tests" / name
+        self.schemas = self.home / "schemas"
+        self.unchecked = self.home / "unchecked.txt"
+        self.examples = ROOT / "examples" / name
+        self.releases = releases  # [(what, [schema folders])]: each must accept every document
+        self.cases = cases  # cases(mutated) -> [(what it breaks, broken document)]
+
+    def say(self, line):
+        print(f"{self.name}: {line}")
 
 # metadata is `type: object` in a CRD; the API server checks it as an ObjectMeta. The fields an
 # example may set, strictly.
@@ -111,6 +124,24 @@ def apply_defaults(node, value):
             apply_defaults(node["items"], item)
 
 
+def ascii_case(upper):
+    """Kubernetes' lowerAscii() / upperAscii(): only the ASCII letters change case."""
+    lower, upper_ = string.ascii_lowercase, string.ascii_uppercase
+    table = str.maketrans(lower, upper_) if upper else str.maketrans(upper_, lower)
+    return lambda text: celpy.celtypes.StringType(str(text).translate(table))
+
+
+def split(text, separator, limit=-1):
+    """Kubernetes' split(): all the parts for a negative limit, none for 0, at most `limit` else."""
+    limit = int(limit)
+    parts = [] if limit == 0 else str(text).split(str(separator), -1 if limit < 0 else limit - 1)
+    return celpy.celtypes.ListType([celpy.celtypes.StringType(part) for part in parts])
+
+
+# The functions of Kubernetes' CEL string library that rules of the kept CRDs call.
+KUBERNETES_FUNCTIONS = {"lowerAscii": ascii_case(False), "upperAscii": ascii_case(True), "split": split}
+
+
 class Rules:
     """The CEL rules reached by the documents: evaluated, failed, or not checkable with celpy."""
 
@@ -122,17 +153,24 @@ class Rules:
 
     def program(self, rule):
         if rule not in self.programs:
-            self.programs[rule] = self.env.program(self.env.compile(rule))
+            self.programs[rule] = self.env.program(self.env.compile(rule), functions=KUBERNETES_FUNCTIONS)
         return self.programs[rule]
 
     def walk(self, kind, node, value, path, errors):
-        """Evaluates every rule of `node` and its children on `value`; appends failures to `errors`."""
+        """Evaluates every rule of `node` and its children on `value`, and the uniqueness of list
+        keys; appends failures to `errors`."""
         for validation in node.get("x-kubernetes-validations", []):
-            rule = validation["rule"]
-            if re.search(r"\boldSelf\b", rule):
+            rule = text = validation["rule"]
+            if validation.get("optionalOldSelf"):
+                # Applies on create too, with oldSelf an empty optional (which celpy lacks).
+                text = re.sub(r"\boldSelf\.hasValue\(\)", "false", rule)
+                if re.search(r"\boldSelf\b", text):
+                    self.unchecked.add((kind, schema_path(path), rule, "celpy has no optional types"))
+                    continue
+            elif re.search(r"\boldSelf\b", rule):
                 continue  # a transition rule: no old object on create
             try:
-                result = self.program(rule).evaluate({"self": celpy.json_to_cel(value)})
+                result = self.program(text).evaluate({"self": celpy.json_to_cel(value)})
             except celpy.CELEvalError as error:
                 result = error
             if isinstance(result, celpy.CELEvalError):
@@ -155,6 +193,16 @@ class Rules:
                 elif isinstance(node.get("additionalProperties"), dict):
                     self.walk(kind, node["additionalProperties"], child, f"{path}[{name!r}]", errors)
         elif isinstance(value, list) and isinstance(node.get("items"), dict):
+            list_type = node.get("x-kubernetes-list-type")
+            if list_type in ("map", "set"):
+                keys = node.get("x-kubernetes-list-map-keys", [])
+                seen = set()
+                for index, item in enumerate(value):
+                    key = json.dumps([item.get(k) for k in keys] if list_type == "map" and isinstance(item, dict)
+                                     else item, sort_keys=True)
+                    if key in seen:
+                        errors.append(f"{path}[{index}]: duplicate {'key ' + ', '.join(keys) if list_type == 'map' else 'item'} {key} in a list of type {list_type}")
+                    seen.add(key)
             for index, item in enumerate(value):
                 self.walk(kind, node["items"], item, f"{path}[{index}]", errors)
         for key in ("allOf", "anyOf", "oneOf"):
@@ -168,10 +216,10 @@ def schema_path(path):
     return re.sub(r"\[\d+\]", "[]", path)
 
 
-def load_release(folders):
+def load_release(suite, folders):
     crds = {}
     for folder in folders:
-        for file in sorted((SCHEMAS / folder).glob("*.json")):
+        for file in sorted((suite.schemas / folder).glob("*.json")):
             data = json.loads(file.read_text())
             for version, schema in data["versions"].items():
                 crds[(f"{data['group']}/{version}", data["kind"])] = (schema, data["source"])
@@ -207,23 +255,23 @@ def documents(files):
                 yield f"{shown} #{index + 1} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}", doc
 
 
-def validate(files, quiet=False):
-    """(number of failures, Rules) for `files` against every release."""
+def validate(suite, files, quiet=False):
+    """(number of failures, Rules) for `files` against every release of `suite`."""
     rules = Rules()
     failures = 0
-    for release, folders in RELEASES:
-        crds = load_release(folders)
+    for release, folders in suite.releases:
+        crds = load_release(suite, folders)
         for name, doc in documents(files):
             errors = check_document(doc, crds, rules)
             failures += bool(errors)
             if not quiet:
-                print(f"envoy-gateway: {'FAIL' if errors else 'ok  '} {name} against {release}")
+                suite.say(f"{'FAIL' if errors else 'ok  '} {name} against {release}")
             for error in errors:
-                print(f"envoy-gateway:   {error}")
+                suite.say(f"  {error}")
     return failures, rules
 
 
-def self_test(files):
+def self_test(suite, files):
     """Broken copies of the examples must be refused: each mutation names what it breaks."""
     docs = [doc for _, doc in documents(files)]
     by_kind = {doc["kind"]: doc for doc in docs}
@@ -233,7 +281,18 @@ def self_test(files):
         change(doc)
         return doc
 
-    cases = [
+    missed = 0
+    for release, folders in suite.releases:
+        crds = load_release(suite, folders)
+        for what, doc in suite.cases(mutated):
+            errors = check_document(doc, crds, Rules())
+            suite.say(f"self-test {'ok  ' if errors else 'MISS'} {what} ({release}): {errors[0] if errors else 'accepted'}")
+            missed += not errors
+    return missed
+
+
+def envoy_gateway_cases(mutated):
+    return [
         ("an unknown field in spec", mutated("ClientTrafficPolicy", lambda d: d["spec"].update(bufferLimit="33Mi"))),
         ("an unknown field deep down", mutated("EnvoyProxy", lambda d: d["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].update(volumeMount=[]))),
         ("a string where an integer goes", mutated("BackendTrafficPolicy", lambda d: d["spec"]["circuitBreaker"].update(maxConnections="many"))),
@@ -244,23 +303,58 @@ def self_test(files):
         ("a missing required field", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("name"))),
         ("a bad metadata name", mutated("Gateway", lambda d: d["metadata"].update(name="Dynamo_Gateway"))),
     ]
-    missed = 0
-    for release, folders in RELEASES:
-        crds = load_release(folders)
-        for what, doc in cases:
-            errors = check_document(doc, crds, Rules())
-            print(f"envoy-gateway: self-test {'ok  ' if errors else 'MISS'} {what} ({release}): {errors[0] if errors else 'accepted'}")
-            missed += not errors
-    return missed
 
 
-# CEL functions and macros celpy evaluates (its standard library); a rule calling anything else
-# (Kubernetes' extensions: split, upperAscii, isURL, quantity, ...) cannot be checked here.
-CELPY_FUNCTIONS = set(celpy.evaluation.base_functions) | {
+def dynamo_operator_cases(mutated):
+    def frontend(doc):
+        return next(c for c in doc["spec"]["components"] if c.get("type") == "frontend")
+
+    def containers(doc):
+        return frontend(doc)["podTemplate"]["spec"]["containers"]
+
+    def sidecar(doc):
+        return next(c for c in containers(doc) if c["name"] == "bypass-marker")
+
+    def rename(mapping, old, new):
+        mapping[new] = mapping.pop(old)
+
+    dgd = "DynamoGraphDeployment"
+    return [
+        ("a misspelled field of a component", mutated(dgd, lambda d: rename(frontend(d), "replicas", "replica"))),
+        ("a misspelled field of the sidecar", mutated(dgd, lambda d: rename(sidecar(d), "readinessProbe", "readynessProbe"))),
+        ("a component without name", mutated(dgd, lambda d: frontend(d).pop("name"))),
+        ("a component type outside the enum", mutated(dgd, lambda d: frontend(d).update(type="router"))),
+        ("a string where an integer goes", mutated(dgd, lambda d: frontend(d).update(replicas="one"))),
+        ("a port without containerPort", mutated(dgd, lambda d: sidecar(d)["ports"][0].pop("containerPort"))),
+        ("a component name against its pattern", mutated(dgd, lambda d: frontend(d).update(name="front_end"))),
+        ("a CEL rule: a sidecar without image", mutated(dgd, lambda d: sidecar(d).pop("image"))),
+        ("a CEL rule: component names equal but for case", mutated(dgd, lambda d: d["spec"]["components"][1].update(name="FRONTEND"))),
+        ("a CEL rule: restart set on create", mutated(dgd, lambda d: d["spec"].update(restart={"id": "now"}))),
+        ("a list map: two containers named alike", mutated(dgd, lambda d: containers(d).append(copy.deepcopy(sidecar(d))))),
+        ("a bad metadata name", mutated(dgd, lambda d: d["metadata"].update(name="vllm_agg"))),
+    ]
+
+
+SUITES = {suite.name: suite for suite in [
+    # Each Envoy Gateway release with the Gateway API release it bundles.
+    Suite("envoy-gateway", [
+        ("Envoy Gateway v1.8.3 + Gateway API v1.5.1", ["envoy-gateway-v1.8.3", "gateway-api-v1.5.1"]),
+        ("Envoy Gateway v1.9.0 + Gateway API v1.6.1", ["envoy-gateway-v1.9.0", "gateway-api-v1.6.1"]),
+    ], envoy_gateway_cases),
+    # Dynamo 1.6.1's CRD could not be had here: main of 2026-08-21 (1.5.0) stands in (extract.py).
+    Suite("dynamo-operator", [
+        ("the Dynamo operator CRD of ai-dynamo/dynamo main 2026-08-21", ["dynamo-main-2026-08-21"]),
+    ], dynamo_operator_cases),
+]}
+
+
+# CEL functions and macros celpy evaluates (its standard library and the Kubernetes functions
+# given above); a rule calling anything else (isURL, quantity, ...) cannot be checked here.
+CELPY_FUNCTIONS = set(celpy.evaluation.base_functions) | set(KUBERNETES_FUNCTIONS) | {
     "has", "all", "exists", "exists_one", "map", "filter"}
 
 
-def unsupported_rules():
+def unsupported_rules(suite):
     """Every CEL rule in the kept CRDs that calls a function celpy lacks: `release kind path rule`."""
     found = set()
 
@@ -269,10 +363,14 @@ def unsupported_rules():
             return
         for validation in node.get("x-kubernetes-validations", []):
             rule = validation["rule"]
-            calls = set(re.findall(r"([A-Za-z_]\w*)\s*\(", re.sub(r"'[^']*'|\"[^\"]*\"", "", rule)))
+            # As Rules.walk evaluates it: an empty optional's hasValue() is false.
+            text = re.sub(r"\boldSelf\.hasValue\(\)", "false", rule) if validation.get("optionalOldSelf") else rule
+            calls = set(re.findall(r"([A-Za-z_]\w*)\s*\(", re.sub(r"'[^']*'|\"[^\"]*\"", "", text)))
             missing = sorted(calls - CELPY_FUNCTIONS)
             if missing:
                 found.add(f"{where}\t{path}\t{rule.strip()}\tcelpy has no {', '.join(missing)}")
+            elif validation.get("optionalOldSelf") and re.search(r"\boldSelf\b", text):
+                found.add(f"{where}\t{path}\t{rule.strip()}\tcelpy has no optional types")
         for name, child in node.get("properties", {}).items():
             walk(child, f"{path}.{name}", where)
         for key in ("items", "additionalProperties"):
@@ -282,8 +380,8 @@ def unsupported_rules():
             for sub in node.get(key, []):
                 walk(sub, path, where)
 
-    for folder in sorted(p.name for p in SCHEMAS.iterdir() if p.is_dir()):
-        for file in sorted((SCHEMAS / folder).glob("*.json")):
+    for folder in sorted(p.name for p in suite.schemas.iterdir() if p.is_dir()):
+        for file in sorted((suite.schemas / folder).glob("*.json")):
             data = json.loads(file.read_text())
             for version, schema in data["versions"].items():
                 walk(schema, data["kind"], f"{folder}\t{version}")
@@ -291,29 +389,39 @@ def unsupported_rules():
 
 
 def main(argv):
+    argv = list(argv)
+    name = "envoy-gateway"
+    if "--suite" in argv:
+        at = argv.index("--suite")
+        name = argv[at + 1] if at + 1 < len(argv) else ""
+        del argv[at:at + 2]
+    if name not in SUITES:
+        sys.exit(f"validate.py: --suite must be one of {', '.join(SUITES)}")
+    suite = SUITES[name]
     args = [a for a in argv if not a.startswith("--")]
-    files = args or sorted(str(p) for p in (ROOT / "examples" / "envoy-gateway").glob("*.yaml"))
+    files = args or sorted(str(p) for p in suite.examples.glob("*.yaml"))
+    unchecked = suite.unchecked.relative_to(ROOT)
     if "--self-test" in argv:
-        missed = self_test(files)
-        print(f"envoy-gateway: self-test: {missed} broken documents accepted")
+        missed = self_test(suite, files)
+        suite.say(f"self-test: {missed} broken documents accepted")
         return 1 if missed else 0
     if "--write-unchecked" in argv:
-        UNCHECKED.write_text("# The CEL rules of the kept CRDs that celpy cannot evaluate (validate.py --write-unchecked):\n"
-                             "# folder\tversion\tpath\trule\treason. None is reached by examples/envoy-gateway/.\n"
-                             + "".join(line + "\n" for line in unsupported_rules()))
+        suite.unchecked.write_text("# The CEL rules of the kept CRDs that celpy cannot evaluate (validate.py --write-unchecked):\n"
+                                   f"# folder\tversion\tpath\trule\treason. None is reached by examples/{suite.name}/.\n"
+                                   + "".join(line + "\n" for line in unsupported_rules(suite)))
         return 0
-    failures, rules = validate(files)
+    failures, rules = validate(suite, files)
     stale = False
-    listed = [l for l in UNCHECKED.read_text().splitlines() if l and not l.startswith("#")]
-    if listed != unsupported_rules():
-        print(f"envoy-gateway: {UNCHECKED.relative_to(ROOT)} is not the list of the kept CRDs' rules celpy "
-              "cannot evaluate: run validate.py --write-unchecked and read the new ones")
+    listed = [l for l in suite.unchecked.read_text().splitlines() if l and not l.startswith("#")]
+    if listed != unsupported_rules(suite):
+        suite.say(f"{unchecked} is not the list of the kept CRDs' rules celpy cannot evaluate: "
+                  f"run validate.py --suite {suite.name} --write-unchecked and read the new ones")
         stale = True
     for kind, path, rule, reason in sorted(rules.unchecked):
-        print(f"envoy-gateway: REACHED, NOT CHECKED ({reason}): {kind} {path}: {rule}")
-    print(f"envoy-gateway: {failures} documents refused, {rules.checked} CEL rule evaluations passed, "
-          f"{len(rules.unchecked)} rules reached but not checked; {len(listed)} rules of the kept CRDs "
-          f"celpy cannot evaluate ({UNCHECKED.relative_to(ROOT)}), none reached unless listed above")
+        suite.say(f"REACHED, NOT CHECKED ({reason}): {kind} {path}: {rule}")
+    suite.say(f"{failures} documents refused, {rules.checked} CEL rule evaluations passed, "
+              f"{len(rules.unchecked)} rules reached but not checked; {len(listed)} rules of the kept CRDs "
+              f"celpy cannot evaluate ({unchecked}), none reached unless listed above")
     # A rule the examples reach must be checked: one that cannot be is a failure to look at.
     return 1 if failures or stale or rules.unchecked else 0
 

@@ -5,7 +5,10 @@
 # unknown fields refused, CEL rules evaluated (validate.py says how). Then checks that broken
 # copies of the examples are refused (validate.py --self-test).
 #
-#   bash tests/envoy-gateway/validate.sh
+#   bash tests/envoy-gateway/validate.sh [SUITE ...]
+#
+# SUITE is a suite of validate.py: envoy-gateway (the default) or dynamo-operator (the
+# DynamoGraphDeployment example; tests/dynamo-operator/validate.sh runs it, and more).
 #
 # Installs jsonschema and cel-python from PyPI into a venv under $EG_CACHE (default
 # ~/.cache/tower-bypass-marker-envoy-gateway), kept across runs. Environment: EG_CACHE, PYTHON.
@@ -24,5 +27,7 @@ if [[ ! -f "$venv/complete" ]]; then
   touch "$venv/complete"
 fi
 
-"$venv/bin/python" tests/envoy-gateway/validate.py
-"$venv/bin/python" tests/envoy-gateway/validate.py --self-test
+for suite in "${@:-envoy-gateway}"; do
+  "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite"
+  "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite" --self-test
+done
