@@ -13,7 +13,9 @@ default) and `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator
    apply on create, except those marked `optionalOldSelf`, where `oldSelf` is an empty optional.
    A rule that calls a function celpy does not have cannot be checked: such rules are printed,
    and the set must equal the suite's unchecked.txt, so a new one cannot go unnoticed;
-4. lists typed `x-kubernetes-list-type: map` or `set` must not repeat a key or an item.
+4. lists typed `x-kubernetes-list-type: map` or `set` must not repeat a key or an item;
+5. for dynamo-operator, the proxy container must be the one of examples/k8s/dynamo-frontend.yaml,
+   setting for setting, so the two examples cannot drift apart.
 
 Each document is checked against every release of its suite; all must accept it.
 
@@ -43,7 +45,7 @@ ROOT = HERE.parent.parent
 class Suite:
     """Examples under examples/<name>/, their CRDs kept in tests/<name>/schemas/<folder>/."""
 
-    def __init__(self, name, releases, cases):
+    def __init__(self, name, releases, cases, agree=lambda: []):
         self.name = name
         self.home = ROOT / "tests" / name
         self.schemas = self.home / "schemas"
@@ -51,6 +53,7 @@ class Suite:
         self.examples = ROOT / "examples" / name
         self.releases = releases  # [(what, [schema folders])]: each must accept every document
         self.cases = cases  # cases(mutated) -> [(what it breaks, broken document)]
+        self.agree = agree  # agree() -> [how the examples disagree with another example]
 
     def say(self, line):
         print(f"{self.name}: {line}")
@@ -335,6 +338,37 @@ def dynamo_operator_cases(mutated):
     ]
 
 
+def proxy_containers(file):
+    """The `bypass-marker` containers of the pod templates in `file`: {where: container}."""
+    found = {}
+    for index, doc in enumerate(yaml.safe_load_all(file.read_text())):
+        spec = (doc or {}).get("spec", {})
+        templates = [("", spec.get("template", {}))] + [
+            (f" component {c.get('name')}", c.get("podTemplate", {})) for c in spec.get("components", [])]
+        for where, template in templates:
+            for container in template.get("spec", {}).get("containers", []):
+                if container.get("name") == "bypass-marker":
+                    found[f"{file.relative_to(ROOT)} #{index + 1}{where}"] = container
+    return found
+
+
+def dynamo_operator_agrees():
+    """The proxy beside the operator's frontend is the one of the plain Deployment, setting for setting."""
+    plain = proxy_containers(ROOT / "examples" / "k8s" / "dynamo-frontend.yaml")
+    if len(plain) != 1:
+        return [f"examples/k8s/dynamo-frontend.yaml has {len(plain)} bypass-marker containers, not one"]
+    (plain_where, plain_container), = plain.items()
+    found = {}
+    for file in sorted((ROOT / "examples" / "dynamo-operator").glob("*.yaml")):
+        found.update(proxy_containers(file))
+    problems = [] if found else ["no bypass-marker container in examples/dynamo-operator/"]
+    for where, container in found.items():
+        for key in sorted(set(container) | set(plain_container)):
+            if container.get(key) != plain_container.get(key):
+                problems.append(f"{where}: bypass-marker's {key} differs from {plain_where}'s")
+    return problems
+
+
 SUITES = {suite.name: suite for suite in [
     # Each Envoy Gateway release with the Gateway API release it bundles.
     Suite("envoy-gateway", [
@@ -344,7 +378,7 @@ SUITES = {suite.name: suite for suite in [
     # Dynamo 1.6.1's CRD could not be had here: main of 2026-08-21 (1.5.0) stands in (extract.py).
     Suite("dynamo-operator", [
         ("the Dynamo operator CRD of ai-dynamo/dynamo main 2026-08-21", ["dynamo-main-2026-08-21"]),
-    ], dynamo_operator_cases),
+    ], dynamo_operator_cases, dynamo_operator_agrees),
 ]}
 
 
@@ -411,6 +445,9 @@ def main(argv):
                                    + "".join(line + "\n" for line in unsupported_rules(suite)))
         return 0
     failures, rules = validate(suite, files)
+    for problem in suite.agree():
+        suite.say(f"DISAGREES {problem}")
+        failures += 1
     stale = False
     listed = [l for l in suite.unchecked.read_text().splitlines() if l and not l.startswith("#")]
     if listed != unsupported_rules(suite):
