@@ -2,7 +2,8 @@
 # Checks every manifest under examples/k8s/ against the Kubernetes schemas, offline, with
 # kubernetes-validate from PyPI (its schemas ship in the wheel), strict: unknown fields fail.
 # Installs it into a venv under $K8S_CACHE (default ~/.cache/tower-bypass-marker-k8s), kept across
-# runs. Custom resources (examples/envoy-gateway/) are checked by tests/envoy-gateway/validate.sh.
+# runs. Custom resources are checked by tests/envoy-gateway/validate.sh (examples/envoy-gateway/)
+# and tests/dynamo-operator/validate.sh (examples/dynamo-operator/).
 #
 #   bash tests/k8s/validate.sh
 #
