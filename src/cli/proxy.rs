@@ -176,8 +176,14 @@ where
         std::thread::Builder::new()
             .name(format!("bypass-marker-{i}"))
             .spawn(move || {
+                let (wait, waits) = (config.read_coalesce, metrics.clone());
                 let served = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
+                    .on_thread_park(move || {
+                        if crate::cli::client::before_park(wait) {
+                            waits.read_coalesce_wait();
+                        }
+                    })
                     .build()
                     .and_then(|runtime| {
                         runtime.block_on(async move {

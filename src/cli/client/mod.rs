@@ -63,6 +63,7 @@ pub use body::UpstreamResponseBody;
 use connection::{Connection, Upload};
 use head::Framing;
 use pool::Pool;
+pub(crate) use reading::before_park;
 use reading::Reading;
 use request::{request_head, send_body, write_all};
 
