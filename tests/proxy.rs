@@ -2226,7 +2226,8 @@ async fn coalesce_waits(metrics: &proxy::Metrics, expected: u64) -> u64 {
 }
 
 /// `--read-coalesce`: a serving thread waits before it sleeps only after a read found an
-/// upstream writing faster than it was read (several chunks in one read); a stream whose
+/// upstream writing faster than it was read (several chunks in a read that emptied the
+/// socket); a stream whose
 /// events each come alone never makes it wait, and `0` turns the wait off. Every stream arrives
 /// whole either way.
 #[tokio::test]

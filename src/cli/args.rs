@@ -384,10 +384,10 @@ pub struct ProxyArgs {
         env = "BYPASS_MARKER_THREADS"
     )]
     pub threads: NonZeroUsize,
-    /// Microseconds a serving thread waits before it sleeps on its sockets when its last turn
-    /// read two upstreams or more (0: never; at most 1000): streams that arrive back to back are
-    /// then read several events a read, for less CPU per event. A thread that reads one stream
-    /// at a time never waits.
+    /// Microseconds a serving thread waits before it sleeps on its sockets once a read found an
+    /// upstream writing events faster than the thread reads them (several chunks in a read that
+    /// emptied the socket); 0: never, at most 1000. The reads after the wait bring many events
+    /// each, for less CPU per event. Events that each arrive alone never make it wait.
     #[arg(long, value_name = "MICROS", value_parser = micros, default_value = "50", env = "BYPASS_MARKER_READ_COALESCE")]
     pub read_coalesce: Duration,
 }

@@ -150,7 +150,7 @@ impl UpstreamResponseBody {
             }
             Kind::Chunked(decoder) => {
                 let decoded = decoder.decode(&mut self.read.buf).map_err(invalid)?;
-                if decoded.chunks > 1 {
+                if decoded.chunks > 1 && !self.read.filled {
                     super::reading::note_burst();
                 }
                 let done = decoder.is_done();

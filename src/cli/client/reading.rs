@@ -22,6 +22,8 @@ pub(super) const READ_MAX: usize = 64 * 1024;
 pub(super) struct Reading {
     pub(super) buf: BytesMut,
     size: usize,
+    /// The last read filled the room it was given: the socket may hold more.
+    pub(super) filled: bool,
 }
 
 impl Default for Reading {
@@ -29,6 +31,7 @@ impl Default for Reading {
         Self {
             buf: BytesMut::new(),
             size: READ_MIN,
+            filled: false,
         }
     }
 }
@@ -53,8 +56,8 @@ impl Reading {
         }
         let room = self.buf.capacity() - self.buf.len();
         let n = ready!(std::pin::pin!(io.read_buf(&mut self.buf)).poll(cx))?;
-        if n == room {
-            note_burst();
+        self.filled = n == room;
+        if self.filled {
             self.size = (self.size * 2).min(READ_MAX);
         } else if n < self.size / 8 {
             self.size = (self.size / 2).max(READ_MIN);
@@ -69,8 +72,9 @@ thread_local! {
     static BURST: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Records that a read found an upstream writing faster than it is read: two chunks or more in
-/// one read, or a read that filled its room.
+/// Records that a read found an upstream writing faster than it is read, in small pieces: two
+/// chunks or more in a read that drained the socket. (A read that fills its room is as large as
+/// reads get: waiting would not make it larger.)
 pub(super) fn note_burst() {
     BURST.with(|burst| burst.set(true));
 }
