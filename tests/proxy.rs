@@ -2141,3 +2141,141 @@ async fn a_write_timed_out_client_is_reset_and_its_send_buffer_freed_at_once() {
     let err = end.expect_err("a reset, not a clean end");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
 }
+
+/// Serves `args` on one thread of its own, as the binary does (`serve_threads`, where
+/// `--read-coalesce` applies), in front of `upstream`; returns its address, its metrics and the
+/// sender that stops it.
+async fn start_threaded(
+    upstream: SocketAddr,
+    args: &[&str],
+) -> (SocketAddr, Arc<proxy::Metrics>, oneshot::Sender<()>) {
+    let upstream = format!("http://{upstream}");
+    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", &upstream];
+    all.extend_from_slice(args);
+    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
+    let metrics = proxy::proxy::metrics_for(&config).unwrap();
+    let listeners = proxy::bind_each(config.listen, config.backlog, 1).unwrap();
+    let addr = listeners[0].local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let stopped = Arc::new(tokio::sync::Mutex::new(Some(stopped)));
+    tokio::spawn(proxy::serve_threads(
+        listeners,
+        config,
+        metrics.clone(),
+        move || {
+            let stopped = stopped.clone();
+            async move {
+                if let Some(stopped) = stopped.lock().await.take() {
+                    let _ = stopped.await;
+                }
+            }
+        },
+    ));
+    (addr, metrics, stop)
+}
+
+/// An upstream that answers every request with `events` SSE events of its own chunk each:
+/// all in one write (`gap` zero: it writes faster than anyone reads), or each in a write of its
+/// own, `gap` apart.
+async fn chunked_events_upstream(events: usize, gap: Duration) -> SocketAddr {
+    scripted_upstream(move |mut conn, _| async move {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                    transfer-encoding: chunked\r\n\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        for i in 0..events {
+            let event = format!("data: {i}\n\n");
+            out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+            if !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+                conn.write_all(&out).await.unwrap();
+                out.clear();
+            }
+        }
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        conn.write_all(&out).await.unwrap();
+    })
+    .await
+}
+
+/// The bytes of the stream `chunked_events_upstream` sends, as the client gets them.
+fn events_text(events: usize) -> String {
+    (0..events).map(|i| format!("data: {i}\n\n")).collect()
+}
+
+/// `bypass_marker_read_coalesce_waits_total` once the proxy's thread has had the time to go to
+/// sleep after the response (it waits, if it does, only then): at once when it is at least
+/// `expected`, else after a quarter of a second.
+async fn coalesce_waits(metrics: &proxy::Metrics, expected: u64) -> u64 {
+    let read = || {
+        let text = metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix("bypass_marker_read_coalesce_waits_total "))
+            .unwrap_or_else(|| panic!("no read_coalesce_waits_total in {text}"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    let until = Instant::now() + Duration::from_millis(250);
+    while read() < expected.max(1) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    read()
+}
+
+/// `--read-coalesce`: a serving thread waits before it sleeps only after a read found an
+/// upstream writing faster than it was read (several chunks in a read that emptied the
+/// socket); a stream whose
+/// events each come alone never makes it wait, and `0` turns the wait off. Every stream arrives
+/// whole either way.
+#[tokio::test]
+async fn a_thread_waits_to_coalesce_reads_only_after_an_upstream_outran_it() {
+    let burst = chunked_events_upstream(200, Duration::ZERO).await;
+    let paced = chunked_events_upstream(4, Duration::from_millis(50)).await;
+
+    let (addr, metrics, _stop) = start_threaded(paced, &["--read-coalesce", "50"]).await;
+    let reply = send(
+        http::Request::get(format!("http://{addr}/v1/stream"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.body, events_text(4).as_bytes());
+    assert_eq!(
+        coalesce_waits(&metrics, 0).await,
+        0,
+        "paced events made the thread wait"
+    );
+
+    let (addr, metrics, _stop) = start_threaded(burst, &["--read-coalesce", "50"]).await;
+    let reply = send(
+        http::Request::get(format!("http://{addr}/v1/stream"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.body, events_text(200).as_bytes());
+    assert!(
+        coalesce_waits(&metrics, 1).await >= 1,
+        "a burst did not make the thread wait"
+    );
+
+    let (addr, metrics, _stop) = start_threaded(burst, &["--read-coalesce", "0"]).await;
+    let reply = send(
+        http::Request::get(format!("http://{addr}/v1/stream"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.body, events_text(200).as_bytes());
+    assert_eq!(
+        coalesce_waits(&metrics, 0).await,
+        0,
+        "--read-coalesce 0 waited"
+    );
+}

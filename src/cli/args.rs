@@ -384,6 +384,12 @@ pub struct ProxyArgs {
         env = "BYPASS_MARKER_THREADS"
     )]
     pub threads: NonZeroUsize,
+    /// Microseconds a serving thread waits before it sleeps on its sockets once a read found an
+    /// upstream writing events faster than the thread reads them (several chunks in a read that
+    /// emptied the socket); 0: never, at most 1000. The reads after the wait bring many events
+    /// each, for less CPU per event. Events that each arrive alone never make it wait.
+    #[arg(long, value_name = "MICROS", value_parser = micros, default_value = "50", env = "BYPASS_MARKER_READ_COALESCE")]
+    pub read_coalesce: Duration,
 }
 
 impl ProxyArgs {
@@ -570,6 +576,13 @@ fn secs(value: &str) -> Result<Duration, String> {
 }
 
 /// [`secs`], or `0` for no limit (`Duration::ZERO`).
+fn micros(value: &str) -> Result<Duration, String> {
+    match value.parse::<u64>() {
+        Ok(n) if n <= 1000 => Ok(Duration::from_micros(n)),
+        _ => Err("a whole number of microseconds from 0 to 1000".to_owned()),
+    }
+}
+
 fn secs_or_none(value: &str) -> Result<Duration, String> {
     match value.parse::<f64>() {
         Ok(0.0) => Ok(Duration::ZERO),

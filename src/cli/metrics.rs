@@ -10,6 +10,7 @@
 //! | `bypass_marker_encoded_streams_refused_total` | | event streams in a content coding other than `identity` (which cannot be filtered) answered with a 502 `encoded_event_stream` instead, because something would have been removed for their client; each is also logged at `warn` (the proxy and the processor) |
 //! | `bypass_marker_write_timeouts_total` | | client connections reset because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
+//! | `bypass_marker_read_coalesce_waits_total` | | times a serving thread waited `--read-coalesce` before sleeping on its sockets, because an upstream had written faster than it was read |
 //! | `bypass_marker_request_body_errors_total` | | request bodies that failed on the client's side while being forwarded (malformed, or the client left): a 400, not an upstream error |
 //! | `bypass_marker_request_bytes_held` | | bytes of request bodies the guard holds now, over every request (see `--max-buffered-bytes`) |
 //! | `bypass_marker_request_bytes_budget` | | `--max-buffered-bytes` (or its default) |
@@ -128,6 +129,7 @@ pub struct Metrics {
     upstream_errors: [Counter; 4],
     write_timeouts: Counter,
     upstream_idle_timeouts: Counter,
+    read_coalesce_waits: Counter,
     request_body_errors: Counter,
     streams_active: Gauge<i64, AtomicI64>,
     duration: Histogram,
@@ -242,6 +244,12 @@ impl Metrics {
             "Upstream response bodies cut because no byte came for --upstream-idle-timeout",
             upstream_idle_timeouts.clone(),
         );
+        let read_coalesce_waits = Counter::default();
+        proxy_series.register(
+            "read_coalesce_waits",
+            "Times a serving thread waited --read-coalesce before sleeping, an upstream having written faster than it was read",
+            read_coalesce_waits.clone(),
+        );
         let request_body_errors = Counter::default();
         proxy_series.register(
             "request_body_errors",
@@ -287,6 +295,7 @@ impl Metrics {
             upstream_errors,
             write_timeouts,
             upstream_idle_timeouts,
+            read_coalesce_waits,
             request_body_errors,
             streams_active,
             duration,
@@ -350,6 +359,11 @@ impl Metrics {
     /// An upstream response body was cut for `--upstream-idle-timeout`.
     pub(crate) fn upstream_idle_timeout(&self) {
         self.upstream_idle_timeouts.inc();
+    }
+
+    /// A serving thread waited `--read-coalesce` before sleeping.
+    pub(crate) fn read_coalesce_wait(&self) {
+        self.read_coalesce_waits.inc();
     }
 
     /// A request body failed on the client's side while being forwarded.

@@ -56,6 +56,13 @@
 //!   the address is the process's alone) with its own upstream client and pool, so a stream and
 //!   its upstream connection stay on the thread that accepted it.
 //!   A client that goes away drops the upstream request, so the upstream stops generating.
+//! - **Reads under load** (`--read-coalesce`, 50 µs by default): once a read of an upstream finds
+//!   more than one chunk waiting (the upstream writes faster than the thread reads), the thread
+//!   waits that long before it next sleeps on its sockets, so the reads after it bring many
+//!   events each instead of one wake-up, read and write per event. What a read brings is still
+//!   written before that upstream is read again; a thread whose reads each bring one chunk never
+//!   waits. Only [`serve_threads`] waits: [`serve`] and [`serve_metered`] run on the caller's
+//!   runtime.
 //! - **Slow readers.** A write to a client that makes no progress for `--write-timeout` (the
 //!   client stopped reading) closes its connection abortively (an RST: the kernel frees the
 //!   megabytes of send buffer the client never read at once, instead of holding them behind a
@@ -176,8 +183,14 @@ where
         std::thread::Builder::new()
             .name(format!("bypass-marker-{i}"))
             .spawn(move || {
+                let (wait, waits) = (config.read_coalesce, metrics.clone());
                 let served = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
+                    .on_thread_park(move || {
+                        if crate::cli::client::before_park(wait) {
+                            waits.read_coalesce_wait();
+                        }
+                    })
                     .build()
                     .and_then(|runtime| {
                         runtime.block_on(async move {

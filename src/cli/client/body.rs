@@ -150,6 +150,9 @@ impl UpstreamResponseBody {
             }
             Kind::Chunked(decoder) => {
                 let decoded = decoder.decode(&mut self.read.buf).map_err(invalid)?;
+                if decoded.chunks > 1 && !self.read.filled {
+                    super::reading::note_burst();
+                }
                 let done = decoder.is_done();
                 self.read.buf.advance(decoded.start);
                 let data = self.read.buf.split_to(decoded.end - decoded.start).freeze();

@@ -84,6 +84,8 @@ pub(crate) struct Decoded {
     /// How many bytes of the buffer the coding took: all of them, unless the body ended before
     /// the buffer did (the rest then belongs to no message of this exchange).
     pub(crate) consumed: usize,
+    /// How many chunks' data ended in the buffer.
+    pub(crate) chunks: usize,
 }
 
 /// The decoder of one `chunked` body.
@@ -126,6 +128,7 @@ impl Decoder {
         // Where the data begins, and where the next chunk's data goes.
         let mut start = None;
         let mut write = 0;
+        let mut chunks = 0;
         while read < buf.len() {
             match self.state {
                 State::Data(left) => {
@@ -143,6 +146,7 @@ impl Decoder {
                     read += n;
                     let left = left - n as u64;
                     self.state = if left == 0 {
+                        chunks += 1;
                         State::DataCr
                     } else {
                         State::Data(left)
@@ -160,6 +164,7 @@ impl Decoder {
             start,
             end: write.max(start),
             consumed: read,
+            chunks,
         })
     }
 
@@ -346,6 +351,25 @@ mod tests {
         assert_eq!(&buf[decoded.start..decoded.end], b"hello world");
         assert!(decoder.is_done());
         assert_eq!(decoded.consumed, buf.len());
+        assert_eq!(decoded.chunks, 3, "the last chunk carries no data");
+    }
+
+    /// `chunks` counts the chunks whose data ends in a read (what tells the proxy an upstream
+    /// wrote faster than it was read), not the ones that begin there.
+    #[test]
+    fn chunks_count_the_data_that_ends_in_each_read() {
+        let mut decoder = Decoder::default();
+        let mut counts = Vec::new();
+        for piece in [
+            &b"5\r\nhel"[..],
+            b"lo\r\n3\r\nabc\r\n2\r",
+            b"\nde\r\n",
+            b"0\r\n\r\n",
+        ] {
+            let mut buf = piece.to_vec();
+            counts.push(decoder.decode(&mut buf).unwrap().chunks);
+        }
+        assert_eq!(counts, [0, 2, 1, 0]);
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! - **No frame is held back**: a body yields what each read decoded, at once.
 //! - **A complete frame is written before the next read**: after yielding data the body returns
 //!   `Pending` once (waking itself), so hyper writes before the body reads the socket again.
+//! - **Reads batch under load, not frames**: a read that empties the socket and finds several
+//!   chunks in it marks the thread, which then waits `--read-coalesce` before it sleeps on its
+//!   sockets ([`before_park`]), so the next reads bring more; nothing already read waits.
 //! - **Backpressure**: the body reads only when hyper asks for a frame, and hyper asks only while
 //!   the client takes bytes; a client that stops reading stops the upstream's reads, and
 //!   `--write-timeout` ends it.
@@ -63,6 +66,7 @@ pub use body::UpstreamResponseBody;
 use connection::{Connection, Upload};
 use head::Framing;
 use pool::Pool;
+pub(crate) use reading::before_park;
 use reading::Reading;
 use request::{request_head, send_body, write_all};
 
