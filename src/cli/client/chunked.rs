@@ -533,6 +533,13 @@ mod tests {
             let (data, done, _) = decode_all(&pieces).unwrap();
             prop_assert_eq!(data, chunks.concat());
             prop_assert!(done);
+            // Each chunk with data is counted once, in the read where its data ends.
+            let mut decoder = Decoder::default();
+            let mut counted = 0;
+            for piece in &pieces {
+                counted += decoder.decode(&mut piece.to_vec()).unwrap().chunks;
+            }
+            prop_assert_eq!(counted, chunks.iter().filter(|c| !c.is_empty()).count());
         }
 
         /// On any bytes at all (hostile or broken framing), the decoder never panics, and reads
