@@ -575,7 +575,7 @@ fn secs(value: &str) -> Result<Duration, String> {
     }
 }
 
-/// [`secs`], or `0` for no limit (`Duration::ZERO`).
+/// A whole number of microseconds up to 1000 (`--read-coalesce`).
 fn micros(value: &str) -> Result<Duration, String> {
     match value.parse::<u64>() {
         Ok(n) if n <= 1000 => Ok(Duration::from_micros(n)),
@@ -583,6 +583,7 @@ fn micros(value: &str) -> Result<Duration, String> {
     }
 }
 
+/// [`secs`], or `0` for no limit (`Duration::ZERO`).
 fn secs_or_none(value: &str) -> Result<Duration, String> {
     match value.parse::<f64>() {
         Ok(0.0) => Ok(Duration::ZERO),

@@ -67,8 +67,8 @@ impl Reading {
 }
 
 thread_local! {
-    /// Whether an upstream read on this thread found more than it was sent one write at a time
-    /// since the thread last slept (see [`before_park`]).
+    /// Whether a read on this thread found an upstream writing faster than it was read, since
+    /// the thread last slept (see [`note_burst`] and [`before_park`]).
     static BURST: Cell<bool> = const { Cell::new(false) };
 }
 
