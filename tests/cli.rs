@@ -571,6 +571,28 @@ fn proxy_threads_default_to_one() {
     assert!(err.contains("--threads"), "{err}");
 }
 
+/// `--read-coalesce MICROS`: 50 us by default, 0 (never) to 1000, whole microseconds only.
+#[test]
+fn read_coalesce_takes_whole_microseconds_up_to_a_millisecond() {
+    use tower_bypass_marker::cli::ProxyArgs;
+
+    let parse =
+        |value: &str| ProxyArgs::from_args(["--upstream", "http://x", "--read-coalesce", value]);
+    if std::env::var_os("BYPASS_MARKER_READ_COALESCE").is_none() {
+        let args = ProxyArgs::from_args(["--upstream", "http://x"]).unwrap();
+        assert_eq!(args.read_coalesce, Duration::from_micros(50));
+    }
+    assert_eq!(parse("0").unwrap().read_coalesce, Duration::ZERO);
+    assert_eq!(
+        parse("1000").unwrap().read_coalesce,
+        Duration::from_millis(1)
+    );
+    for bad in ["1001", "2.5", "50us", ""] {
+        let err = parse(bad).unwrap_err();
+        assert!(err.contains("--read-coalesce"), "{bad}: {err}");
+    }
+}
+
 /// `bypass-marker ext-proc --threads`: one thread by default (the least CPU per message), any
 /// positive number, never 0.
 #[test]
