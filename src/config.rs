@@ -136,6 +136,23 @@ pub(crate) enum Kind {
     NeverForward,
 }
 
+/// What happens to the frames of a configured annotation name: see
+/// [`BypassMarkerLayer::role`](crate::BypassMarkerLayer::role).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// Set by the router itself: its frames are removed unless the client opted in, and the
+    /// request guard strips the name from what clients send
+    /// ([`router_owned`](crate::BypassMarkerLayer::router_owned)).
+    RouterOwned,
+    /// Its frames are removed unless the client opted in
+    /// ([`opt_in`](crate::BypassMarkerLayer::opt_in)).
+    OptIn,
+    /// Its frames are never forwarded, even to a client that asked
+    /// ([`never_forward`](crate::BypassMarkerLayer::never_forward)).
+    NeverForward,
+}
+
 /// One configured annotation name.
 #[derive(Debug, Clone)]
 pub(crate) struct Name {
@@ -279,34 +296,20 @@ impl Config {
         GuardEntry { strip, grant }
     }
 
-    /// Adds the configuration's fields to a `Debug` output: the names by role, then the limits.
-    /// The names in force, by what happens to their frames, for an operator's log line.
-    #[cfg(feature = "cli")]
-    pub(crate) fn names_in_force(&self) -> String {
-        let list = |keep: &dyn Fn(&Name) -> bool| {
-            let names: Vec<&str> = self
-                .names
-                .iter()
-                .filter(|n| keep(n))
-                .map(|n| &*n.name)
-                .collect();
-            if names.is_empty() {
-                "none".to_owned()
-            } else {
-                names.join(", ")
-            }
-        };
-        format!(
-            "router-owned (removed unless the client opts in, stripped from requests): {}; \
-             removed unless the client opts in: {}; never forwarded: {}; frames with no data \
-             line (--sdk-safe): {}",
-            list(&|n| n.router_owned),
-            list(&|n| n.kind == Kind::OptIn && !n.router_owned),
-            list(&|n| n.kind == Kind::NeverForward),
-            if self.sdk_safe { "removed" } else { "kept" },
-        )
+    /// What happens to the frames of `name` (ASCII case-insensitive), if it is configured.
+    pub(crate) fn role(&self, name: &str) -> Option<Role> {
+        let n = self
+            .names
+            .iter()
+            .find(|n| n.name.eq_ignore_ascii_case(name))?;
+        Some(match (n.kind, n.router_owned) {
+            (Kind::NeverForward, _) => Role::NeverForward,
+            (Kind::OptIn, true) => Role::RouterOwned,
+            (Kind::OptIn, false) => Role::OptIn,
+        })
     }
 
+    /// Adds the configuration's fields to a `Debug` output: the names by role, then the limits.
     pub(crate) fn debug_fields(&self, d: &mut fmt::DebugStruct<'_, '_>) {
         let names = |keep: fn(&Name) -> bool| {
             self.names

@@ -5,7 +5,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, InvalidName, Kind, Overflow};
+use crate::config::{Config, InvalidName, Kind, Overflow, Role};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
@@ -196,10 +196,21 @@ impl BypassMarkerLayer {
         self.with(|c| c.observer = Some(Observer(observer)))
     }
 
-    /// The names in force, by what happens to their frames (one line, for a log).
-    #[cfg(feature = "cli")]
-    pub(crate) fn names_in_force(&self) -> String {
-        self.config.names_in_force()
+    /// What happens to the frames of `name` (compared ASCII case-insensitively), or `None` when
+    /// it is not configured: with [`names`](Self::names), what an operator's log line or a
+    /// metric's description needs.
+    ///
+    /// ```
+    /// use tower_bypass_marker::{BypassMarkerLayer, Role, BYPASS_REMOTE_PREFILL};
+    ///
+    /// let layer = BypassMarkerLayer::new().opt_in("request_id").never_forward("llm_metrics");
+    /// assert_eq!(layer.role(BYPASS_REMOTE_PREFILL), Some(Role::RouterOwned));
+    /// assert_eq!(layer.role("REQUEST_ID"), Some(Role::OptIn));
+    /// assert_eq!(layer.role("llm_metrics"), Some(Role::NeverForward));
+    /// assert_eq!(layer.role("token_ids"), None);
+    /// ```
+    pub fn role(&self, name: &str) -> Option<Role> {
+        self.config.role(name)
     }
 
     /// The configured annotation names, in the order they were added (the default name first):

@@ -469,13 +469,7 @@
 
 pub mod annotations;
 mod body;
-#[cfg(feature = "cli")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
-pub mod cli;
 mod config;
-#[cfg(feature = "envoy")]
-#[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
-pub mod envoy;
 mod filter;
 mod future;
 #[cfg(feature = "json")]
@@ -497,7 +491,8 @@ mod test_model;
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
-    InvalidName, Overflow, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
+    InvalidName, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES,
+    MAX_NAME_LEN,
 };
 pub use filter::{ChunkEdit, EventStreamFilter, FilterOutput, FrameTooLarge, Piece};
 pub use future::ResponseFuture;

@@ -23,11 +23,7 @@ fn features() -> Vec<String> {
 #[test]
 fn cargo_features_are_only_the_documented_ones() {
     let features = features();
-    assert_eq!(
-        features,
-        ["default", "tracing", "json", "envoy", "cli"],
-        "{features:?}"
-    );
+    assert_eq!(features, ["default", "tracing", "json"], "{features:?}");
     assert!(features.iter().all(|f| !f.starts_with('_')));
 }
 

@@ -1,4 +1,4 @@
-//! The sidecar's in-place `chunked` decoder (`src/cli/client/chunked.rs`, included by path: it is
+//! The sidecar's in-place `chunked` decoder (`bypass-marker/src/client/chunked.rs`, included by path: it is
 //! private to the proxy and needs nothing but std, `http` and `httparse`), fuzzed two ways:
 //!
 //! - **any bytes**, cut into reads at fuzz-chosen places: the decoder never panics, and the data,
@@ -11,7 +11,7 @@
 //! next bytes (one per cut) where to cut, as fractions of the length; the rest is the bytes, or
 //! the chunks (each a length byte, then that many bytes; byte 0's other bits choose the forms).
 
-#[path = "../../src/cli/client/chunked.rs"]
+#[path = "../../bypass-marker/src/client/chunked.rs"]
 #[allow(dead_code)]
 mod decoder;
 

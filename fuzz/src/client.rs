@@ -1,5 +1,5 @@
-//! The sidecar's own HTTP/1.1 upstream client (`src/cli/client*`, reached through the hidden
-//! `tower_bypass_marker::cli::differential`) held to hyper's client
+//! The sidecar's own HTTP/1.1 upstream client (`bypass-marker/src/client*`, reached through the hidden
+//! `bypass_marker_cli::differential`) held to hyper's client
 //! (`hyper::client::conn::http1`): the same upstream bytes, cut into the same writes, go to
 //! both, and both must reach the same verdict.
 //!
@@ -26,14 +26,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bypass_marker_cli::differential::Client;
+use bypass_marker_cli::Upstream;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt as _, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tower_bypass_marker::cli::differential::Client;
-use tower_bypass_marker::cli::Upstream;
 
 /// How an exchange ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
-# (`bypass-marker proxy`, the binary of the `cli` feature) in front of it. Offline, loopback only.
+# (`bypass-marker proxy`, the binary of the `bypass-marker` package) in front of it. Offline, loopback only.
 #
 #   bash tests/dynamo/run.sh
 #
@@ -41,8 +41,7 @@
 # Environment: DYNAMO_CACHE, SDK_CACHE, ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 # SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache),
 # BYPASS_MARKER_BIN (the bypass-marker binary whose `ext-proc` runs behind Envoy; default: built
-# with `cargo build --release --features "$BYPASS_MARKER_FEATURES" --bin bypass-marker`, features
-# cli,envoy by default), DYNAMO_ENVOY=0 (leave Envoy out).
+# with `cargo build --release -p bypass-marker`), DYNAMO_ENVOY=0 (leave Envoy out).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -119,7 +118,7 @@ log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python opena
 
 log "building the bypass-marker binary"
 t=$SECONDS
-(cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker)
+(cd "$root" && cargo build --quiet --release -p bypass-marker)
 proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
@@ -133,13 +132,9 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   install_envoy || die "cannot install Envoy $ENVOY_VERSION"
   if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
     ext_proc_bin="$BYPASS_MARKER_BIN"
-  elif "$proxy_bin" ext-proc --help >/dev/null 2>&1; then
+  else
     # The sidecar's binary has the processor too: no second build.
     ext_proc_bin="$proxy_bin"
-  else
-    (cd "$root" && cargo build --quiet --release --features "${BYPASS_MARKER_FEATURES:-cli,envoy}" --bin bypass-marker) ||
-      die "cannot build the bypass-marker binary (features ${BYPASS_MARKER_FEATURES:-cli,envoy}); set BYPASS_MARKER_BIN, or DYNAMO_ENVOY=0 to leave Envoy out"
-    ext_proc_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
   fi
   "$ext_proc_bin" ext-proc --help >/dev/null 2>&1 ||
     die "$ext_proc_bin has no working \`ext-proc\` subcommand; DYNAMO_ENVOY=0 leaves Envoy out"

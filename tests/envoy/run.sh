@@ -36,8 +36,7 @@
 #
 # Environment:
 #   BYPASS_MARKER_BIN   the bypass-marker binary to test (default: built here with
-#                       `cargo build --release --features "$BYPASS_MARKER_FEATURES" --bin bypass-marker`)
-#   BYPASS_MARKER_FEATURES  the features it is built with (default cli,envoy)
+#                       `cargo build --release -p bypass-marker`)
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
@@ -101,10 +100,9 @@ log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]
 if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
   bin="$BYPASS_MARKER_BIN"
 else
-  features="${BYPASS_MARKER_FEATURES:-cli,envoy}"
-  log "building bypass-marker (cargo build --release --features $features --bin bypass-marker)"
-  (cd "$root" && cargo build --quiet --release --features "$features" --bin bypass-marker) ||
-    die "cannot build the bypass-marker binary (features $features) in $root; set BYPASS_MARKER_BIN to one"
+  log "building bypass-marker (cargo build --release -p bypass-marker)"
+  (cd "$root" && cargo build --quiet --release -p bypass-marker) ||
+    die "cannot build the bypass-marker binary in $root; set BYPASS_MARKER_BIN to one"
   bin="$target/release/bypass-marker"
 fi
 [[ -x "$bin" ]] || die "no bypass-marker binary at $bin"

@@ -1,0 +1,219 @@
+//! [`BodyBudget`]: a process-wide cap on the request body bytes the JSON guard holds in memory,
+//! shared by every stream (and every thread) of `bypass-marker proxy` or `ext-proc`.
+//!
+//! `--max-body` bounds one request; nothing else bounds their sum: forty clients that each send
+//! all but the last bytes of a 30 MiB body would make the process hold 1.2 GB. A request takes
+//! its bytes from the budget before they are read (its declared `content-length`, or each piece
+//! of a body of unknown length as it arrives) and gives them back when the body has been
+//! forwarded or refused. A request that would take the total past the budget is refused (the
+//! proxy answers 503 with `Retry-After`; the processor fails the stream with
+//! `RESOURCE_EXHAUSTED`) before more of it is read.
+//!
+//! The last eighth of the budget is kept for small requests: a request whose body is past
+//! [`SMALL_BODY_BYTES`] may fill the budget only to seven eighths, so a few large uploads that
+//! fill it never stop a chat request of a few kilobytes from being answered.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The body size up to which a request may use the last eighth of the budget (64 KiB: a chat
+/// request with a long conversation fits).
+pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
+
+/// A process-wide budget of request body bytes held in memory; clones share it.
+///
+/// ```
+/// use bypass_marker_cli::envoy::BodyBudget;
+///
+/// let budget = BodyBudget::new(8 << 20);
+/// let mut first = budget.charge();
+/// assert!(first.take(6 << 20));
+/// let mut second = budget.charge();
+/// assert!(!second.take(2 << 20), "past seven eighths for a large body");
+/// assert!(second.take(1000), "a small body may use the last eighth");
+/// drop(first);
+/// assert_eq!(budget.held(), 1000);
+/// ```
+#[derive(Clone)]
+pub struct BodyBudget(Arc<Shared>);
+
+struct Shared {
+    limit: u64,
+    held: AtomicU64,
+    refused: AtomicU64,
+    /// When a refusal was last logged, and how many were refused then ([`BodyBudget::should_log`]).
+    logged: Mutex<Option<(Instant, u64)>>,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self(Arc::new(Shared {
+            limit,
+            held: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            logged: Mutex::new(None),
+        }))
+    }
+
+    /// A budget that never refuses (the default of [`ExtProc`](crate::envoy::ExtProc) built in
+    /// code: a library does not guess the process's memory).
+    pub fn unlimited() -> Self {
+        Self::new(u64::MAX)
+    }
+
+    /// The budget, in bytes.
+    pub fn limit(&self) -> u64 {
+        self.0.limit
+    }
+
+    /// The bytes held now.
+    pub fn held(&self) -> u64 {
+        self.0.held.load(Ordering::Acquire)
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> u64 {
+        self.0.refused.load(Ordering::Relaxed)
+    }
+
+    /// A new, empty charge for one request body.
+    pub fn charge(&self) -> Charge {
+        Charge {
+            budget: self.clone(),
+            held: 0,
+        }
+    }
+
+    /// Counts a refusal; returns the refusals since the last time it returned `Some`, at most once
+    /// a minute, so that a flood of refusals is one log line a minute.
+    pub fn refusal(&self) -> Option<u64> {
+        let total = self.0.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        self.should_log(total, Duration::from_secs(60))
+    }
+
+    fn should_log(&self, total: u64, every: Duration) -> Option<u64> {
+        let mut logged = self.0.logged.lock().unwrap_or_else(|e| e.into_inner());
+        match *logged {
+            Some((at, _)) if at.elapsed() < every => None,
+            last => {
+                *logged = Some((Instant::now(), total));
+                Some(total - last.map_or(0, |(_, n)| n))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for BodyBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyBudget")
+            .field("limit", &self.limit())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// The bytes one request body holds of a [`BodyBudget`]; given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: BodyBudget,
+    held: u64,
+}
+
+impl Charge {
+    /// Takes `n` more bytes for this body. `false` (and nothing taken) when they would take the
+    /// total past the budget: past seven eighths of it once this body is over
+    /// [`SMALL_BODY_BYTES`], past the whole budget while it is not.
+    pub fn take(&mut self, n: u64) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let shared = &self.budget.0;
+        let mine = self.held.saturating_add(n);
+        let cap = if mine <= SMALL_BODY_BYTES {
+            shared.limit
+        } else {
+            shared.limit - shared.limit / 8
+        };
+        let taken = shared
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&total| total <= cap)
+            });
+        if taken.is_ok() {
+            self.held = mine;
+        }
+        taken.is_ok()
+    }
+
+    /// The bytes this body holds.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The budget this charge takes from.
+    pub fn budget(&self) -> &BodyBudget {
+        &self.budget
+    }
+
+    /// Gives every byte back now (as dropping does).
+    pub fn release(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        if held > 0 {
+            self.budget.0.held.fetch_sub(held, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Large bodies fill the budget to seven eighths; a small one still fits after them, and
+    /// what is dropped is given back.
+    #[test]
+    fn large_bodies_leave_the_last_eighth_to_small_ones() {
+        let budget = BodyBudget::new(8 * SMALL_BODY_BYTES);
+        let mut a = budget.charge();
+        assert!(a.take(7 * SMALL_BODY_BYTES));
+        let mut b = budget.charge();
+        assert!(!b.take(SMALL_BODY_BYTES + 1));
+        assert_eq!(b.held(), 0);
+        assert!(
+            b.take(SMALL_BODY_BYTES),
+            "a small body may use the last eighth"
+        );
+        assert!(
+            !b.take(1),
+            "now over the small size, so capped at seven eighths"
+        );
+        drop(a);
+        assert_eq!(budget.held(), SMALL_BODY_BYTES);
+        drop(b);
+        assert_eq!(budget.held(), 0);
+        // A budget smaller than a small body: small bodies may use all of it, never more.
+        let tiny = BodyBudget::new(800);
+        let mut c = tiny.charge();
+        assert!(c.take(800));
+        assert!(!tiny.charge().take(1));
+    }
+
+    /// Refusals are logged once a minute, with the count since the last line.
+    #[test]
+    fn refusals_are_logged_at_most_once_a_minute() {
+        let budget = BodyBudget::new(0);
+        assert_eq!(budget.refusal(), Some(1));
+        assert_eq!(budget.refusal(), None);
+        assert_eq!(budget.refusal(), None);
+        assert_eq!(budget.should_log(4, Duration::ZERO), Some(3));
+        assert_eq!(budget.refused(), 3);
+    }
+}

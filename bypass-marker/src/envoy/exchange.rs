@@ -1,0 +1,510 @@
+//! The processor's state for one gRPC stream (one HTTP request), sans-IO: a `ProcessingRequest`
+//! in, the `ProcessingResponse` to send back (or the error that fails the stream) out.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, processing_response::Response, BodyResponse, HeaderMutation,
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, TrailersResponse,
+};
+use http::{Method, StatusCode};
+use tonic::Status;
+
+use super::budget::Charge;
+use super::proto;
+use tower_bypass_marker::json::{
+    self, BodyStep, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
+};
+use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit};
+
+/// One HTTP request through Envoy's external processing filter: the shared
+/// [`json::Exchange`] state machine, spoken in ext_proc's messages.
+pub(crate) struct Exchange {
+    exchange: json::Exchange,
+    /// Body modes Envoy announced in `protocol_config` (first message), else the documented
+    /// configuration's (BUFFERED, STREAMED).
+    request_body_mode: i32,
+    response_body_mode: i32,
+    /// Envoy announced its body modes (Envoy 1.34 and later do, in the first message).
+    announced: bool,
+    /// What to forward for the response chunk at hand; reused.
+    edit: ChunkEdit,
+    /// The request body's share of the processor's budget, while it is being judged.
+    charge: Charge,
+    /// `FULL_DUPLEX_STREAMED` request body the guard reads: the chunks so far, held until the
+    /// body ends (nothing of it goes upstream before the guard has judged all of it).
+    held: Option<Vec<Bytes>>,
+    held_len: usize,
+    /// A `FULL_DUPLEX_STREAMED` request body message came (so its end must be answered).
+    request_body_seen: bool,
+    /// Answers owed after the one [`answer`](Self::answer) returned (a full-duplex body released
+    /// in several chunks, then the trailers' answer).
+    queued: VecDeque<ProcessingResponse>,
+}
+
+/// The largest body chunk sent back in one `FULL_DUPLEX_STREAMED` answer, as Envoy recommends.
+const STREAMED_CHUNK: usize = 64 << 10;
+
+impl Exchange {
+    pub(crate) fn new(
+        layer: &BypassMarkerLayer,
+        guard: tower_bypass_marker::json::RequestGuard,
+        charge: Charge,
+    ) -> Self {
+        Self {
+            // Request headers that never came mean `request_header_mode: SKIP`: the guard did
+            // not run, so the response is failed rather than passed as if all were well.
+            exchange: json::Exchange::new(layer, guard, UnseenRequest::Fail),
+            request_body_mode: proto::BODY_BUFFERED,
+            response_body_mode: proto::BODY_STREAMED,
+            announced: false,
+            edit: ChunkEdit::new(),
+            charge,
+            held: None,
+            held_len: 0,
+            request_body_seen: false,
+            queued: VecDeque::new(),
+        }
+    }
+
+    /// Takes the body's `len` bytes (beyond what it holds) from the budget, or fails the stream.
+    fn hold(&mut self, len: u64) -> Result<(), Status> {
+        let held = self.charge.held();
+        if len <= held || self.charge.take(len - held) {
+            return Ok(());
+        }
+        let budget = self.charge.budget();
+        if let Some(n) = budget.refusal() {
+            tracing::warn!(
+                "{n} request(s) refused since the last line: the request bodies held would pass \
+                 the processor's budget ({} bytes)",
+                budget.limit()
+            );
+        }
+        Err(Status::resource_exhausted(
+            "the request bodies held would pass the processor's budget (--max-buffered-bytes)",
+        ))
+    }
+
+    /// The next answer owed for the last message, after the one [`answer`](Self::answer)
+    /// returned: the callers send them, in order, before reading the next message.
+    pub(crate) fn queued(&mut self) -> Option<ProcessingResponse> {
+        self.queued.pop_front()
+    }
+
+    /// Envoy streams this direction's body in `FULL_DUPLEX_STREAMED`: every body message is
+    /// answered with a `streamed_response` (Envoy forwards only what comes back).
+    fn duplex_request(&self) -> bool {
+        self.request_body_mode == proto::BODY_FULL_DUPLEX
+    }
+
+    fn duplex_response(&self) -> bool {
+        self.response_body_mode == proto::BODY_FULL_DUPLEX
+    }
+
+    /// A `mode_override` may be sent: not when a direction is `FULL_DUPLEX_STREAMED`, whose mode
+    /// cannot be changed mid-stream (Envoy ignores or refuses it), so every message is answered
+    /// instead.
+    fn overrides(&self) -> bool {
+        !self.duplex_request() && !self.duplex_response()
+    }
+
+    /// The answer to one message; `None` for a message that carries no HTTP part (nothing to
+    /// answer). `Err`: the stream must fail (Envoy then resets the HTTP stream, or answers 500
+    /// before the response started; never a clean end).
+    pub(crate) fn answer(
+        &mut self,
+        msg: ProcessingRequest,
+    ) -> Result<Option<ProcessingResponse>, Status> {
+        // Envoy ignores answers in observability mode, and has forwarded the request before
+        // the processor sees it: nothing would be stripped or filtered. Every stream fails from
+        // its first message rather than look as if it protected anything.
+        if msg.observability_mode {
+            return Err(Status::failed_precondition(
+                "observability_mode cannot change requests or responses, so the guard cannot \
+                 work: turn it off",
+            ));
+        }
+        self.on_message(msg)
+    }
+
+    fn on_message(&mut self, msg: ProcessingRequest) -> Result<Option<ProcessingResponse>, Status> {
+        if let Some(config) = msg.protocol_config {
+            for (direction, mode) in [
+                ("request_body_mode", config.request_body_mode),
+                ("response_body_mode", config.response_body_mode),
+            ] {
+                // GRPC (gRPC messages, not bytes) and modes newer than this build: nothing in
+                // them could be judged.
+                if !(proto::BODY_NONE..=proto::BODY_FULL_DUPLEX).contains(&mode) {
+                    return Err(Status::failed_precondition(format!(
+                        "{direction} {} is not supported: use BUFFERED or FULL_DUPLEX_STREAMED \
+                         for requests, STREAMED or FULL_DUPLEX_STREAMED for responses",
+                        proto::mode_name(mode)
+                    )));
+                }
+            }
+            self.request_body_mode = config.request_body_mode;
+            self.response_body_mode = config.response_body_mode;
+            self.announced = true;
+        }
+        let Some(request) = msg.request else {
+            return Ok(None);
+        };
+        let (response, mode_override) = match request {
+            Request::RequestHeaders(h) => self.request_headers(h)?,
+            Request::RequestBody(b) if self.duplex_request() => {
+                self.duplex_request_body(b)?;
+                return Ok(self.queued.pop_front());
+            }
+            Request::RequestBody(b) => (self.request_body(b)?, None),
+            Request::RequestTrailers(_) if self.duplex_request() => {
+                self.duplex_request_end(false)?;
+                self.queue(Response::RequestTrailers(TrailersResponse::default()));
+                return Ok(self.queued.pop_front());
+            }
+            Request::RequestTrailers(_) => {
+                (Response::RequestTrailers(TrailersResponse::default()), None)
+            }
+            Request::ResponseHeaders(h) => self.response_headers(h)?,
+            Request::ResponseBody(b) if self.duplex_response() => {
+                (Response::ResponseBody(self.duplex_response_body(b)?), None)
+            }
+            Request::ResponseBody(b) => (Response::ResponseBody(self.response_body(b)?), None),
+            Request::ResponseTrailers(_) if self.duplex_response() => {
+                self.duplex_response_end()?;
+                self.queue(Response::ResponseTrailers(TrailersResponse::default()));
+                return Ok(self.queued.pop_front());
+            }
+            Request::ResponseTrailers(_) => (
+                Response::ResponseTrailers(TrailersResponse::default()),
+                None,
+            ),
+        };
+        Ok(Some(ProcessingResponse {
+            response: Some(response),
+            mode_override,
+            ..ProcessingResponse::default()
+        }))
+    }
+
+    fn request_headers(
+        &mut self,
+        h: HttpHeaders,
+    ) -> Result<(Response, Option<ProcessingMode>), Status> {
+        let (headers, method) = proto::to_header_map(h.headers.as_ref(), ":method");
+        let method = match method {
+            Some(method) => Method::from_bytes(&method)
+                .map_err(|_| Status::invalid_argument("invalid :method"))?,
+            None => Method::GET,
+        };
+        match self
+            .exchange
+            .request_headers(method, &headers, h.end_of_stream)
+            .map_err(status)?
+        {
+            RequestStep::Forward => {
+                // Nothing to read: tell Envoy not to buffer and send the body (a large upload
+                // would otherwise hit Envoy's buffer limit and be refused with 413). In full
+                // duplex the chunks are answered as they come instead.
+                let mode = (!h.end_of_stream
+                    && self.request_body_mode != proto::BODY_NONE
+                    && self.overrides())
+                .then(|| {
+                    self.request_body_mode = proto::BODY_NONE;
+                    proto::mode(proto::BODY_NONE, self.response_body_mode)
+                });
+                Ok((Response::RequestHeaders(proto::identity_encoding()), mode))
+            }
+            RequestStep::Refuse(refusal) => Ok((refuse(&refusal), None)),
+            RequestStep::ReadBody => {
+                if self.duplex_request() {
+                    // The chunks are held until the body ends, then judged whole.
+                    self.held = Some(Vec::new());
+                } else if self.request_body_mode != proto::BODY_BUFFERED {
+                    // Only a whole body can be judged; a request that cannot be judged must not
+                    // reach the upstream (failure_mode_allow: false turns this into a 500).
+                    return Err(Status::failed_precondition(format!(
+                        "request_body_mode {} cannot be judged: the JSON guard needs BUFFERED or \
+                         FULL_DUPLEX_STREAMED",
+                        proto::mode_name(self.request_body_mode)
+                    )));
+                }
+                // A declared length is taken before Envoy sends the body (one over the guard's
+                // cap is refused with 413 when it comes, unread).
+                let declared = headers
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .filter(|&n| n <= self.exchange.max_request_body() as u64);
+                if let Some(n) = declared {
+                    self.hold(n)?;
+                }
+                Ok((Response::RequestHeaders(proto::identity_encoding()), None))
+            }
+        }
+    }
+
+    fn request_body(&mut self, b: HttpBody) -> Result<Response, Status> {
+        // BUFFERED: the message holds the whole body. It is the last one, or trailers follow it
+        // (end_of_stream false), which only an Envoy that announced BUFFERED is believed on:
+        // without the announcement, a body in pieces (a STREAMED configuration) would be judged
+        // by its first piece, so the stream fails. A body over the guard's cap is refused with
+        // 413.
+        let whole =
+            b.end_of_stream || (self.announced && self.request_body_mode == proto::BODY_BUFFERED);
+        self.hold(b.body.len() as u64)?;
+        let step = self.exchange.request_body(Bytes::from(b.body), whole);
+        // Judged: the body (and the spliced one) are let go when this message is answered.
+        self.charge.release();
+        match step.map_err(status)? {
+            BodyStep::Forward => Ok(Response::RequestBody(proto::unchanged_body())),
+            BodyStep::Replace {
+                body,
+                set_content_length,
+            } => {
+                let headers = set_content_length.then(|| HeaderMutation {
+                    set_headers: vec![proto::set_header(
+                        "content-length",
+                        body.len().to_string().as_bytes(),
+                    )],
+                    remove_headers: Vec::new(),
+                });
+                Ok(Response::RequestBody(proto::replace_body(
+                    body.to_vec(),
+                    headers,
+                )))
+            }
+            BodyStep::Refuse(refusal) => Ok(refuse(&refusal)),
+        }
+    }
+
+    fn queue(&mut self, response: Response) {
+        self.queued.push_back(ProcessingResponse {
+            response: Some(response),
+            ..ProcessingResponse::default()
+        });
+    }
+
+    /// A request body chunk in `FULL_DUPLEX_STREAMED`: held while the guard reads the body (a
+    /// body over its cap is refused with 413 at once), judged at its end; a body the guard does
+    /// not read goes back as it came.
+    fn duplex_request_body(&mut self, b: HttpBody) -> Result<(), Status> {
+        self.request_body_seen = true;
+        let Some(held) = &mut self.held else {
+            // Not read (or already judged): only an error matters here, for a body before its
+            // headers.
+            let _forward = self
+                .exchange
+                .request_body(Bytes::new(), b.end_of_stream)
+                .map_err(status)?;
+            self.queue(Response::RequestBody(proto::streamed(
+                b.body,
+                b.end_of_stream,
+            )));
+            return Ok(());
+        };
+        self.held_len = self.held_len.saturating_add(b.body.len());
+        let max = self.exchange.max_request_body();
+        if self.held_len > max {
+            self.held = None;
+            self.charge.release();
+            self.queue(refuse(&Refusal::too_large(max)));
+            return Ok(());
+        }
+        if !b.body.is_empty() {
+            held.push(Bytes::from(b.body));
+        }
+        // The chunks held so far count against the processor's budget, as a buffered body does.
+        self.hold(self.held_len as u64)?;
+        if b.end_of_stream {
+            self.duplex_request_end(true)?;
+        }
+        Ok(())
+    }
+
+    /// The end of a `FULL_DUPLEX_STREAMED` request body (its last chunk, or the trailers after
+    /// it): the held body is judged, then sent on in chunks of at most 64 KiB, the last one with
+    /// `end_of_stream` unless trailers follow; or the refusal is sent instead.
+    fn duplex_request_end(&mut self, end_of_stream: bool) -> Result<(), Status> {
+        let Some(chunks) = self.held.take() else {
+            return Ok(());
+        };
+        let body = match chunks.len() {
+            1 => chunks.into_iter().next().expect("one chunk"),
+            _ => {
+                let mut all = BytesMut::with_capacity(self.held_len);
+                for chunk in &chunks {
+                    all.extend_from_slice(chunk);
+                }
+                all.freeze()
+            }
+        };
+        // The body is whole (its end, or trailers after it); content-length is Envoy's to drop
+        // in this mode (it does, for every streamed body mutation).
+        let step = self.exchange.request_body(body.clone(), true);
+        // Judged: the held chunks are let go as their answers are queued.
+        self.charge.release();
+        let pieces = match step.map_err(status)? {
+            BodyStep::Forward => vec![body],
+            BodyStep::Replace { body, .. } => body.into_chunks().to_vec(),
+            BodyStep::Refuse(refusal) => {
+                self.queue(refuse(&refusal));
+                return Ok(());
+            }
+        };
+        if !self.request_body_seen {
+            // Trailers right after the headers: no body message to answer.
+            return Ok(());
+        }
+        let mut out: Vec<Bytes> = Vec::new();
+        for mut piece in pieces {
+            while !piece.is_empty() {
+                out.push(piece.split_to(piece.len().min(STREAMED_CHUNK)));
+            }
+        }
+        if out.is_empty() {
+            out.push(Bytes::new());
+        }
+        let last = out.len() - 1;
+        for (i, chunk) in out.into_iter().enumerate() {
+            self.queue(Response::RequestBody(proto::streamed(
+                chunk.to_vec(),
+                end_of_stream && i == last,
+            )));
+        }
+        Ok(())
+    }
+
+    /// A response body chunk in `FULL_DUPLEX_STREAMED`: answered at once with what the filter
+    /// forwards for it (its complete frames), or the chunk itself for a response passed through.
+    fn duplex_response_body(&mut self, b: HttpBody) -> Result<BodyResponse, Status> {
+        let input = b.body;
+        if !self.exchange.filters_response() {
+            self.exchange
+                .response_body(&[], b.end_of_stream, &mut self.edit)
+                .map_err(status)?;
+            return Ok(proto::streamed(input, b.end_of_stream));
+        }
+        self.exchange
+            .response_body(&[&input[..]], b.end_of_stream, &mut self.edit)
+            .map_err(status)?;
+        let out = if self.edit.input_len() == input.len() && self.edit.is_unchanged() {
+            input
+        } else {
+            self.edit.to_vec(&[&input[..]])
+        };
+        Ok(proto::streamed(out, b.end_of_stream))
+    }
+
+    /// Response trailers in `FULL_DUPLEX_STREAMED`: the body has ended, so a frame still open is
+    /// judged as it stands and what of it goes on is sent before the trailers' answer.
+    fn duplex_response_end(&mut self) -> Result<(), Status> {
+        if !self.exchange.filters_response() {
+            return Ok(());
+        }
+        self.exchange
+            .response_body(&[], true, &mut self.edit)
+            .map_err(status)?;
+        let rest = self.edit.to_vec(&[]);
+        if !rest.is_empty() {
+            self.queue(Response::ResponseBody(proto::streamed(rest, false)));
+        }
+        Ok(())
+    }
+
+    fn response_headers(
+        &mut self,
+        h: HttpHeaders,
+    ) -> Result<(Response, Option<ProcessingMode>), Status> {
+        let (headers, status_code) = proto::to_header_map(h.headers.as_ref(), ":status");
+        let status_code = status_code
+            .and_then(|s| StatusCode::from_bytes(&s).ok())
+            .ok_or_else(|| Status::invalid_argument("response headers without a valid :status"))?;
+        match self
+            .exchange
+            .response_headers(status_code, &headers, h.end_of_stream)
+            .map_err(status)?
+        {
+            ResponseStep::Filter {
+                remove_content_length,
+            } => {
+                let response = if remove_content_length {
+                    proto::remove_headers(&["content-length"])
+                } else {
+                    proto::unchanged_headers()
+                };
+                if !self.overrides() {
+                    // With a FULL_DUPLEX_STREAMED direction no mode can be switched: the body
+                    // must come in a mode that can be filtered chunk by chunk.
+                    return match self.response_body_mode {
+                        proto::BODY_STREAMED | proto::BODY_FULL_DUPLEX => {
+                            Ok((Response::ResponseHeaders(response), None))
+                        }
+                        other => Err(Status::failed_precondition(format!(
+                            "response_body_mode {} cannot filter an event stream here (a \
+                             FULL_DUPLEX_STREAMED direction rules out a mode override): use \
+                             STREAMED or FULL_DUPLEX_STREAMED",
+                            proto::mode_name(other)
+                        ))),
+                    };
+                }
+                // The body must come to the processor, chunk by chunk: STREAMED is asked for on
+                // every filtered response, whatever mode Envoy announced (an Envoy older than
+                // 1.34 announces none, and a configuration with NONE would send no body). It rides
+                // on this answer, so it costs no message.
+                self.response_body_mode = proto::BODY_STREAMED;
+                let mode = proto::mode(self.request_body_mode, proto::BODY_STREAMED);
+                Ok((Response::ResponseHeaders(response), Some(mode)))
+            }
+            // An encoded event stream with something to remove: a 502 before any byte.
+            ResponseStep::Refuse(refusal) => Ok((refuse(&refusal), None)),
+            ResponseStep::Pass if h.end_of_stream => {
+                Ok((Response::ResponseHeaders(proto::unchanged_headers()), None))
+            }
+            ResponseStep::Pass => {
+                // Passed through untouched: stop the body messages (one message per response).
+                // In full duplex every chunk is answered with itself instead.
+                let mode =
+                    (self.response_body_mode != proto::BODY_NONE && self.overrides()).then(|| {
+                        self.response_body_mode = proto::BODY_NONE;
+                        proto::mode(self.request_body_mode, proto::BODY_NONE)
+                    });
+                Ok((Response::ResponseHeaders(proto::unchanged_headers()), mode))
+            }
+        }
+    }
+
+    fn response_body(&mut self, b: HttpBody) -> Result<BodyResponse, Status> {
+        if !self.exchange.filters_response() {
+            // Passed through (a body Envoy sends when the mode was not overridden), or an error
+            // for a body whose headers were never judged.
+            self.exchange
+                .response_body(&[], b.end_of_stream, &mut self.edit)
+                .map_err(status)?;
+            return Ok(proto::unchanged_body());
+        }
+        let input = b.body;
+        self.exchange
+            .response_body(&[&input[..]], b.end_of_stream, &mut self.edit)
+            .map_err(status)?;
+        if self.edit.input_len() == input.len() && self.edit.is_unchanged() {
+            return Ok(proto::unchanged_body());
+        }
+        // The answer owns the bytes it sends back: one buffer per changed chunk.
+        Ok(proto::replace_body(self.edit.to_vec(&[&input[..]]), None))
+    }
+}
+
+fn refuse(refusal: &Refusal) -> Response {
+    Response::ImmediateResponse(proto::immediate(refusal))
+}
+
+/// The status a stream fails with.
+fn status(err: ExchangeError) -> Status {
+    match err {
+        ExchangeError::FrameTooLarge(err) => Status::resource_exhausted(err.to_string()),
+        err => Status::failed_precondition(err.to_string()),
+    }
+}

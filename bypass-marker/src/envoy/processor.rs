@@ -1,0 +1,130 @@
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    external_processor_server::ExternalProcessor, ProcessingRequest,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::budget::BodyBudget;
+use super::connection::Origin;
+use super::exchange::Exchange;
+use super::stream::ProcessStream;
+use super::ExtProcService;
+use tower_bypass_marker::json::RequestGuard;
+use tower_bypass_marker::BypassMarkerLayer;
+
+/// Room for the headers and attributes that come with a request body in one message.
+const MESSAGE_OVERHEAD: usize = 1 << 20;
+
+/// An Envoy external processor (`envoy.service.ext_proc.v3.ExternalProcessor`) that applies a
+/// [`BypassMarkerLayer`]'s JSON guard to requests and its filter to responses.
+///
+/// See the [module docs](super) for the Envoy configuration, what each message does and what
+/// happens on failure.
+#[derive(Clone)]
+pub struct ExtProc {
+    layer: BypassMarkerLayer,
+    guard: RequestGuard,
+    /// The request body bytes every stream of the processor may hold at once.
+    budget: BodyBudget,
+    /// Whether the observability-mode error was logged, for streams that come on a connection
+    /// [`serve`](super::serve) did not accept (shared by the clones).
+    observability_logged: Arc<AtomicBool>,
+}
+
+impl ExtProc {
+    /// A processor with this layer's names and limits; request bodies up to the guard's default
+    /// limit (32 MiB).
+    pub fn new(layer: BypassMarkerLayer) -> Self {
+        Self {
+            guard: layer.request_guard(),
+            budget: BodyBudget::unlimited(),
+            layer,
+            observability_logged: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Caps the request body the guard reads (default 32 MiB). A larger body is refused with
+    /// 413, as the `JsonGuard` layer does. Envoy's own buffer limit applies first: with a lower
+    /// one, Envoy answers 413 itself.
+    #[must_use]
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.guard = self.guard.max_body_bytes(max);
+        self
+    }
+
+    /// Shares `budget` between the request bodies of every stream (unlimited by default): a
+    /// stream whose request body would take the bytes held past it fails with
+    /// `RESOURCE_EXHAUSTED` (Envoy answers 500) before the body message is judged. A declared
+    /// `content-length` is taken from the budget when the request headers arrive, so a body
+    /// that cannot fit fails its stream before Envoy sends it; a body of unknown length (the
+    /// client's was chunked) is taken when its message has arrived. The bytes are given back
+    /// once the body has been judged, or the stream ends. Envoy's own buffers are bounded by
+    /// Envoy (see docs/envoy.md).
+    ///
+    /// `bypass-marker ext-proc` sets it from `--max-buffered-bytes`.
+    #[must_use]
+    pub fn body_budget(mut self, budget: BodyBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The largest gRPC message the processor accepts: a whole request body (the guard's
+    /// limit) plus 1 MiB for the headers that come with it. Envoy's response chunks are far
+    /// smaller. For `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
+    /// [`into_service`](Self::into_service) applies it itself.
+    pub fn max_message_bytes(&self) -> usize {
+        self.guard.max_body().saturating_add(MESSAGE_OVERHEAD)
+    }
+
+    /// The processor as a tonic service, for a `tonic::transport::Server` of your own (add
+    /// gRPC health yourself; [`serve`](super::serve) does both).
+    ///
+    /// This is the service [`serve`](super::serve) runs. `ExtProc` also implements the
+    /// tonic-generated `ExternalProcessor` trait, for `ExternalProcessorServer::new(processor)`
+    /// with tonic's interceptors or compression; that server gives the same answers at a
+    /// higher CPU cost per message (see [`ExtProcService`]). Set its
+    /// `max_decoding_message_size` to the guard's limit plus room for the headers, or request
+    /// bodies over tonic's default 4 MiB fail.
+    pub fn into_service(self) -> ExtProcService {
+        ExtProcService::new(self)
+    }
+
+    /// A fresh state for one gRPC stream.
+    pub(crate) fn exchange(&self) -> Exchange {
+        Exchange::new(&self.layer, self.guard.clone(), self.budget.charge())
+    }
+
+    /// The connection of a stream whose request carries `extensions` (see [`Origin::of`]).
+    pub(crate) fn origin(&self, extensions: &http::Extensions) -> Origin {
+        Origin::of(extensions, &self.observability_logged)
+    }
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ProcessStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<ProcessStream>, Status> {
+        let origin = self.origin(request.extensions());
+        Ok(Response::new(ProcessStream::new(
+            request.into_inner(),
+            self.exchange(),
+            origin,
+        )))
+    }
+}
+
+impl fmt::Debug for ExtProc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtProc")
+            .field("layer", &self.layer)
+            .field("max_body_bytes", &self.guard.max_body())
+            .finish()
+    }
+}

@@ -1,0 +1,231 @@
+//! `bypass-marker`: the sidecar proxy and the Envoy external processor of `tower-bypass-marker`.
+//!
+//! Parses the command line, sets up logs, binds, waits for Ctrl-C or SIGTERM and picks the exit
+//! code: 0 after a clean stop, 2 for a usage error (clap's, or an invalid annotation name), 1 when
+//! it cannot serve. Everything it serves is in `bypass_marker_cli`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use bypass_marker_cli::{self as cli, Cli, Command, ExtProcArgs, Metrics, ProxyArgs};
+use clap::CommandFactory as _;
+use tokio::sync::watch;
+
+fn main() -> ExitCode {
+    // Invalid annotation names are usage errors here too (exit code 2).
+    let cli = Cli::from_env();
+    if let Err(err) = cli::logs::init(cli.log_format) {
+        eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
+        return ExitCode::from(2);
+    }
+    // The proxy serves on threads of its own (`--threads`), each with a single-threaded runtime;
+    // this thread's runs the signals and the metrics. The processor serves on this runtime, with
+    // `--threads` workers (one by default: each message is answered on the thread that read it,
+    // with no cross-thread wake-up).
+    let runtime = match &cli.command {
+        Command::Proxy(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::ExtProc(args) if args.threads == 1 => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        Command::ExtProc(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Proxy(args) => runtime.block_on(proxy(args)),
+        Command::ExtProc(args) => runtime.block_on(ext_proc(args)),
+    }
+}
+
+async fn ext_proc(args: ExtProcArgs) -> ExitCode {
+    let metrics = match cli::ext_proc::metrics_for(&args) {
+        Ok(metrics) => metrics,
+        Err(err) => Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, err)
+            .exit(),
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    let (stop, stopped) = watch::channel(false);
+    let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
+        Ok(server) => server,
+        Err(code) => return code,
+    };
+    if let Ok(names) = args.naming.names_in_force() {
+        tracing::info!("names in force: {names}");
+    }
+    let signalled = match shutdown_signal() {
+        Ok(signalled) => signalled,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot handle signals: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::spawn(async move {
+        signalled.await;
+        let _ = stop.send(true);
+    });
+    say(format_args!("ext_proc listening on {addr} (gRPC)"));
+    let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
+    stopped_with(served, metrics_server).await
+}
+
+/// The exit code once serving has returned, after the metrics server has stopped too (with the
+/// signal; serving that failed without one stops it here).
+async fn stopped_with<E: std::fmt::Display>(
+    served: Result<(), E>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
+) -> ExitCode {
+    if let Some(server) = metrics_server {
+        if served.is_err() {
+            server.abort();
+        }
+        let _ = server.await;
+    }
+    match served {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("bypass-marker: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes once `stop` has been sent `true`.
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Starts the metrics server on `addr`, if one was asked for; it stops with the rest.
+fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    metrics: &Arc<Metrics>,
+    stopped: &watch::Receiver<bool>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ExitCode> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    match cli::bind(addr, 128) {
+        Ok(listener) => {
+            let local = listener.local_addr().unwrap_or(addr);
+            say(format_args!("metrics on http://{local}/metrics"));
+            Ok(Some(tokio::spawn(cli::metrics::serve_metrics(
+                listener,
+                Arc::clone(metrics),
+                until_stopped(stopped.clone()),
+            ))))
+        }
+        Err(err) => {
+            eprintln!("bypass-marker: cannot listen on {addr} for metrics: {err}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn proxy(args: ProxyArgs) -> ExitCode {
+    let metrics = match cli::proxy::metrics_for(&args) {
+        Ok(metrics) => metrics,
+        // A usage error, reported as clap reports its own (exit code 2).
+        Err(err) => Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, err)
+            .exit(),
+    };
+    let threads = args.threads.get();
+    let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
+        Ok(listeners) => listeners,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = match listeners[0].local_addr() {
+        Ok(addr) => addr,
+        Err(err) => {
+            eprintln!("bypass-marker: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (stop, stopped) = watch::channel(false);
+    let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
+        Ok(server) => server,
+        Err(code) => return code,
+    };
+    match args.naming.names_in_force() {
+        Ok(names) if !args.no_layer => {
+            tracing::info!(upstream = %args.upstream, "names in force: {names}");
+        }
+        _ => tracing::info!(upstream = %args.upstream, "--no-layer: forwarding untouched"),
+    }
+    let signalled = match shutdown_signal() {
+        Ok(signalled) => signalled,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot handle signals: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::spawn(async move {
+        signalled.await;
+        let _ = stop.send(true);
+    });
+    let plural = if threads == 1 { "" } else { "s" };
+    tracing::info!("serving on {threads} thread{plural}");
+    say(format_args!("listening on http://{addr}"));
+    let served =
+        cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
+    stopped_with(served, metrics_server).await
+}
+
+/// Prints `line` on stdout, where scripts read the addresses; a stdout that is closed or full
+/// (`bypass-marker proxy ... | head -1`) is not an error: a serving process never stops for it
+/// (`println!` would panic).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+}
+
+/// A future that completes on Ctrl-C or SIGTERM. The handlers are installed before it returns,
+/// so a signal that comes right after "listening on" is not lost (nor fatal).
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            let why = tokio::select! {
+                _ = interrupt.recv() => "Ctrl-C",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            tracing::info!("{why}: stopping; requests in flight may finish");
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("Ctrl-C: stopping; requests in flight may finish");
+        })
+    }
+}

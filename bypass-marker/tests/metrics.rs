@@ -1,0 +1,619 @@
+//! The proxy's Prometheus metrics (`--metrics-listen`), with real requests through the proxy to
+//! real upstreams on 127.0.0.1: exact counts, names and labels, read from `GET /metrics` and
+//! parsed strictly as OpenMetrics text (see [`parse`]).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use bypass_marker_cli::{self as cli, metrics, Metrics, ProxyArgs};
+use bytes::Bytes;
+use http::{header, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A proxy and its metrics endpoint, both on 127.0.0.1; stopped when dropped.
+struct Served {
+    proxy: SocketAddr,
+    metrics: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn stopped(rx: oneshot::Receiver<()>) {
+    let _ = rx.await;
+}
+
+async fn start(upstream: &str, args: &[&str]) -> Served {
+    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+    all.extend_from_slice(args);
+    let config = ProxyArgs::from_args(all).unwrap();
+    let registry: Arc<Metrics> = cli::proxy::metrics_for(&config).unwrap();
+    let listener = cli::bind(config.listen, 128).unwrap();
+    let proxy = listener.local_addr().unwrap();
+    let metrics_listener = cli::bind("127.0.0.1:0".parse().unwrap(), 128).unwrap();
+    let metrics = metrics_listener.local_addr().unwrap();
+    let (stop, rx) = oneshot::channel();
+    let (stop_metrics, rx_metrics) = oneshot::channel::<()>();
+    tokio::spawn(metrics::serve_metrics(
+        metrics_listener,
+        registry.clone(),
+        stopped(rx_metrics),
+    ));
+    tokio::spawn(async move {
+        let _ = cli::serve_metered(listener, config, registry, stopped(rx)).await;
+        drop(stop_metrics);
+    });
+    Served {
+        proxy,
+        metrics,
+        _stop: stop,
+    }
+}
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn send(req: http::Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, Bytes) {
+    tokio::time::timeout(PATIENCE, async {
+        let res = client().request(req).await.unwrap();
+        let (parts, body) = res.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        (parts.status, parts.headers, body)
+    })
+    .await
+    .expect("a response in time")
+}
+
+async fn post(addr: SocketAddr, body: serde_json::Value) -> (StatusCode, Bytes) {
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let (status, _, body) = send(req).await;
+    (status, body)
+}
+
+/// One sample: (name, labels as `k="v"` sorted, joined by `,`).
+type Key = (String, String);
+
+/// Parses OpenMetrics text strictly: `# HELP`, `# TYPE` (and `# UNIT`) lines name a family before
+/// its samples; every sample's name is its family's plus a suffix its type allows; names and
+/// label names are valid, label values quoted; values are numbers; no sample twice; histogram
+/// buckets cumulative with `+Inf` equal to `_count`; the text ends with `# EOF`. Panics with the
+/// offending line otherwise.
+fn parse(text: &str) -> BTreeMap<Key, f64> {
+    fn valid_name(name: &str, colon: bool) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
+    }
+    assert!(text.ends_with("# EOF\n"), "no # EOF at the end:\n{text}");
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut helped: Vec<String> = Vec::new();
+    let mut family: Option<String> = None;
+    let mut samples = BTreeMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if *line == "# EOF" {
+            assert_eq!(i, lines.len() - 1, "# EOF before the end");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (kind, name) = (parts.next().unwrap(), parts.next().expect(line));
+            assert!(valid_name(name, true), "{line}");
+            match kind {
+                "HELP" => {
+                    assert!(!helped.contains(&name.to_owned()), "HELP twice: {line}");
+                    helped.push(name.to_owned());
+                    family = Some(name.to_owned());
+                }
+                "TYPE" => {
+                    let ty = parts.next().expect(line);
+                    assert!(
+                        ["counter", "gauge", "histogram"].contains(&ty),
+                        "unexpected type: {line}"
+                    );
+                    assert!(
+                        types.insert(name.to_owned(), ty.to_owned()).is_none(),
+                        "{line}"
+                    );
+                    family = Some(name.to_owned());
+                }
+                "UNIT" => {}
+                _ => panic!("unknown comment: {line}"),
+            }
+            continue;
+        }
+        assert!(!line.is_empty(), "empty line {i}");
+        let (series, value) = line.rsplit_once(' ').expect(line);
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value of {line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, ""),
+            Some((name, labels)) => (name, labels.strip_suffix('}').expect(line)),
+        };
+        assert!(valid_name(name, true), "{line}");
+        let fam = family.as_deref().expect("a sample before any # TYPE");
+        let suffix = name
+            .strip_prefix(fam)
+            .unwrap_or_else(|| panic!("{line} outside {fam}"));
+        let allowed: &[&str] = match types[fam].as_str() {
+            "counter" => &["_total", "_created"],
+            "gauge" => &[""],
+            "histogram" => &["_bucket", "_sum", "_count", "_created"],
+            _ => unreachable!(),
+        };
+        assert!(
+            allowed.contains(&suffix),
+            "{line}: suffix {suffix:?} for a {}",
+            types[fam]
+        );
+        let mut pairs: Vec<String> = Vec::new();
+        let mut rest = labels;
+        while !rest.is_empty() {
+            let (label, after) = rest.split_once("=\"").expect(line);
+            assert!(valid_name(label, false), "label {label:?} in {line}");
+            // The value runs to the next unescaped quote.
+            let mut end = None;
+            let mut escaped = false;
+            for (j, c) in after.char_indices() {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        end = Some(j);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let end = end.expect(line);
+            pairs.push(format!("{label}=\"{}\"", &after[..end]));
+            rest = &after[end + 1..];
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+        }
+        pairs.sort();
+        let key = (name.to_owned(), pairs.join(","));
+        assert!(samples.insert(key, value).is_none(), "sample twice: {line}");
+    }
+    // Histograms: cumulative buckets, +Inf = count.
+    for (fam, ty) in &types {
+        if ty != "histogram" {
+            continue;
+        }
+        let buckets: Vec<(f64, f64)> = samples
+            .iter()
+            .filter(|((name, _), _)| *name == format!("{fam}_bucket"))
+            .map(|((_, labels), v)| {
+                let le = labels.strip_prefix("le=\"").unwrap().trim_end_matches('"');
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
+                (le, *v)
+            })
+            .collect();
+        let mut sorted = buckets.clone();
+        sorted.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+        assert!(
+            sorted.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{fam}: {sorted:?}"
+        );
+        let count = samples[&(format!("{fam}_count"), String::new())];
+        assert_eq!(sorted.last().unwrap(), &(f64::INFINITY, count), "{fam}");
+    }
+    samples
+}
+
+/// Scrapes `GET /metrics` and parses it.
+async fn scrape(served: &Served) -> BTreeMap<Key, f64> {
+    let req = http::Request::get(format!("http://{}/metrics", served.metrics))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, body) = send(req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers[header::CONTENT_TYPE], metrics::CONTENT_TYPE);
+    parse(std::str::from_utf8(&body).unwrap())
+}
+
+fn get(samples: &BTreeMap<Key, f64>, name: &str, labels: &str) -> f64 {
+    *samples
+        .get(&(name.to_owned(), labels.to_owned()))
+        .unwrap_or_else(|| panic!("no {name}{{{labels}}} in {samples:#?}"))
+}
+
+/// A Dynamo-like stream: the router's marker, a `request_id` annotation, data.
+async fn dynamo_stream() -> impl IntoResponse {
+    let frames = [
+        "event: x-bypass-remote-prefill\n: true\n\n",
+        "event: request_id\n: \"r-1\"\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let stream = futures_util::stream::iter(frames.map(|f| Ok::<_, Infallible>(Bytes::from(f))));
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+}
+
+async fn spawn(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn request(annotations: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "model": "m", "stream": true, "messages": [],
+        "nvext": { "annotations": annotations },
+    })
+}
+
+const REMOVED: &str = "bypass_marker_frames_removed_total";
+const FORWARDED: &str = "bypass_marker_frames_forwarded_total";
+const REFUSED: &str = "bypass_marker_requests_refused_total";
+const ERRORS: &str = "bypass_marker_upstream_errors_total";
+
+#[tokio::test]
+async fn frames_removed_and_forwarded_are_counted_exactly_per_name() {
+    let upstream = spawn(axum::Router::new().fallback(dynamo_stream)).await;
+    let served = start(&format!("http://{upstream}"), &[]).await;
+
+    // Before any request: a series at 0 for every name of the dynamo preset.
+    let before = scrape(&served).await;
+    for name in [
+        "x-bypass-remote-prefill",
+        "x-prefill-continue",
+        "request_id",
+        "formatted_prompt",
+        "token_ids",
+        "llm_metrics",
+        "payload_usage",
+    ] {
+        let label = format!("annotation=\"{name}\"");
+        assert_eq!(get(&before, REMOVED, &label), 0.0);
+        assert_eq!(get(&before, FORWARDED, &label), 0.0);
+    }
+    assert_eq!(get(&before, "bypass_marker_streams_active", ""), 0.0);
+
+    // 7 streams with no opt-in, 3 that opt in to the marker, 2 to both annotations.
+    let (plain, marker, both) = (7, 3, 2);
+    for _ in 0..plain {
+        let (status, body) = post(served.proxy, request(&[])).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!body.windows(6).any(|w| w == b"event:"), "{body:?}");
+    }
+    for _ in 0..marker {
+        post(served.proxy, request(&["x-bypass-remote-prefill"])).await;
+    }
+    for _ in 0..both {
+        post(
+            served.proxy,
+            request(&["x-bypass-remote-prefill", "request_id"]),
+        )
+        .await;
+    }
+    let after = scrape(&served).await;
+    let marker_label = "annotation=\"x-bypass-remote-prefill\"";
+    let id_label = "annotation=\"request_id\"";
+    assert_eq!(get(&after, REMOVED, marker_label), plain as f64);
+    assert_eq!(get(&after, FORWARDED, marker_label), (marker + both) as f64);
+    assert_eq!(get(&after, REMOVED, id_label), (plain + marker) as f64);
+    assert_eq!(get(&after, FORWARDED, id_label), both as f64);
+    assert_eq!(get(&after, REMOVED, "annotation=\"llm_metrics\""), 0.0);
+    // No `annotation=""` series outside SDK-safe mode.
+    assert!(!after.contains_key(&(REMOVED.to_owned(), "annotation=\"\"".to_owned())));
+    // Every request is in the histogram; none is in flight.
+    let total = (plain + marker + both) as f64;
+    assert_eq!(
+        get(&after, "bypass_marker_request_duration_seconds_count", ""),
+        total
+    );
+    assert_eq!(get(&after, "bypass_marker_streams_active", ""), 0.0);
+    assert_eq!(get(&after, REFUSED, "status=\"400\""), 0.0);
+}
+
+#[tokio::test]
+async fn sdk_safe_removals_of_no_name_have_the_empty_label() {
+    async fn comments() -> impl IntoResponse {
+        (
+            [(header::CONTENT_TYPE, "text/event-stream")],
+            "id: 1\n\ndata: x\n\nretry: 5\n\n",
+        )
+    }
+    let upstream = spawn(axum::Router::new().fallback(comments)).await;
+    let served = start(
+        &format!("http://{upstream}"),
+        &["--sdk-safe", "--preset", "none"],
+    )
+    .await;
+    assert_eq!(get(&scrape(&served).await, REMOVED, "annotation=\"\""), 0.0);
+    let req = http::Request::get(format!("http://{}/s", served.proxy))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, _, body) = send(req).await;
+    assert_eq!(body, "data: x\n\n");
+    let after = scrape(&served).await;
+    assert_eq!(get(&after, REMOVED, "annotation=\"\""), 2.0);
+    assert_eq!(
+        get(&after, REMOVED, "annotation=\"x-bypass-remote-prefill\""),
+        0.0
+    );
+}
+
+/// Writes `request` on a new connection and returns the status code of the answer.
+async fn raw_status(addr: SocketAddr, request: &[u8]) -> u16 {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, conn.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    std::str::from_utf8(&out[9..12]).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn refusals_are_counted_per_status_and_never_reach_the_upstream() {
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = reached.clone();
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        dynamo_stream()
+    });
+    let upstream = spawn(app).await;
+    let served = start(
+        &format!("http://{upstream}"),
+        &["--max-body", "1000", "--body-timeout", "0.3"],
+    )
+    .await;
+    let addr = served.proxy;
+    // 400: not JSON, twice.
+    for _ in 0..2 {
+        let req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+            Content-Type: application/json\r\nContent-Length: 5\r\n\r\n{nope";
+        assert_eq!(raw_status(addr, req).await, 400);
+    }
+    // 413: larger than --max-body.
+    let big = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: 2000\r\n\r\n{}",
+        " ".repeat(2000)
+    );
+    assert_eq!(raw_status(addr, big.as_bytes()).await, 413);
+    // 415: an encoded JSON body.
+    let req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(raw_status(addr, req).await, 415);
+    // 501: a transfer coding other than chunked.
+    let req = b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+        Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n";
+    assert_eq!(raw_status(addr, req).await, 501);
+    // 408: a JSON body that stops arriving.
+    let req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":";
+    assert_eq!(raw_status(addr, req).await, 408);
+    // Forwarded, not refused: an upstream 404 is the upstream's answer.
+    let (status, _) = post(addr, request(&[])).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let after = scrape(&served).await;
+    for (status, n) in [
+        ("400", 2.0),
+        ("408", 1.0),
+        ("413", 1.0),
+        ("415", 1.0),
+        ("501", 1.0),
+    ] {
+        assert_eq!(
+            get(&after, REFUSED, &format!("status=\"{status}\"")),
+            n,
+            "{status}"
+        );
+    }
+    let refused: f64 = after
+        .iter()
+        .filter(|((name, _), _)| name == REFUSED)
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(refused, 6.0);
+    // Only the one request that was not refused reached the upstream.
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        get(&after, "bypass_marker_request_duration_seconds_count", ""),
+        7.0
+    );
+}
+
+#[tokio::test]
+async fn upstream_errors_are_counted_per_kind() {
+    // connect: nothing listens.
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed = free.local_addr().unwrap();
+    drop(free);
+    // timeout: accepts, never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    // head: reads the request, closes. body: a head promising 100 bytes, 10, then closes.
+    let rude = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rude_addr = rude.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = rude.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0; 4096];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                if buf[..n].starts_with(b"GET /body") {
+                    let _ = conn
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
+                              content-length: 100\r\n\r\n0123456789",
+                        )
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+    });
+    let get_status = |addr: SocketAddr, path: &'static str| async move {
+        let req = http::Request::get(format!("http://{addr}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let res = tokio::time::timeout(PATIENCE, client().request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let status = res.status();
+        let _ = res.into_body().collect().await;
+        status
+    };
+
+    let to_closed = start(&format!("http://{closed}"), &[]).await;
+    assert_eq!(
+        get_status(to_closed.proxy, "/").await,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(
+        get_status(to_closed.proxy, "/").await,
+        StatusCode::BAD_GATEWAY
+    );
+    let m = scrape(&to_closed).await;
+    assert_eq!(get(&m, ERRORS, "kind=\"connect\""), 2.0);
+    assert_eq!(get(&m, ERRORS, "kind=\"timeout\""), 0.0);
+
+    let to_silent = start(
+        &format!("http://{silent_addr}"),
+        &["--response-timeout", "0.2"],
+    )
+    .await;
+    assert_eq!(
+        get_status(to_silent.proxy, "/").await,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    let m = scrape(&to_silent).await;
+    assert_eq!(get(&m, ERRORS, "kind=\"timeout\""), 1.0);
+    assert_eq!(get(&m, ERRORS, "kind=\"connect\""), 0.0);
+
+    let to_rude = start(&format!("http://{rude_addr}"), &[]).await;
+    assert_eq!(
+        get_status(to_rude.proxy, "/head").await,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(get_status(to_rude.proxy, "/body").await, StatusCode::OK);
+    let m = scrape(&to_rude).await;
+    assert_eq!(get(&m, ERRORS, "kind=\"head\""), 1.0);
+    assert_eq!(get(&m, ERRORS, "kind=\"body\""), 1.0);
+    assert_eq!(get(&m, REFUSED, "status=\"400\""), 0.0);
+}
+
+#[tokio::test]
+async fn streams_in_flight_are_a_gauge_and_other_paths_are_404() {
+    let (release, released) = oneshot::channel::<()>();
+    let released = Arc::new(tokio::sync::Mutex::new(Some(released)));
+    let app = axum::Router::new().fallback(move || {
+        let released = released.clone();
+        async move {
+            let rx = released.lock().await.take();
+            let stream = futures_util::stream::once(async move {
+                if let Some(rx) = rx {
+                    let _ = rx.await;
+                }
+                Ok::<_, Infallible>(Bytes::from_static(b"data: done\n\n"))
+            });
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                Body::from_stream(stream),
+            )
+        }
+    });
+    let upstream = spawn(app).await;
+    let served = start(&format!("http://{upstream}"), &[]).await;
+    let url = format!("http://{}/stream", served.proxy);
+    let streaming = tokio::spawn(async move {
+        let req = http::Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send(req).await
+    });
+    let mut active = 0.0;
+    for _ in 0..100 {
+        active = get(&scrape(&served).await, "bypass_marker_streams_active", "");
+        if active == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(active, 1.0);
+    release.send(()).unwrap();
+    let (_, _, body) = streaming.await.unwrap();
+    assert_eq!(body, "data: done\n\n");
+    let m = scrape(&served).await;
+    assert_eq!(get(&m, "bypass_marker_streams_active", ""), 0.0);
+
+    for path in ["/", "/metric", "/metrics/x"] {
+        let req = http::Request::get(format!("http://{}{path}", served.metrics))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        assert_eq!(send(req).await.0, StatusCode::NOT_FOUND, "{path}");
+    }
+    let req = http::Request::post(format!("http://{}/metrics", served.metrics))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(req).await.0, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[test]
+fn the_parser_refuses_what_prometheus_would() {
+    let good = "# HELP x_total A.\n# TYPE x counter\nx_total{a=\"1\"} 2\n# EOF\n";
+    // (The family of a counter is named without _total.)
+    let good = good.replace("# HELP x_total", "# HELP x");
+    assert_eq!(parse(&good).len(), 1);
+    for bad in [
+        good.replace("# EOF\n", ""),
+        good.replace("x_total{", "x{"),
+        good.replace("a=\"1\"", "a=1"),
+        good.replace(" 2\n", " two\n"),
+        good.replace(
+            "x_total{a=\"1\"} 2\n",
+            "x_total{a=\"1\"} 2\nx_total{a=\"1\"} 3\n",
+        ),
+        good.replace("{a=", "{1a="),
+    ] {
+        assert!(
+            std::panic::catch_unwind(|| parse(&bad)).is_err(),
+            "accepted:\n{bad}"
+        );
+    }
+    // The crate's own encoding of an empty registry parses.
+    let empty = Metrics::new([], false).encode();
+    let samples = parse(&empty);
+    assert!(samples.contains_key(&("bypass_marker_streams_active".to_owned(), String::new())));
+}
