@@ -291,6 +291,7 @@ impl StreamFilter {
             Ok(BodyStep::Replace {
                 body,
                 set_content_length,
+                ..
             }) => {
                 let length = body.len();
                 // The spliced body goes where Envoy keeps the body it forwards: the buffered body
@@ -380,6 +381,7 @@ impl StreamFilter {
             Ok(ResponseStep::Pass) => HeadersStatus::Continue,
             Ok(ResponseStep::Filter {
                 remove_content_length,
+                ..
             }) => {
                 if remove_content_length
                     && !host.set_header(Headers::Response, "content-length", None)
