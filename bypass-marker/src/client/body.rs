@@ -19,7 +19,7 @@ use super::reading::Reading;
 use super::{invalid, OnExpiry};
 
 /// The body of an upstream response: reads the upstream's socket when polled, and yields what
-/// each read brings as one frame (the promises it keeps are listed in `src/cli/client/mod.rs`).
+/// each read brings as one frame (the promises it keeps are listed in `src/client/mod.rs`).
 pub struct UpstreamResponseBody {
     io: Option<Connection>,
     pub(super) read: Reading,
