@@ -169,10 +169,11 @@ where
             }
         };
         let inner = self.inner.size_hint();
-        // Frames may be removed, so only an upper bound holds.
+        // Frames may be removed, so only an upper bound holds. An inner bound of `u64::MAX` (or
+        // near it) stays `u64::MAX`: the sum would overflow.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + f.filter.pending() as u64);
+            hint.set_upper(upper.saturating_add(f.filter.pending() as u64));
         }
         hint
     }

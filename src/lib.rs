@@ -464,7 +464,7 @@
 //!   `nvext` only as a member of the top-level object).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 pub mod annotations;
