@@ -4,8 +4,8 @@
 //! that opted in to every name gets the encoded stream untouched.
 //!
 //! In a `ServiceBuilder` the first layer is the outermost: compression first. axum's
-//! `Router::layer` wraps what is there already: compression last. Either way round the other way,
-//! the refusal's message names the layer order as well as the upstream.
+//! `Router::layer` wraps what is there already: compression last. The other way round, the layer
+//! answers the 502, and its message names the layer order as well as the upstream.
 //!
 //! tower-http's default predicate does not compress `text/event-stream` at all, so the order only
 //! matters once an application compresses event streams; these tests use such a predicate, and pin
@@ -69,7 +69,7 @@ async fn opt_in(mut req: AxumRequest, next: Next) -> AxumResponse {
 
 /// tower-http's default predicate without its exception for event streams.
 fn compresses_event_streams() -> impl Predicate {
-    SizeAbove::new(32)
+    SizeAbove::default()
         .and(NotForContentType::GRPC)
         .and(NotForContentType::IMAGES)
 }
