@@ -254,7 +254,7 @@ impl<B: Body + Unpin> Body for Hinted<B> {
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.1.clone()
+        self.1
     }
 }
 
