@@ -67,7 +67,8 @@
 //! In axum, `Router::layer` wraps what is already there, so the guard is added last:
 //! `.layer(bypass.clone()).layer(bypass.json_guard())`. The order of the two layers does not
 //! matter for the opt-in, though: the guard puts it in the response's extensions too, which the
-//! response layer reads when the response head arrives; the tests run both orders.
+//! response layer reads when the response head arrives; the tests run both orders. A compression
+//! layer goes after both, outermost: see [where to put it](crate#where-to-put-it).
 //!
 //! # Which requests are read
 //!
