@@ -422,7 +422,8 @@ impl FrameObserver for Metrics {
         tracing::warn!(
             coding,
             "an event stream in a content coding the filter cannot read was answered with a 502 \
-             (encoded_event_stream): make the upstream answer with content-encoding identity"
+             (encoded_event_stream): the upstream compressed it although asked for identity, or a \
+             compressor runs between the upstream and the filter"
         );
     }
 }
