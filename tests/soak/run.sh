@@ -14,8 +14,9 @@
 # force a router-owned marker), paced streams, clients that reset mid-stream, upstreams that reset
 # mid-stream, slow readers, oversized and malformed request bodies, gzipped event streams. Every
 # response is checked byte for byte. At the end, with the traffic stopped:
-#   - every process's RSS (and Envoy's heap) is within max(16 MiB, 25 %) of its quiet state after
-#     the warm-up, and its open files within 2 per client + 4 (BENCHMARKS.md, "The soak", says why);
+#   - every process's RSS is within max(4 MiB, 10 %) of its quiet state after the warm-up, each
+#     Envoy's heap within max(2 MiB, 10 %), its open files within 2 per client + 4
+#     (BENCHMARKS.md, "The soak", says why);
 #   - the streams-in-flight and held-bytes gauges read 0: the sidecar's streams_active and
 #     request_bytes_held, the processor's request_bytes_held and the gRPC streams Envoy has open
 #     to it, each Envoy's active downstream requests, connections and upstream requests;
