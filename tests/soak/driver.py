@@ -11,8 +11,8 @@ Drives every front door at once with mixed traffic, for --secs seconds after a w
   client-reset  the upstream sends N frames and then nothing; the client reads the N frames and
              resets the connection (RST)
   upstream-reset  the upstream sends N frames, then resets its connection
-  slow-reader  2,000 marker and data frames back to back, read by a client with a 4 KiB receive
-             buffer, 4 KiB every 5 ms: the front door meets back-pressure
+  slow-reader  2,000 marker and data frames back to back, one chunk each (170 kB once
+             filtered), read by a client with a 4 KiB receive buffer, 8 KiB every 5 ms
   oversized  a JSON request body past max-body: 413
   malformed  a request body that is no JSON, cut short, or not UTF-8: 400
   gzip       an upstream that gzips its event stream whatever it was asked: 502
@@ -33,7 +33,7 @@ and end per process, and writes the figures as JSON to --summary.
 import argparse
 import asyncio
 import collections
-import gzip as gzip_module
+import functools
 import json
 import os
 import random
@@ -61,6 +61,7 @@ PRESET = (
 # past it, large accepted ones under it.
 MAX_BODY = 65536
 TIMEOUT = 60  # seconds any one exchange may take
+SLOW_EVENTS = 2000  # the slow reader's stream: 2,000 marker and data frames, 250 kB sent
 CASES = {
     "script": 40,
     "paced": 12,
@@ -77,6 +78,11 @@ MALFORMED = {
     "trailing": b'{"model":"tiny","stream":true,"messages":[]} {"again":1}',
     "not-json": b"model=tiny&stream=true",
 }
+
+
+@functools.cache
+def slow_expected():
+    return script.paced_expected(SLOW_EVENTS)
 
 
 class Failure(Exception):
@@ -199,12 +205,18 @@ async def post(door, body, *, rcvbuf=None, pause=0.0, stop_at=None, content_type
 
         async def take(n):
             nonlocal read
-            data = await reader.readexactly(n)
-            if pause:
-                before, read = read, read + n
-                if before // 4096 != read // 4096:
+            if not pause:
+                return await reader.readexactly(n)
+            # A slow reader: a pause after every 8 KiB.
+            parts = []
+            while n:
+                part = await reader.readexactly(min(n, 8192))
+                parts.append(part)
+                n -= len(part)
+                before, read = read, read + len(part)
+                if before // 8192 != read // 8192:
                     await asyncio.sleep(pause)
-            return data
+            return b"".join(parts)
 
         try:
             if reply.headers.get("transfer-encoding", "").lower() == "chunked":
@@ -339,10 +351,10 @@ async def run_case(door, case, rng):
         tally["removed", "x-bypass-remote-prefill"] += events
         tally["upstream-reset"] += 1
     elif case == "slow-reader":
-        events = 2000
+        events = SLOW_EVENTS
         test = {"kind": "paced", "events": events, "interval_ms": 0}
         reply = await post(door, chat([], test), rcvbuf=4096, pause=0.005)
-        expect_stream(reply, script.paced_expected(events))
+        expect_stream(reply, slow_expected())
         tally["removed", "x-bypass-remote-prefill"] += events
     elif case == "oversized":
         await refusal(door, "oversized", 413, chat([], {"kind": "script", "id": 1}, MAX_BODY + 100), "")
@@ -561,11 +573,15 @@ async def main():
     # The calibration: one of each refusal through each door, before anything else.
     for door in doors:
         rng = random.Random(args.seed)
-        for kind in sorted(MALFORMED):
-            door.tally["requests"] += 1
-            await refusal(door, f"malformed-{kind}", 400, MALFORMED[kind], "")
-        for case in ("oversized", "gzip"):
-            await run_case(door, case, rng)
+        try:
+            for kind in sorted(MALFORMED):
+                door.tally["requests"] += 1
+                await refusal(door, f"malformed-{kind}", 400, MALFORMED[kind], "")
+            for case in ("oversized", "gzip"):
+                await run_case(door, case, rng)
+        except (Failure, OSError, asyncio.TimeoutError, ValueError) as err:
+            check(False, f"{door.name}: calibration: {type(err).__name__}: {err}")
+            return 1
     for door in doors:
         check(len(door.references) == len(MALFORMED) + 2, f"{door.name}: calibration refusals ({', '.join(f'{k} {v[0]}' for k, v in sorted(door.references.items()))})")
 

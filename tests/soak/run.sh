@@ -163,6 +163,7 @@ log "the sidecar on $sidecar, Envoy with the processor on 127.0.0.1:$ext_proc_li
 CLIENT_TIMEOUT=$((${secs%.*} + ${warmup%.*} + 300))
 summary="${BYPASS_MARKER_SOAK_SUMMARY:-$work/summary.json}"
 soaked=$SECONDS
+failed_before=$failed
 run_client "the soak" "$python" -u "$here/driver.py" \
   --sidecar "$sidecar" --ext-proc "http://127.0.0.1:$ext_proc_listen" \
   --module "http://127.0.0.1:$module_listen" \
@@ -171,8 +172,8 @@ run_client "the soak" "$python" -u "$here/driver.py" \
   --ext-proc-admin "http://127.0.0.1:$ext_proc_admin" --module-admin "http://127.0.0.1:$module_admin" \
   --upstream "$upstream" "${pids[@]}" --secs "$secs" --warmup "$warmup" \
   --concurrency "$concurrency" --seed "$seed" --summary "$summary"
-# The figures table (the driver's stderr).
-sed -n '/^process /,$p' "$work/client.err" >&2
+# The figures (the driver's stderr, which run_client shows whole when it failed).
+((failed == failed_before)) && sed -n '/^process /,$p' "$work/client.err" >&2
 log "traffic and checks took $((SECONDS - soaked)) s"
 
 # Every server still up after the soak (a crash between the driver's last check and here).
