@@ -29,8 +29,9 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send,
 {
-    let layer = args.naming.layer()?.observe(metrics);
     let budget = envoy::BodyBudget::new(args.naming.buffered_budget());
+    metrics.watch_budget(&budget);
+    let layer = args.naming.layer()?.observe(metrics);
     tracing::info!(
         "at most {} bytes of request bodies held at once (--max-buffered-bytes)",
         budget.limit()

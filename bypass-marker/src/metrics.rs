@@ -155,9 +155,11 @@ impl Metrics {
         Self::build(names, sdk_safe, true)
     }
 
-    /// Metrics for `bypass-marker ext-proc`: only the frame series (as [`Metrics::new`] makes
-    /// them). Envoy answers and times the requests itself, so the proxy's request, upstream and
-    /// stream series would only ever read 0 there, and are left out.
+    /// Metrics for `bypass-marker ext-proc`: the frame series (as [`Metrics::new`] makes them)
+    /// and the request body budget's (`request_bytes_held`, `request_bytes_budget`, once
+    /// [`watch_budget`](Self::watch_budget) is called). Envoy answers and times the requests
+    /// itself, so the proxy's request, upstream and stream series would only ever read 0 there,
+    /// and are left out.
     pub fn frames_only<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool) -> Self {
         Self::build(names, sdk_safe, false)
     }
@@ -269,14 +271,15 @@ impl Metrics {
             "Time from the request head to the end of the response body",
             duration.clone(),
         );
+        // The budget's series: both the proxy and the processor hold request bodies under it.
         let bytes_held = Gauge::<i64, AtomicI64>::default();
-        proxy_series.register(
+        registry.register(
             "request_bytes_held",
             "Bytes of request bodies the guard holds now, summed over every request",
             bytes_held.clone(),
         );
         let bytes_budget = Gauge::<i64, AtomicI64>::default();
-        proxy_series.register(
+        registry.register(
             "request_bytes_budget",
             "The most bytes of request bodies held at once (--max-buffered-bytes)",
             bytes_budget.clone(),

@@ -451,6 +451,15 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
         let series = format!("bypass_marker_frames_removed_total{{annotation=\"{name}\"}} 0");
         assert!(text.contains(&series), "no {series} in:\n{text}");
     }
+    // The request body budget's gauges, which the soak (tests/soak/) reads back to 0.
+    assert!(
+        text.contains("bypass_marker_request_bytes_held 0\n"),
+        "no bytes-held gauge in:\n{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_request_bytes_budget "),
+        "no budget gauge in:\n{text}"
+    );
 
     sigterm(&child);
     let status = tokio::time::timeout(PATIENCE, child.wait())
