@@ -64,7 +64,7 @@ build_bypass_marker() {
     return
   fi
   log "building bypass-marker"
-  (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) ||
+  (cd "$root" && cargo build --quiet --release -p bypass-marker) ||
     die "cannot build the bypass-marker binary; set BYPASS_MARKER_BIN to one"
   bin="$target/release/bypass-marker"
 }
