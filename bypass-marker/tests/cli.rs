@@ -342,7 +342,7 @@ async fn text_logs_and_rust_log_filtering() {
         (Some("warn"), false),
         (Some("bypass_marker=info"), true),
     ] {
-        let mut command = tokio::process::Command::new(BIN);
+        let mut command = support::command();
         command
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
             .arg(format!("http://{upstream}"))
