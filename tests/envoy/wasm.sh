@@ -14,7 +14,8 @@
 #     curl over HTTP/1.1 and HTTP/2; streams that end in trailers (enable_trailers both ways);
 #   - a client that goes away, an upstream that resets;
 #   - a panic in a hook (the test-panic build): a 503 or a broken stream, never the marker, and
-#     the next request is served by a reloaded VM (failure_policy: FAIL_RELOAD);
+#     the next request is served by a reloaded VM (failure_policy: FAIL_RELOAD); a stream in
+#     flight on the trapped VM breaks too, never going on unfiltered;
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
 #     100): each body reaches the upstream once, as sent (the marker stripped);
@@ -251,6 +252,10 @@ for version in $versions; do
   for hook in request_headers request_body response_headers response_body; do
     run_client "$v: panic in $hook" "${client[@]}" panic --front wasm --envoy "$url" \
       --upstream "$upstream" --hook "$hook"
+  done
+  for hook in request_body response_body; do
+    run_client "$v: a stream in flight when another panics in $hook" "${client[@]}" panic_inflight \
+      --front wasm --envoy "$url" --upstream "$upstream" --hook "$hook"
   done
   ok=0
   grep -q 'bypass_marker test panic in response_body' "$work/panic-$version.log" && ok=1
