@@ -682,6 +682,7 @@ async def run_panic(args):
         "nor a clean end of the stream",
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}",
     )
+    await reload_backoff(args)
     await served_after(args, f"after a panic in {args.hook}")
 
 
@@ -727,6 +728,14 @@ async def run_curl(args):
                "allows", "; ".join(bad[:3]))
 
 
+async def reload_backoff(args):
+    """After a panic traps the proxy-wasm plugin's VM, Envoy (failure_policy FAIL_RELOAD) answers
+    new streams with its 503 until the reload backoff has passed (1 s by default), then loads a
+    fresh VM for the next one: wait it out."""
+    if args.front == "wasm":
+        await asyncio.sleep(1.5)
+
+
 async def run_panic_inflight(args):
     """(the proxy-wasm plugin, test-panic build) A panic traps the VM every stream of the worker
     shares: a stream in flight on it when another panics fails too (Envoy fails each stream of a
@@ -754,6 +763,7 @@ async def run_panic_inflight(args):
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}; the panicking one: "
         f"status {panic.status}, clean end {panic.clean_end}",
     )
+    await reload_backoff(args)
     await served_after(args, f"after a panic in {args.hook} with a stream in flight")
 
 

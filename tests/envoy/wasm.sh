@@ -181,9 +181,21 @@ suite=$SECONDS
 start_upstreams
 client=("$python" "$here/client.py")
 
+# Fresh routers for each Envoy after the first: the raw client's cold requests must be cold (the
+# router remembers every prompt it has seen and bypasses remote prefill for it).
+start_routers() {
+  start "router-envoy-$1" "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+  wait_for "$last_group" 100 listening "router-envoy-$1" || die "the router did not start: $(cat "$work/router-envoy-$1.log")"
+  router_behind="$url"
+  start "router-direct-$1" "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+  wait_for "$last_group" 100 listening "router-direct-$1" || die "the router did not start: $(cat "$work/router-direct-$1.log")"
+  router_direct="$url"
+}
+
 for version in $versions; do
   v="Envoy $version"
   envoy_bin="${envoys[$version]}"
+  [[ "$version" != "${versions%% *}" ]] && start_routers "$version"
   log "$("$envoy_bin" --version | tr -s ' \n' ' ')"
   start_envoy "envoy-$version" "$version" "$shipped" "${upstream##*:}" "$plugin"
   envoy_url="$url"
