@@ -26,7 +26,9 @@
 //!   module loaded from DIR;
 //! - **Envoy + wasm** (with `--wasm FILE`, default the `bypass_marker.wasm` of the same target
 //!   directory, `--no-wasm` to leave it out): `examples/envoy/wasm.yaml`, the proxy-wasm plugin
-//!   in Envoy's V8;
+//!   in Envoy's V8; `--wasm-variant FILE` (repeatable) adds a row for another build, named by
+//!   its target directory (`bash wasm-plugin/build.sh --features floor-read --target-dir
+//!   target/floor-read`: the floor of a body filter in proxy-wasm);
 //! - **proxy --no-layer** and **proxy**: the sidecar (`--proxy BIN`; `BIN proxy ...` when BIN is
 //!   the `bypass-marker` binary, `BIN ...` for `examples/proxy.rs`), forwarding untouched and with
 //!   the layer and the guard on.
@@ -465,16 +467,29 @@ impl Setup {
         }
     }
 
-    /// Envoy with the proxy-wasm plugin `file`.
-    fn envoy_wasm(&self, file: &Path) -> Target {
+    /// Envoy with the proxy-wasm plugin `file`; the first one is "Envoy + wasm", the others are
+    /// named by their file's directory (floor builds, other builds).
+    fn envoy_wasm(&self, file: &Path, k: usize) -> Target {
+        let name = if k == 0 {
+            "Envoy + wasm".to_owned()
+        } else {
+            let dir = file
+                .parent()
+                .and_then(|d| d.parent())
+                .and_then(|d| d.parent());
+            let label = dir
+                .and_then(|d| d.file_name())
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+            format!("Envoy + wasm {label}")
+        };
         let (child, addr) = self.envoy_with(
-            "envoy-wasm",
+            &format!("envoy-wasm-{k}"),
             "wasm.yaml",
             None,
             &[("WASM_FILE", file.display().to_string())],
         );
         Target {
-            name: "Envoy + wasm".to_owned(),
+            name,
             addr,
             children: vec![child],
         }
@@ -798,6 +813,8 @@ struct Args {
     module: Option<PathBuf>,
     /// The proxy-wasm plugin, for the Envoy + wasm row.
     wasm: Option<PathBuf>,
+    /// More plugin builds, one row each (`--wasm-variant FILE`).
+    wasm_variants: Vec<PathBuf>,
     /// Flags of further processor rows (`--ext-proc-variant "--threads 1"`), beside the default.
     variants: Vec<String>,
     rounds: usize,
@@ -809,7 +826,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--module DIR | --no-module] [--wasm FILE | --no-wasm] [--no-proxy] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--module DIR | --no-module] [--wasm FILE | --no-wasm] [--wasm-variant FILE]... [--no-proxy] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
 
@@ -862,6 +879,7 @@ fn parse_args() -> Args {
         wasm: exe_dir
             .map(|d| d.join("../../wasm32-wasip1/release/bypass_marker.wasm"))
             .filter(|f| f.exists()),
+        wasm_variants: Vec::new(),
         variants: Vec::new(),
         rounds: 3,
         bulk_streams: 20,
@@ -894,6 +912,7 @@ fn parse_args() -> Args {
             "--no-module" => args.module = None,
             "--wasm" => args.wasm = Some(value().into()),
             "--no-wasm" => args.wasm = None,
+            "--wasm-variant" => args.wasm_variants.push(value().into()),
             "--ext-proc-variant" => args.variants.push(value()),
             "--no-proxy" => args.proxy = None,
             "--rounds" => args.rounds = number(value()).max(1),
@@ -971,9 +990,13 @@ fn main() {
     match &args.wasm {
         Some(file) => {
             println!("wasm: {}", file.display());
-            targets.push(setup.envoy_wasm(file));
+            targets.push(setup.envoy_wasm(file, 0));
         }
         None => println!("(no --wasm FILE: the Envoy + wasm row is left out)"),
+    }
+    for (k, file) in args.wasm_variants.iter().enumerate() {
+        println!("wasm variant: {}", file.display());
+        targets.push(setup.envoy_wasm(file, k + 1));
     }
     match &args.proxy {
         Some(bin) => {

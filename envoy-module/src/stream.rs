@@ -326,7 +326,9 @@ impl StreamFilter {
                     (RequestHead::Forwarded, true) => {
                         self.fail(
                             host,
-                            &ExchangeError::Order("a spliced request body longer than the original"),
+                            &ExchangeError::Order(
+                                "a spliced request body longer than the original",
+                            ),
                         );
                         return BodyStatus::StopIterationNoBuffer;
                     }
