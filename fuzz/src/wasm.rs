@@ -38,8 +38,16 @@ pub fn check_wasm(case: &Case) {
     } else {
         stream.request_chunk(b, true) == Action::Continue
     };
-    assert!(forwarded, "the request was not forwarded: {:?}", stream.fake().sent);
-    assert_eq!(stream.fake().upstream, body, "an opt-in alone is forwarded as sent");
+    assert!(
+        forwarded,
+        "the request was not forwarded: {:?}",
+        stream.fake().sent
+    );
+    assert_eq!(
+        stream.fake().upstream,
+        body,
+        "an opt-in alone is forwarded as sent"
+    );
 
     // The response.
     let head = response_head(case);
@@ -103,15 +111,28 @@ pub fn check_wasm(case: &Case) {
         stream.fake().logs
     );
     if reset {
-        assert!(want.out.starts_with(&got), "reset: {got:?} is no prefix of {:?}", want.out);
+        assert!(
+            want.out.starts_with(&got),
+            "reset: {got:?} is no prefix of {:?}",
+            want.out
+        );
     } else {
-        assert_eq!(got, want.out, "the plugin and the tower body differ; requested {:?}", case.requested);
+        assert_eq!(
+            got, want.out,
+            "the plugin and the tower body differ; requested {:?}",
+            case.requested
+        );
     }
     if !reset && !chunks.is_empty() {
         let mut n = after.len();
         if !trailers && !empty_last {
             n -= 1;
         }
-        assert_eq!(after[..n], want.after[..n], "output after each chunk: {:?}", case.body);
+        assert_eq!(
+            after[..n],
+            want.after[..n],
+            "output after each chunk: {:?}",
+            case.body
+        );
     }
 }
