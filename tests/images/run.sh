@@ -344,7 +344,16 @@ ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$work/modules" start envoy-module "$envoy_bin
   --concurrency 1 --log-level info -c "$work/envoy-module.yaml"
 envoy_ready_in "$admin" || die "Envoy with the module did not get ready: $(tail -n 20 "$work/envoy-module.log")"
 envoy_module="http://127.0.0.1:$listen"
-log "servers ready: upstream.py $upstream, router $router_behind (behind the proxy) and $router_direct, proxy containers $proxy and $proxy_upstream, Envoy $envoy_ext_proc (ext-proc container) and $envoy_module (module from the image)"
+
+# The plugin taken out of its image (above), loaded by Envoy 1.40.0's V8 with the shipped bootstrap.
+listen="$(free_port)"
+wasm_admin="$(free_port)"
+render_bootstrap "$root/examples/envoy/wasm.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$wasm_admin" \
+  UPSTREAM_PORT="${upstream##*:}" WASM_FILE="$work/wasm/plugin.wasm" >"$work/envoy-wasm.yaml"
+start envoy-wasm "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level info -c "$work/envoy-wasm.yaml"
+envoy_ready_in "$wasm_admin" || die "Envoy with the plugin did not get ready: $(tail -n 20 "$work/envoy-wasm.log")"
+envoy_wasm="http://127.0.0.1:$listen"
+log "servers ready: upstream.py $upstream, router $router_behind (behind the proxy) and $router_direct, proxy containers $proxy and $proxy_upstream, Envoy $envoy_ext_proc (ext-proc container), $envoy_module (module from the image) and $envoy_wasm (plugin from the image)"
 
 # ---------------------------------------------------------------------------------------------
 # The checks
@@ -375,6 +384,16 @@ run_client "one stream through Envoy 1.40.0 and the ext-proc container" "$python
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-module.log" && ok=1
 count $ok "Envoy 1.40.0 loads the module copied out of $module_image"
+run_client "one stream through Envoy 1.40.0 and the plugin from its image" "$python" "$images_here/one_request.py" \
+  --url "$envoy_wasm" --upstream "$upstream" --label "Envoy 1.40.0 + the image's plugin"
+wasm_vms="$("$python" -c '
+import sys, urllib.request
+stats = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print(sum(int(l.split(": ")[1]) for l in stats.splitlines() if l.startswith("wasm.envoy.wasm.runtime.v8.active: ")))
+' "http://127.0.0.1:$wasm_admin/stats?filter=wasm" 2>&1)"
+ok=0
+[[ "$wasm_vms" =~ ^[0-9]+$ ]] && ((wasm_vms > 0)) && ok=1
+count $ok "Envoy 1.40.0 runs the plugin out of $wasm_image in V8 (wasm.envoy.wasm.runtime.v8.active: $wasm_vms)"
 run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
   --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 
