@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release command and both images, end to end, on 127.0.0.1 (docs/deploy.md):
+# The release command and the three images, end to end, on 127.0.0.1 (docs/deploy.md):
 #
 #   bash tests/images/run.sh
 #
@@ -24,7 +24,12 @@
 #   - the module copied out of its image the way examples/envoy-gateway/'s init container does
 #     (`cp`, a static busybox), its sha256 the one recorded in the image and in SHA256SUMS, loaded by Envoy
 #     1.40.0 (examples/envoy/dynamic-module.yaml) for a stream;
+#   - the plugin's image is Istio's Wasm image: one gzipped layer holding plugin.wasm and nothing
+#     else; the plugin taken out of the OCI archive as Istio and Envoy Gateway take it out of what
+#     they pull (wasm_image.py), its sha256 the .wasm's in SHA256SUMS, loaded by Envoy 1.40.0's V8
+#     (examples/envoy/wasm.yaml) for a stream;
 #   - examples/k8s/ names the images as the release command tags them, and runs them as user 65532;
+#     examples/envoy-gateway/ and examples/istio/ pull the module and the plugin by those tags;
 #   - every process listens on 127.0.0.1 only; no process or container is left after the run.
 # Podman runs with a private store under the run's scratch directory (vfs), the runc runtime,
 # cgroupfs and no default ulimits (what this sandbox needs; CONTAINERS_CONF and
