@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks through Envoy with the processor (started by tests/envoy/run.sh) or the dynamic module
-(tests/envoy/module.sh: `--front module`), with a small HTTP/1.1 client of its own that tells a
+"""Checks through Envoy with the processor (started by tests/envoy/run.sh), the dynamic module
+(tests/envoy/module.sh: `--front module`) or the proxy-wasm plugin (tests/envoy/wasm.sh:
+`--front wasm`), with a small HTTP/1.1 client of its own that tells a
 clean end of a response from a broken one.
 
   client.py checks --envoy URL --upstream URL
@@ -41,6 +42,12 @@ clean end of a response from a broken one.
       (an Envoy with a body-buffering filter before the module, max-body 100) {"model":"m"}, a
       56-byte body, the body `1` and a body naming a router-owned marker, with content-length and
       chunked: each reaches the upstream once, as sent (the marker stripped)
+  client.py trailers --envoy URL --upstream URL --streams N
+      (an Envoy with enable_trailers both ways) N scripted streams that end in a trailer section:
+      each byte for byte what its opt-in allows, then its trailer
+  client.py curl --envoy URL --upstream URL --streams N
+      N scripted streams through curl, over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for
+      byte what its opt-in allows
   client.py encoded --envoy URL --upstream URL
       an upstream that gzips an event stream whatever the request asked for: a 502 before any
       byte (the stream has a marker to remove), and the next stream is served
@@ -77,6 +84,7 @@ class Response:
         self.headers = {}
         self.body = b""
         self.clean_end = False  # the whole body arrived as framed (last chunk, or content-length)
+        self.trailers = {}
         self.error = None  # why it did not: the connection closed or reset early, a timeout
         self.elapsed = None
 
@@ -119,7 +127,9 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
                 if size == 0:
-                    await reader.readuntil(b"\r\n")
+                    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                        k, _, v = line.decode("latin-1").partition(":")
+                        res.trailers[k.strip().lower()] = v.strip()
                     res.clean_end = True
                     break
                 state["in_chunk"] = True
@@ -310,7 +320,8 @@ async def run_checks(args):
         ("a body of 32 MiB + 128 KiB", max_body + (128 << 10), False, "processor 413"),
         # The processor sees a buffered body only once Envoy has all of it; the module sees every
         # chunk and refuses as soon as the body is over --max-body, before Envoy's limit.
-        # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing.
+        # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing. The
+        # proxy-wasm plugin sees every chunk too, but Envoy adds it to its buffer first.
         ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True,
          "processor 413" if args.front in ("module", "duplex") else "envoy 413"),
     ):
@@ -670,6 +681,48 @@ async def run_panic(args):
     await served_after(args, f"after a panic in {args.hook}")
 
 
+async def run_trailers(args):
+    """Scripted streams that end with a trailer section (an Envoy with enable_trailers both ways):
+    each byte for byte what its opt-in allows, the trailer after it."""
+    bad = []
+    for stream_id in range(args.streams):
+        largest = 9 if stream_id % 2 else 300
+        body = chat(True, script.annotations_of(stream_id),
+                    {"kind": "script", "id": stream_id, "largest": largest, "trailers": f"t{stream_id}"})
+        res = await request(args.envoy, "/v1/chat/completions", body, timeout=60)
+        _, expected = script.stream(stream_id)
+        if not (res.status == 200 and res.clean_end and res.body == expected
+                and res.trailers.get("x-stream-end") == f"t{stream_id}"):
+            bad.append(f"stream {stream_id}: status {res.status}, error {res.error}, trailers "
+                       f"{res.trailers}, {len(res.body)} of {len(expected)} bytes: {show(res.body)}")
+    report(
+        not bad,
+        f"{args.streams} streams ending in trailers: each byte for byte what its opt-in allows, then "
+        "its trailer",
+        "; ".join(bad[:3]),
+    )
+
+
+async def run_curl(args):
+    """Scripted streams through curl over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for byte
+    what its opt-in allows."""
+    for proto in ("--http1.1", "--http2-prior-knowledge"):
+        bad = []
+        for stream_id in range(args.streams):
+            body = chat(True, script.annotations_of(stream_id), {"kind": "script", "id": stream_id})
+            proc = await asyncio.create_subprocess_exec(
+                "curl", "-sS", "-N", "--fail", proto, "-H", "content-type: application/json",
+                "--data-binary", "@-", f"{args.envoy}/v1/chat/completions",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(json.dumps(body).encode()), 60)
+            _, expected = script.stream(stream_id)
+            if proc.returncode != 0 or out != expected:
+                bad.append(f"stream {stream_id}: curl {proc.returncode} {err.decode(errors='replace').strip()}, "
+                           f"{len(out)} of {len(expected)} bytes: {show(out)}")
+        report(not bad, f"{args.streams} streams with curl {proto[2:]}: each byte for byte what its opt-in "
+               "allows", "; ".join(bad[:3]))
+
+
 async def run_chain(args):
     """A filter before the module buffered the request body (envoy.filters.http.buffer, a Lua
     body()): each body reaches the upstream once, as sent (issue 27, item 1). The Envoy under test
@@ -705,9 +758,10 @@ async def run_chain(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
-                                         "pieces", "panic", "chain", "encoded"])
+                                         "pieces", "panic", "chain", "encoded", "trailers", "curl"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
-    parser.add_argument("--front", choices=["processor", "module", "duplex"], default="processor")
+    # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
+    parser.add_argument("--front", choices=["processor", "module", "duplex", "wasm"], default="processor")
     parser.add_argument("--hook", default="response_body")
     parser.add_argument("--label", default="", help="names the Envoy in chain's check lines")
     parser.add_argument("--envoy", required=True)

@@ -6,14 +6,16 @@
   GET  /v1/models               a fixed JSON model list (content-length)
   POST /v1/chat/completions     by the JSON body's "test" object (see script.py):
          absent or stream false    a fixed JSON completion (content-length)
-         {"kind": "script", "id": N, "barrier": K, "largest": L, "pace_ms": MS}
+         {"kind": "script", "id": N, "barrier": K, "largest": L, "pace_ms": MS, "trailers": T}
                                    the event stream script.stream(N) in the chunks
                                    script.chunks(N): every annotation Dynamo sends, markers
                                    included, frames cut anywhere; with "barrier", each stream waits
                                    halfway until K scripted streams have reached that point (at most
                                    60 s), so all K are in flight at once; with "largest", chunks
                                    of 1 to L bytes (default 300); with "pace_ms", MS between
-                                   chunks (so that each arrives in a read of its own)
+                                   chunks (so that each arrives in a read of its own); with
+                                   "trailers", the trailer section `x-stream-end: T` after the
+                                   last chunk (an Envoy with enable_trailers passes it on)
          {"kind": "paced", "events": N, "interval_ms": MS}
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
@@ -116,7 +118,7 @@ def simple(status, content_type, body):
     ).encode() + body
 
 
-async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False):
+async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False, trailers=None):
     """Writes an event stream in chunked encoding, one HTTP chunk per element of `chunks`;
     `gzip`: compressed (`content-encoding: gzip`), as a server does for a client that accepts it."""
     writer.write(
@@ -145,7 +147,8 @@ async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False)
             if entry:
                 entry["outcome"] = "reset"
             return False
-        writer.write(b"0\r\n\r\n")
+        end = b"" if trailers is None else b"x-stream-end: %s\r\n" % trailers.encode()
+        writer.write(b"0\r\n" + end + b"\r\n")
         await writer.drain()
     except (ConnectionError, asyncio.TimeoutError):
         if entry:
@@ -217,7 +220,7 @@ async def handle(reader, writer):
                     if test.get("barrier"):
                         chunks.insert(len(chunks) // 2, barrier_for(test["barrier"]))
                     pace = test.get("pace_ms", 0) / 1000
-                    if not await send_stream(writer, chunks, entry, pace=pace):
+                    if not await send_stream(writer, chunks, entry, pace=pace, trailers=test.get("trailers")):
                         return
                 elif test.get("kind") == "paced":
                     frames = script.paced(test["events"])

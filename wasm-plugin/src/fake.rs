@@ -62,6 +62,14 @@ impl FakeProxy {
         }
     }
 
+    /// The first value of a request header.
+    pub fn header_value(&self, name: &str) -> Option<Vec<u8>> {
+        self.request_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
     /// The count of a counter's series with this label.
     pub fn count(&self, counter: bypass_marker::metrics::Counter, label: &str) -> u64 {
         self.counts
@@ -90,7 +98,10 @@ impl Proxy for FakeProxy {
             body.drain(..size);
             body.splice(0..0, data.iter().copied());
         } else {
-            assert!(start >= body.len(), "set_buffer inside the buffer: BadArgument");
+            assert!(
+                start >= body.len(),
+                "set_buffer inside the buffer: BadArgument"
+            );
             body.extend_from_slice(data);
         }
     }
@@ -166,10 +177,20 @@ impl Simulated {
     }
 
     /// The request's head (`:method` and these headers).
-    pub fn request(&mut self, method: &str, headers: &[(&str, &str)], end_of_stream: bool) -> Action {
-        self.fake().request_headers = std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
-            .chain(headers.iter().map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())))
-            .collect();
+    pub fn request(
+        &mut self,
+        method: &str,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> Action {
+        self.fake().request_headers =
+            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
+                .chain(
+                    headers
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
+                )
+                .collect();
         self.stream.on_request_headers(end_of_stream)
     }
 
@@ -222,7 +243,10 @@ impl Simulated {
 
     /// A `200 text/event-stream` response head.
     pub fn sse(&mut self) -> Action {
-        self.response(&[(":status", "200"), ("content-type", "text/event-stream")], false)
+        self.response(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        )
     }
 
     /// A response chunk; on Continue what the hook left in it goes to the client.

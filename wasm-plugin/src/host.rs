@@ -39,6 +39,9 @@ pub enum Hook {
     Done,
 }
 
+/// A header map as read from Envoy: (name, value) pairs in order.
+type HeaderList = Vec<(String, Vec<u8>)>;
+
 /// One stream's view of Envoy during one hook.
 #[derive(Debug)]
 pub struct WasmHost<'a, P> {
@@ -47,7 +50,7 @@ pub struct WasmHost<'a, P> {
     /// The length of the hook's body buffer, as changed by this hook; `None` until known.
     len: Cell<Option<usize>>,
     /// The headers of the hook's map, read once per hook (until the hook sets one).
-    headers: RefCell<Option<(MapType, Vec<(String, Vec<u8>)>)>>,
+    headers: RefCell<Option<(MapType, HeaderList)>>,
 }
 
 impl<'a, P: Proxy> WasmHost<'a, P> {

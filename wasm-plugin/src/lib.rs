@@ -43,6 +43,8 @@ pub mod metrics;
 pub mod plugin;
 pub mod proxy;
 pub mod stream;
+#[cfg(test)]
+mod tests;
 
 // The reactor's entry point: proxy-wasm's `main!` exports `_initialize`, which runs the static
 // constructors and registers the root context.

@@ -32,12 +32,21 @@ thread_local! {
 
 /// Adds `value` to a counter's series, defining the series the first time.
 pub fn increment(proxy: &mut impl Proxy, counter: Counter, label: &str, value: u64) {
-    let known = SERIES.with(|series| series.borrow().get(&(counter as usize, label.to_owned())).copied());
+    let known = SERIES.with(|series| {
+        series
+            .borrow()
+            .get(&(counter as usize, label.to_owned()))
+            .copied()
+    });
     let id = match known {
         Some(id) => id,
         None => {
             let id = proxy.define_counter(&metric_name(counter, label));
-            SERIES.with(|series| series.borrow_mut().insert((counter as usize, label.to_owned()), id));
+            SERIES.with(|series| {
+                series
+                    .borrow_mut()
+                    .insert((counter as usize, label.to_owned()), id)
+            });
             id
         }
     };
