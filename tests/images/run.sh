@@ -242,7 +242,8 @@ ok=0
 count $ok "$image: ENTRYPOINT [\"bypass-marker\"]"
 size="$(podman image inspect --format '{{.Size}}' "$image")"
 module_size="$(podman image inspect --format '{{.Size}}' "$module_image")"
-log "image sizes: $image $size bytes, $module_image $module_size bytes (unpacked)"
+wasm_size="$(podman image inspect --format '{{.Size}}' "$wasm_image")"
+log "image sizes: $image $size bytes, $module_image $module_size bytes, $wasm_image $wasm_size bytes (unpacked)"
 
 # What is in the image, from its filesystem.
 files() { # $1 the image, "${@:2}" a command for an image without one (never run); prints its paths
