@@ -38,6 +38,10 @@ clean end of a response from a broken one.
       (a module built with feature test-panic) a request whose header makes HOOK panic: the
       client sees an error or a broken stream, never the marker nor a clean end of a stream; the
       next request is served
+  client.py panic_inflight --envoy URL --upstream URL --hook HOOK
+      (the proxy-wasm plugin's test-panic build) a stream in flight when another panics in HOOK:
+      it breaks too (Envoy fails every stream of the trapped VM), never the marker; the next
+      stream is served by a reloaded VM
   client.py chain --envoy URL --upstream URL --label NAME
       (an Envoy with a body-buffering filter before the module, max-body 100) {"model":"m"}, a
       56-byte body, the body `1` and a body naming a router-owned marker, with content-length and
@@ -678,6 +682,7 @@ async def run_panic(args):
         "nor a clean end of the stream",
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}",
     )
+    await reload_backoff(args)
     await served_after(args, f"after a panic in {args.hook}")
 
 
@@ -723,6 +728,45 @@ async def run_curl(args):
                "allows", "; ".join(bad[:3]))
 
 
+async def reload_backoff(args):
+    """After a panic traps the proxy-wasm plugin's VM, Envoy (failure_policy FAIL_RELOAD) answers
+    new streams with its 503 until the reload backoff has passed (1 s by default), then loads a
+    fresh VM for the next one: wait it out."""
+    if args.front == "wasm":
+        await asyncio.sleep(1.5)
+
+
+async def run_panic_inflight(args):
+    """(the proxy-wasm plugin, test-panic build) A panic traps the VM every stream of the worker
+    shares: a stream in flight on it when another panics fails too (Envoy fails each stream of a
+    failed VM), never going on unfiltered; the next stream gets a reloaded VM."""
+    body = chat(True, test={"kind": "paced", "events": 60, "interval_ms": 50})
+    started = asyncio.Event()
+
+    def on_data(res):
+        if res.body.count(b"data:") >= 3:
+            started.set()
+        return False
+
+    inflight = asyncio.ensure_future(request(args.envoy, "/v1/chat/completions", body, on_data=on_data,
+                                             timeout=30))
+    await asyncio.wait_for(started.wait(), 20)
+    panic = await request(args.envoy, "/v1/chat/completions",
+                          chat(True, test={"kind": "paced", "events": 5, "interval_ms": 20}),
+                          headers={"x-bypass-marker-test-panic": args.hook})
+    res = await inflight
+    report(
+        not res.clean_end and script.MARKER not in res.body and b"[DONE]" not in res.body
+        and (not panic.clean_end or (panic.status or 0) >= 500),
+        f"a stream in flight when another panics in {args.hook}: it breaks after "
+        f"{res.body.count(b'data:')} events ({res.error}), never the marker nor a clean end",
+        f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}; the panicking one: "
+        f"status {panic.status}, clean end {panic.clean_end}",
+    )
+    await reload_backoff(args)
+    await served_after(args, f"after a panic in {args.hook} with a stream in flight")
+
+
 async def run_chain(args):
     """A filter before the module buffered the request body (envoy.filters.http.buffer, a Lua
     body()): each body reaches the upstream once, as sent (issue 27, item 1). The Envoy under test
@@ -758,7 +802,8 @@ async def run_chain(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
-                                         "pieces", "panic", "chain", "encoded", "trailers", "curl"])
+                                         "pieces", "panic", "panic_inflight", "chain", "encoded", "trailers",
+                                         "curl"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
     # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
     parser.add_argument("--front", choices=["processor", "module", "duplex", "wasm"], default="processor")
