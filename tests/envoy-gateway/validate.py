@@ -20,7 +20,8 @@ default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/sc
    dynamo-operator, the proxy container must be the one of examples/k8s/dynamo-frontend.yaml,
    setting for setting; for envoy-gateway, wasm.yaml's resources must be dynamic-module.yaml's
    (the Gateway but for its EnvoyProxy) and the plugin's config the module's; for istio, the
-   WasmPlugin and the TrafficExtension must set the plugin alike, with the module's config.
+   WasmPlugin and the TrafficExtension must set the plugin alike, with the module's config and
+   the failure policy of examples/envoy/wasm.yaml.
 
 Each document is checked against every release of its suite; all must accept it.
 
@@ -551,8 +552,8 @@ def envoy_gateway_agrees():
 
 def istio_agrees():
     """The WasmPlugin and the TrafficExtension set the plugin alike (the TrafficExtension's `wasm`
-    holds the WasmPlugin's plugin fields), fail closed, with the module's config, and carry the
-    same EnvoyFilter."""
+    holds the WasmPlugin's plugin fields), fail closed as examples/envoy/wasm.yaml does, with the
+    module's config, and carry the same EnvoyFilter."""
     plugin_file, extension_file = documents_of("istio", "wasm-plugin.yaml"), documents_of("istio", "traffic-extension.yaml")
     problems = []
     (plugin,) = plugin_file.get("WasmPlugin", [{"spec": {}}])
@@ -562,8 +563,14 @@ def istio_agrees():
     as_extension.update({k: v for k, v in plugin["spec"].items() if k in placement})
     if extension["spec"] != as_extension:
         problems.append("examples/istio/traffic-extension.yaml: its TrafficExtension is not wasm-plugin.yaml's WasmPlugin")
-    if plugin["spec"].get("failStrategy") != "FAIL_CLOSE":
-        problems.append("examples/istio/wasm-plugin.yaml: the plugin does not say failStrategy: FAIL_CLOSE")
+    # Fail closed (Istio passes requests through a failed plugin with FAIL_OPEN alone), and as the
+    # shipped bootstrap: FAIL_RELOAD there, FAIL_RELOAD here; FAIL_CLOSED there, FAIL_CLOSE here.
+    bootstrap = re.search(r"^ +failure_policy: (\w+)", (ROOT / "examples" / "envoy" / "wasm.yaml").read_text(), re.M)
+    expected = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_CLOSED": "FAIL_CLOSE"}.get(bootstrap.group(1) if bootstrap else "")
+    if not expected or plugin["spec"].get("failStrategy") != expected:
+        problems.append(f"examples/istio/wasm-plugin.yaml: failStrategy {plugin['spec'].get('failStrategy')} is not "
+                        f"the fail-closed {expected} that examples/envoy/wasm.yaml's failure_policy "
+                        f"{bootstrap.group(1) if bootstrap else '(none)'} asks for")
     if plugin["spec"].get("pluginConfig") != module_config():
         problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml)")
     if plugin_file.get("EnvoyFilter") != extension_file.get("EnvoyFilter") or not plugin_file.get("EnvoyFilter"):
