@@ -55,14 +55,20 @@ impl ExtProc {
         self
     }
 
-    /// Shares `budget` between the request bodies of every stream (unlimited by default): a
-    /// stream whose request body would take the bytes held past it fails with
-    /// `RESOURCE_EXHAUSTED` (Envoy answers 500) before the body message is judged. A declared
-    /// `content-length` is taken from the budget when the request headers arrive, so a body
-    /// that cannot fit fails its stream before Envoy sends it; a body of unknown length (the
-    /// client's was chunked) is taken when its message has arrived. The bytes are given back
-    /// once the body has been judged, or the stream ends. Envoy's own buffers are bounded by
-    /// Envoy (see docs/envoy.md).
+    /// Shares `budget` between the request bodies of every stream (unlimited by default). A body
+    /// the guard reads is charged with the bytes the processor holds of it: a buffered body's
+    /// message as its bytes arrive and while it is judged, a `FULL_DUPLEX_STREAMED` body's
+    /// chunks until its end. A declared `content-length` reserves nothing (Envoy, not the
+    /// processor, holds a buffered body until it sends it), and a body the guard does not read
+    /// passes uncharged. A body that would take the bytes held past the budget gets a 503 with
+    /// `retry-after: 1` (an immediate response: Envoy's local reply, as the sidecar's answer),
+    /// at once, before the rest of it is read; so does a declared length the budget could
+    /// never hold, at the request headers. The bytes are given back once the body has been
+    /// judged, or the stream ends. Envoy's own buffers are bounded by Envoy (see
+    /// docs/envoy.md).
+    ///
+    /// In the tonic-generated `ExternalProcessorServer<ExtProc>`, tonic holds a message until
+    /// it is complete: its bytes are charged once it is, not as they arrive.
     ///
     /// `bypass-marker ext-proc` sets it from `--max-buffered-bytes`.
     #[must_use]
