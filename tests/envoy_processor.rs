@@ -2935,3 +2935,77 @@ mod full_duplex {
         assert!(err.message().contains("response_body_mode NONE"), "{err:?}");
     }
 }
+
+/// Issue 34, item 6: [`ExtProc::answer_times`] hears of every answer, with its kind of message,
+/// from both front doors (`serve`'s service and the tonic-generated server); a failed stream is
+/// not an answer.
+#[tokio::test]
+async fn both_front_doors_time_every_answer_by_kind() {
+    use std::sync::{Arc, Mutex};
+    use tower_bypass_marker::envoy::{AnswerTimes, MessageKind};
+
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<MessageKind>>);
+    impl AnswerTimes for Heard {
+        fn answered(&self, message: MessageKind, elapsed: std::time::Duration) {
+            assert!(elapsed < PATIENCE);
+            self.0.lock().unwrap().push(message);
+        }
+    }
+    let processor =
+        |heard: &Arc<Heard>| ExtProc::new(BypassMarkerLayer::dynamo()).answer_times(heard.clone());
+    let (lean, generated) = (Arc::new(Heard::default()), Arc::new(Heard::default()));
+    let servers = [
+        (start(processor(&lean)).await, lean),
+        (
+            start_own(
+                envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer::new(
+                    processor(&generated),
+                ),
+            )
+            .await,
+            generated,
+        ),
+    ];
+    for (server, heard) in servers {
+        let mut client = server.client().await;
+        let mut stream = Stream::open(&mut client).await;
+        stream.call(json_headers(Some(13))).await.unwrap();
+        stream
+            .call(Msg::RequestBody(body_msg(br#"{"model":"m"}"#, true)))
+            .await
+            .unwrap();
+        stream
+            .call(Msg::ResponseHeaders(headers_msg(
+                &[(":status", b"200"), ("content-type", b"text/event-stream")],
+                false,
+                true,
+            )))
+            .await
+            .unwrap();
+        for end in [false, true] {
+            let chunk = format!("{MARKER}data: 1\n\n");
+            stream
+                .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), end)))
+                .await
+                .unwrap();
+        }
+        // A second headers message fails the stream: not timed.
+        stream
+            .call(json_headers(None))
+            .await
+            .expect_err("a second request headers message");
+        assert_eq!(
+            *heard.0.lock().unwrap(),
+            [
+                MessageKind::RequestHeaders,
+                MessageKind::RequestBody,
+                MessageKind::ResponseHeaders,
+                MessageKind::ResponseBody,
+                MessageKind::ResponseBody,
+            ]
+        );
+        drop(stream);
+        server.stop().await;
+    }
+}

@@ -18,7 +18,7 @@ pub fn metrics_for(args: &ExtProcArgs) -> Result<Arc<Metrics>, NameError> {
 }
 
 /// Serves the processor that `args` describe on `listener`, counting removed and forwarded frames
-/// in `metrics`, until `shutdown` completes; then stops gracefully (see [`envoy::serve`]), giving
+/// and timing its answers in `metrics`, until `shutdown` completes; then stops gracefully (see [`envoy::serve`]), giving
 /// the streams in flight up to `args.shutdown_grace` before it cuts them and returns.
 pub async fn serve<F>(
     listener: TcpListener,
@@ -29,7 +29,7 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send,
 {
-    let layer = args.naming.layer()?.observe(metrics);
+    let layer = args.naming.layer()?.observe(metrics.clone());
     let budget = envoy::BodyBudget::new(args.naming.buffered_budget());
     tracing::info!(
         "at most {} bytes of request bodies held at once (--max-buffered-bytes)",
@@ -37,7 +37,8 @@ where
     );
     let processor = ExtProc::new(layer)
         .max_body_bytes(args.naming.max_body)
-        .body_budget(budget);
+        .body_budget(budget)
+        .answer_times(metrics);
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

@@ -191,7 +191,7 @@ mod service;
 mod stream;
 
 pub use budget::{BodyBudget, Charge, SMALL_BODY_BYTES};
-pub use processor::ExtProc;
+pub use processor::{AnswerTimes, ExtProc, MessageKind};
 pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;
 pub use stream::ProcessStream;

@@ -15,6 +15,7 @@ use tonic::Status;
 
 use super::connection::Origin;
 use super::exchange::Exchange;
+use super::processor::{AnswerClock, MessageKind};
 use super::{proto, ExtProc};
 
 /// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.
@@ -111,6 +112,7 @@ where
             max_message: self.processor.max_message_bytes(),
             pending: BytesMut::new(),
             skip: 0,
+            clock: self.processor.answer_clock(),
             done: false,
         };
         let mut response = http::Response::new(tonic::body::Body::new(answers));
@@ -144,6 +146,8 @@ pin_project! {
         pending: BytesMut,
         // Bytes still to come of a message refused before it was complete, dropped as they come.
         skip: usize,
+        // Times the answers, if the processor's are timed.
+        clock: Option<AnswerClock>,
         done: bool,
     }
 }
@@ -240,6 +244,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let mut this = self.project();
+        AnswerClock::polled(this.clock.as_mut());
         loop {
             if *this.done {
                 return Poll::Ready(None);
@@ -252,14 +257,22 @@ where
                     *this.skip = rest;
                     *this.pending = BytesMut::new();
                     return match framed(&refusal) {
-                        Ok(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                        Ok(bytes) => {
+                            AnswerClock::answered(
+                                this.clock.as_ref(),
+                                Some(MessageKind::RequestBody),
+                            );
+                            Poll::Ready(Some(Ok(Frame::data(bytes))))
+                        }
                         Err(status) => end(this.done, &status),
                     };
                 }
             }
             let message = match next_message(this.pending, *this.max_message) {
                 Ok(Next::Message(message)) => message,
-                Ok(Next::Incomplete) => match this.inbound.as_mut().poll_frame(cx) {
+                Ok(Next::Incomplete) => match AnswerClock::poll(this.clock.as_mut(), cx, |cx| {
+                    this.inbound.as_mut().poll_frame(cx)
+                }) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Ok(mut data) = frame.into_data() {
@@ -300,6 +313,7 @@ where
             };
             // The exchange fails every message in observability mode.
             let observed = msg.observability_mode;
+            let kind = MessageKind::of(&msg);
             let answer = proto::admit(&msg)
                 .and_then(|()| this.exchange.answer(msg))
                 .and_then(|answer| answer.map(|answer| framed(&answer)).transpose())
@@ -317,7 +331,10 @@ where
                     (first, _) => Ok(first),
                 });
             match answer {
-                Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Ok(Some(bytes)) => {
+                    AnswerClock::answered(this.clock.as_ref(), kind);
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
                 Ok(None) => {}
                 Err(status) => {
                     if observed {
