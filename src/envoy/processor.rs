@@ -110,8 +110,8 @@ pub(crate) struct AnswerClock {
     times: Arc<dyn AnswerTimes>,
     woken: Arc<Woken>,
     waker: Waker,
-    /// The wake that led to the poll running now.
-    since: Option<Instant>,
+    /// The wake that led to the poll running now (at first, when the stream began).
+    since: Instant,
 }
 
 #[derive(Default)]
@@ -143,7 +143,9 @@ impl AnswerClock {
             times,
             waker: Waker::from(woken.clone()),
             woken,
-            since: None,
+            // Made when the stream's headers arrived: the first message, which comes with them,
+            // is timed from then (no wake comes before the stream's first poll).
+            since: Instant::now(),
         }
     }
 
@@ -154,7 +156,7 @@ impl AnswerClock {
         let Some(clock) = clock else { return };
         let mut inner = clock.woken.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(at) = inner.0.take() {
-            clock.since = Some(at);
+            clock.since = at;
         }
     }
 
@@ -179,8 +181,7 @@ impl AnswerClock {
     /// A message of kind `kind` was answered now.
     pub(crate) fn answered(clock: Option<&Self>, kind: Option<MessageKind>) {
         if let (Some(clock), Some(kind)) = (clock, kind) {
-            let since = clock.since.unwrap_or_else(Instant::now);
-            clock.times.answered(kind, since.elapsed());
+            clock.times.answered(kind, clock.since.elapsed());
         }
     }
 }
