@@ -641,7 +641,10 @@ async fn the_processors_answer_times_are_a_histogram_per_kind_of_message() {
     };
 
     const ANSWERS: &str = "bypass_marker_ext_proc_answer_seconds";
-    let args = cli::ExtProcArgs::from_args(["--listen", "127.0.0.1:0"]).unwrap();
+    // The answers are timed for metrics that are served (`--metrics-listen`, which main binds).
+    let args =
+        cli::ExtProcArgs::from_args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .unwrap();
     let registry = cli::ext_proc::metrics_for(&args).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let processor = listener.local_addr().unwrap();
