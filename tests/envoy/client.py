@@ -104,12 +104,14 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
     method = method or ("POST" if body is not None else "GET")
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     head = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
+    extra = dict(headers or {})
+    content_type = extra.pop("content-type", "application/json")
     if body is not None and chunked:
-        head += ["content-type: application/json", "transfer-encoding: chunked"]
+        head += [f"content-type: {content_type}", "transfer-encoding: chunked"]
         data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
     elif body is not None:
-        head += ["content-type: application/json", f"content-length: {len(data)}"]
-    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        head += [f"content-type: {content_type}", f"content-length: {len(data)}"]
+    head += [f"{k}: {v}" for k, v in extra.items()]
     state = {"writer": None, "sending": None, "in_chunk": False}
 
     async def exchange():
@@ -799,11 +801,93 @@ async def run_chain(args):
             )
 
 
+async def head_only(url, length):
+    """A connection that sends a request head declaring `length` bytes of JSON body, and no body.
+    Returns the writer (close it to end the connection)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nhost: {parts.netloc}\r\n"
+                  f"content-type: application/json\r\ncontent-length: {length}\r\n\r\n").encode())
+    await writer.drain()
+    return reader, writer
+
+
+def over_budget(res):
+    """The processor's 503 past --max-buffered-bytes: Retry-After, OpenAI-shaped."""
+    try:
+        error = json.loads(res.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (res.status == 503 and res.headers.get("retry-after") == "1"
+            and error.get("code") == "request_bodies_over_budget"
+            and error.get("type") == "server_error")
+
+
+async def run_budget(args):
+    """Issue 34, item 1, with the processor at --max-buffered-bytes 2000000 --max-body 1000000:
+    two clients that send only a head declaring 950,000 bytes take nothing of the processor's
+    budget, so a complete 950 kB JSON request is served (content-length and chunked, at 1 s and
+    at 12 s); 20 such requests at once each get 200 or the processor's 503 with Retry-After,
+    never a 500."""
+    ids = Ids("budget")
+    heads = [await head_only(args.envoy, 950_000) for _ in range(2)]
+    try:
+        for wait in (1, 11):
+            await asyncio.sleep(wait)
+            for chunked in (False, True):
+                test_id = ids()
+                res = await request(args.envoy, "/v1/chat/completions", sized_body(950_000, []),
+                                    headers={"x-test-id": test_id}, chunked=chunked)
+                entry = await seen(args.upstream, test_id)
+                framing = "chunked" if chunked else "content-length"
+                report(
+                    res.status == 200 and entry is not None,
+                    f"two head-only clients declaring 950,000 bytes, after {1 if wait == 1 else 12} s: a "
+                    f"950 kB JSON request ({framing}) is served (status {res.status})",
+                    f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+                )
+    finally:
+        for _, writer in heads:
+            writer.close()
+    results = await asyncio.gather(*[
+        request(args.envoy, "/v1/chat/completions", sized_body(950_000, []), timeout=60)
+        for _ in range(20)
+    ])
+    served = sum(r.status == 200 for r in results)
+    refused = sum(over_budget(r) for r in results)
+    statuses = sorted(str(r.status) for r in results)
+    report(
+        served + refused == 20 and served > 0,
+        f"20 concurrent 950 kB requests: {served} served, {refused} got the 503 with Retry-After, "
+        "none a 500",
+        f"statuses {statuses}; a non-200: "
+        f"{next((show(r.body) for r in results if r.status != 200 and not over_budget(r)), None)}",
+    )
+    await served_after(args, "after the budget's refusals")
+
+
+async def run_unread(args):
+    """Issue 34, item 2: without allow_mode_override Envoy sends the processor bodies the guard
+    does not read; a 1.9 MB application/octet-stream upload passes uncharged, with the budget at
+    2,000,000 bytes."""
+    test_id = Ids("unread")()
+    res = await request(args.envoy, "/v1/chat/completions", bytes(1_900_000),
+                        headers={"x-test-id": test_id, "content-type": "application/octet-stream"})
+    entry = await seen(args.upstream, test_id)
+    got = entry and len(entry["body"].get("unparsed", ""))
+    report(
+        got == 1_900_000 and res.status == 400,
+        f"a 1.9 MB application/octet-stream upload without allow_mode_override reaches the upstream "
+        f"whole (its 400 for a body that is not JSON, status {res.status}), not a 500",
+        f"status {res.status}, body {show(res.body)}, upstream got {got} bytes",
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
                                          "pieces", "panic", "panic_inflight", "chain", "encoded", "trailers",
-                                         "curl"])
+                                         "curl", "budget", "unread"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
     # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
     parser.add_argument("--front", choices=["processor", "module", "duplex", "wasm"], default="processor")
