@@ -691,8 +691,8 @@ pub async fn our_verdict(case: &Case, close: bool) -> Verdict {
     let client = Client::new(Upstream::parse(&format!("http://{addr}")).expect("the upstream"));
     let (parts, _) = request(case.method()).into_parts();
     let mut verdict = tokio::time::timeout(HANG, async {
-        let verdict = match client.send(&parts).await {
-            Err(why) => Verdict::refused(why),
+        let verdict = match client.send(&parts, Empty::<Bytes>::new()).await {
+            Err(why) => Verdict::refused(why.message),
             Ok(res) => {
                 let (head, mut body) = res.into_parts();
                 let mut verdict = Verdict {
@@ -726,7 +726,10 @@ pub async fn our_verdict(case: &Case, close: bool) -> Verdict {
             // one.
             let _ = written.await;
             let (parts, _) = request(Method::GET).into_parts();
-            let res = client.send(&parts).await.expect("the next request");
+            let res = client
+                .send(&parts, Empty::<Bytes>::new())
+                .await
+                .expect("the next request");
             let got = res.into_body().collect().await.expect("the next response");
             assert_eq!(got.to_bytes(), "ok", "the next response");
         }
