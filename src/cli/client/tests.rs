@@ -809,6 +809,59 @@ async fn an_upstream_that_answers_at_once_and_reads_on_gets_the_whole_body() {
     }
 }
 
+/// hyper's behaviour (issue 34): a response complete while its request body is still being sent
+/// leaves the connection for the pool once the upload ends well; it was closed.
+#[tokio::test]
+async fn a_connection_whose_upload_ends_after_its_response_goes_back_to_the_pool() {
+    let (client, accepted) = upstream(|_, mut io| async move {
+        let mut got = Vec::new();
+        let mut buf = [0; 4096];
+        loop {
+            // Each request's head, answered at once; a POST's chunked body read after that.
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            if got.starts_with(b"POST") {
+                while !got.ends_with(b"\r\n0\r\n\r\n") {
+                    match io.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            }
+            got.clear();
+        }
+    })
+    .await;
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let first = futures_util::stream::iter([Ok::<_, io::Error>(Frame::data(Bytes::from_static(
+        b"first",
+    )))]);
+    let last = futures_util::stream::once(async move {
+        let _ = gate.await;
+        Ok(Frame::data(Bytes::from_static(b"last")))
+    });
+    let body = StreamBody::new(futures_util::StreamExt::chain(first, last));
+    let res = client.send(&post("/"), body).await.unwrap();
+    assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+    // The response is complete, the upload is not: it ends now.
+    open.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+    assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one connection for both"
+    );
+}
+
 /// A response body from an upstream that goes silent is cut after the idle timeout: an error
 /// (never a clean end), its connection closed, the expiry reported.
 #[tokio::test]
