@@ -240,6 +240,13 @@ pub(super) fn response(
     // Checked on every response, bodiless ones too (a HEAD's says what a GET would get): an
     // invalid or conflicting value is refused, as nginx does, and a list of one number repeated
     // (`2, 2`) goes on as that number (RFC 9110 section 8.6: a proxy must not forward the list).
+    // RFC 9112 section 6.3: both framings is the refusal below, whatever the length says.
+    if !no_body
+        && headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(invalid(Refusal::TransferEncodingAndContentLength));
+    }
     let len = content_length(&headers)?;
     if let Some(len) = len {
         let mut values = headers.get_all(header::CONTENT_LENGTH).iter();

@@ -465,6 +465,21 @@ async fn a_length_past_hypers_and_a_head_over_64_kib_are_refused_for_that_reason
     assert_eq!(refusal(&get("/"), heads.leak()).await, None);
 }
 
+/// Both framings are refused as such, whatever the length says (the differential test excuses
+/// the refusal for that reason only).
+#[tokio::test]
+async fn transfer_encoding_with_any_content_length_is_refused_for_both_framings() {
+    for reply in [
+        &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\ncontent-length: abc\r\n\r\n",
+    ] {
+        assert_eq!(
+            refusal(&get("/"), reply).await,
+            Some(Refusal::TransferEncodingAndContentLength)
+        );
+    }
+}
+
 #[tokio::test]
 async fn request_bodies_are_framed_by_length_or_chunked() {
     let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
