@@ -354,7 +354,7 @@ fn uploads_early_answers_reuse_and_the_stale_connection_retry() {
     for framing in 0..3u8 {
         for size in 0..4u8 {
             for early in [0, 0x80] {
-                let how = framing + 3 * size | early;
+                let how = (framing + 3 * size) | early;
                 for (stale, post) in [(false, false), (true, false), (true, true)] {
                     let data = upload(how, stale, post, response);
                     let case = decode(&data);
