@@ -896,6 +896,52 @@ async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
     server.stop().await;
 }
 
+/// With a small `--max-body`, a response chunk as large as Envoy's buffer limit (1 MiB by
+/// default, what a slow client makes Envoy send) is still filtered: the gRPC message limit is
+/// never below a response chunk's room (it was the guard's limit plus 1 MiB, and such a stream
+/// was reset).
+#[tokio::test]
+async fn a_response_chunk_of_envoys_buffer_limit_passes_under_a_small_max_body() {
+    let server = start(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(64 * 1024)).await;
+    let mut client = server.client().await;
+    let mut stream = Stream::open(&mut client).await;
+    stream
+        .call(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        )))
+        .await
+        .unwrap();
+    stream
+        .call(Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+            false,
+            true,
+        )))
+        .await
+        .unwrap();
+    let event = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let mut chunk = String::from("event: x-bypass-remote-prefill\n: true\n\n");
+    while chunk.len() < 2 << 20 {
+        chunk.push_str(event);
+    }
+    let answer = stream
+        .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), true)))
+        .await
+        .expect("a 2 MiB response chunk is answered");
+    let Some(Answer::ResponseBody(b)) = answer.response else {
+        panic!("not a body answer: {answer:?}")
+    };
+    let body = replaced(b.response.as_ref()).expect("the marker removed");
+    assert_eq!(
+        body,
+        chunk["event: x-bypass-remote-prefill\n: true\n\n".len()..]
+    );
+    drop(stream);
+    server.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The request side
 

@@ -20,6 +20,12 @@ use tower_bypass_marker::BypassMarkerLayer;
 /// Room for the headers and attributes that come with a request body in one message.
 const MESSAGE_OVERHEAD: usize = 1 << 20;
 
+/// The largest response body chunk the processor takes in one message, whatever the guard's
+/// limit: Envoy streams a response in chunks of what it read, and with a client slower than the
+/// upstream they reach its buffer limit (1 MiB by default), so a small `--max-body` must not cut
+/// them (tonic's own default limit).
+const RESPONSE_CHUNK_ROOM: usize = 4 << 20;
+
 /// An Envoy external processor (`envoy.service.ext_proc.v3.ExternalProcessor`) that applies a
 /// [`BypassMarkerLayer`]'s JSON guard to requests and its filter to responses.
 ///
@@ -251,11 +257,16 @@ impl ExtProc {
     }
 
     /// The largest gRPC message the processor accepts: a whole request body (the guard's
-    /// limit) plus 1 MiB for the headers that come with it. Envoy's response chunks are far
-    /// smaller. For `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
+    /// limit) or a response chunk of up to 4 MiB, whichever is larger, plus 1 MiB for the
+    /// headers that come with it. (With a slow client, Envoy's response chunks grow to its
+    /// buffer limit, 1 MiB by default, whatever the guard's limit.) For
+    /// `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
     /// [`into_service`](Self::into_service) applies it itself.
     pub fn max_message_bytes(&self) -> usize {
-        self.guard.max_body().saturating_add(MESSAGE_OVERHEAD)
+        self.guard
+            .max_body()
+            .max(RESPONSE_CHUNK_ROOM)
+            .saturating_add(MESSAGE_OVERHEAD)
     }
 
     /// The processor as a tonic service, for a `tonic::transport::Server` of your own (add
