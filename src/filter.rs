@@ -103,6 +103,7 @@ enum State {
 
 /// What an [`EventStreamFilter`] asks of its caller next.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FilterOutput {
     /// Forward these bytes now, before anything else that follows.
     Data(Bytes),
@@ -392,6 +393,7 @@ pub struct ChunkEdit {
 
 /// One piece of a [`ChunkEdit`]'s output.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Piece {
     /// These bytes of the input, counted from the start of the chunk.
     Input(Range<usize>),

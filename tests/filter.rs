@@ -140,6 +140,8 @@ fn through_filter(
                 Ok(FilterOutput::Data(d)) => out.extend_from_slice(&d),
                 Ok(FilterOutput::NeedInput) => break,
                 Ok(FilterOutput::End) => unreachable!("end before finish"),
+                // FilterOutput is #[non_exhaustive].
+                Ok(output) => panic!("an output this test does not know: {output:?}"),
                 Err(_) => {
                     run.failed = true;
                     run.after_each.push(out);
@@ -155,6 +157,8 @@ fn through_filter(
             Ok(FilterOutput::Data(d)) => out.extend_from_slice(&d),
             Ok(FilterOutput::End) => break,
             Ok(FilterOutput::NeedInput) => unreachable!("need input after finish"),
+            // FilterOutput is #[non_exhaustive].
+            Ok(output) => panic!("an output this test does not know: {output:?}"),
             Err(_) => {
                 run.failed = true;
                 break;

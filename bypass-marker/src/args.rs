@@ -100,6 +100,7 @@ pub enum Command {
 
 /// The preset a layer starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
 pub enum Preset {
     /// Dynamo 1.6.1's names: router-owned `x-bypass-remote-prefill` and `x-prefill-continue`,
     /// opt-in `request_id`, `formatted_prompt` and `token_ids`, never `llm_metrics` and
@@ -111,6 +112,7 @@ pub enum Preset {
 
 /// The log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
 pub enum LogFormat {
     /// One human-readable line per event.
     Text,

@@ -77,6 +77,7 @@ struct KindLabel {
 
 /// How the upstream failed, the `kind` label of `bypass_marker_upstream_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UpstreamError {
     /// Connecting failed (or timed out): a 502.
     Connect,

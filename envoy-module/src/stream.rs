@@ -317,6 +317,7 @@ impl StreamFilter {
             Ok(BodyStep::Replace {
                 body,
                 set_content_length,
+                ..
             }) => {
                 let length = body.len();
                 let original: usize = parts.iter().map(|part| host.body_len(*part)).sum();
@@ -424,6 +425,7 @@ impl StreamFilter {
             Ok(ResponseStep::Pass) => HeadersStatus::Continue,
             Ok(ResponseStep::Filter {
                 remove_content_length,
+                ..
             }) => {
                 if remove_content_length
                     && !host.set_header(Headers::Response, "content-length", None)

@@ -48,6 +48,8 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
                 }
                 Ok(FilterOutput::NeedInput) => break,
                 Ok(FilterOutput::End) => panic!("End before finish"),
+                // FilterOutput is #[non_exhaustive].
+                Ok(output) => panic!("an output this harness does not know: {output:?}"),
                 Err(_) => return None,
             }
         }
@@ -64,6 +66,8 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
             Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
             Ok(FilterOutput::End) => break,
             Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
+            // FilterOutput is #[non_exhaustive].
+            Ok(output) => panic!("an output this harness does not know: {output:?}"),
             Err(_) => return None,
         }
     }
@@ -179,6 +183,8 @@ pub fn check_filter(case: &Case) {
                         Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
                         Ok(FilterOutput::NeedInput) => break,
                         Ok(FilterOutput::End) => panic!("End before finish"),
+                        // FilterOutput is #[non_exhaustive].
+                        Ok(output) => panic!("an output this harness does not know: {output:?}"),
                         Err(err) => {
                             from_filter.too_large = Some(err.limit());
                             break 'chunks;
@@ -194,6 +200,8 @@ pub fn check_filter(case: &Case) {
                         Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
                         Ok(FilterOutput::End) => break,
                         Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
+                        // FilterOutput is #[non_exhaustive].
+                        Ok(output) => panic!("an output this harness does not know: {output:?}"),
                         Err(err) => {
                             from_filter.too_large = Some(err.limit());
                             break;

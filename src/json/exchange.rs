@@ -74,6 +74,7 @@ pub struct Exchange {
 
 /// What [`Exchange::response_headers`] does when the request's headers never came to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UnseenRequest {
     /// An error: the host can skip request headers by configuration (ext_proc's
     /// `request_header_mode: SKIP`), and then the guard never ran and clients could reach the
@@ -104,6 +105,7 @@ pub enum BodyStep {
     /// Forward the body as it is.
     Forward,
     /// Forward `body` instead: router-owned names were removed from `nvext.annotations`.
+    #[non_exhaustive]
     Replace {
         /// The body to forward.
         body: Spliced,
@@ -121,6 +123,7 @@ pub enum ResponseStep {
     /// Pass the response through untouched: there is nothing to remove from it.
     Pass,
     /// Filter the body: call [`Exchange::response_body`] for every chunk.
+    #[non_exhaustive]
     Filter {
         /// The response has a `content-length`, which no longer holds: remove it.
         remove_content_length: bool,

@@ -336,6 +336,7 @@ impl Exchange {
             BodyStep::Replace {
                 body,
                 set_content_length,
+                ..
             } => {
                 let headers = set_content_length.then(|| HeaderMutation {
                     set_headers: vec![proto::set_header(
@@ -508,6 +509,7 @@ impl Exchange {
         {
             ResponseStep::Filter {
                 remove_content_length,
+                ..
             } => {
                 let response = if remove_content_length {
                     proto::remove_headers(&["content-length"])
