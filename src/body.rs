@@ -125,8 +125,11 @@ pin_project! {
 }
 
 /// Whether the body is passed through, filtered, or replaced.
-// One per body; boxing the filter would add an allocation per filtered stream.
+// One per body; boxing the filter would add an allocation per filtered stream. An explicit tag:
+// with the variant kept in a niche of the filter's fields, telling the three apart took several
+// instructions more on every poll (by callgrind, at 61-byte chunks) than one byte compared.
 #[allow(clippy::large_enum_variant)]
+#[repr(u8)]
 enum Mode {
     Pass,
     Filter(Filter),
