@@ -145,6 +145,11 @@ impl Stream {
                 send_body_without_waiting_for_header_response: false,
             });
         }
+        self.send(msg).await
+    }
+
+    /// Sends `msg` as it is (no body modes added) and waits for its answer.
+    async fn send(&mut self, msg: ProcessingRequest) -> Result<ProcessingResponse, Status> {
         self.sent += 1;
         self.tx.send(msg).await.unwrap();
         match tokio::time::timeout(PATIENCE, self.rx.message())
@@ -190,6 +195,22 @@ fn msg(request: Msg) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(request),
         ..ProcessingRequest::default()
+    }
+}
+
+/// `request` with the body modes Envoy announces in a stream's first message.
+fn with_modes(
+    request: Msg,
+    request_body: BodySendMode,
+    response_body: BodySendMode,
+) -> ProcessingRequest {
+    ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: request_body as i32,
+            response_body_mode: response_body as i32,
+            send_body_without_waiting_for_header_response: false,
+        }),
+        ..msg(request)
     }
 }
 
@@ -1181,30 +1202,19 @@ async fn a_json_request_under_a_streamed_request_body_mode_fails_closed() {
     let layer = BypassMarkerLayer::new();
     let server = start(ExtProc::new(layer)).await;
     let mut client = server.client().await;
-    let (tx, rx) = mpsc::channel(4);
-    let mut inbound = client
-        .process(ReceiverStream::new(rx))
+    let mut stream = Stream::open(&mut client).await;
+    let headers = Msg::RequestHeaders(headers_msg(
+        &[(":method", b"POST"), ("content-type", b"application/json")],
+        false,
+        true,
+    ));
+    let err = stream
+        .send(with_modes(
+            headers,
+            BodySendMode::Streamed,
+            BodySendMode::Streamed,
+        ))
         .await
-        .unwrap()
-        .into_inner();
-    tx.send(ProcessingRequest {
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: BodySendMode::Streamed as i32,
-            response_body_mode: BodySendMode::Streamed as i32,
-            send_body_without_waiting_for_header_response: false,
-        }),
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"POST"), ("content-type", b"application/json")],
-            false,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let err = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     server.stop().await;
@@ -1307,51 +1317,22 @@ async fn a_filtered_response_under_a_body_mode_of_none_asks_for_its_body() {
     let layer = BypassMarkerLayer::new();
     let server = start(ExtProc::new(layer)).await;
     let mut client = server.client().await;
-    let (tx, rx) = mpsc::channel(4);
-    let mut inbound = client
-        .process(ReceiverStream::new(rx))
+    let mut stream = Stream::open(&mut client).await;
+    // A GET with no body (answered first), then the response, under a response body mode of none.
+    let get = Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true));
+    stream.send(msg(get)).await.unwrap();
+    let head = Msg::ResponseHeaders(headers_msg(
+        &[(":status", b"200"), ("content-type", b"text/event-stream")],
+        false,
+        true,
+    ));
+    let answer = stream
+        .send(with_modes(head, BodySendMode::Buffered, BodySendMode::None))
         .await
-        .unwrap()
-        .into_inner();
-    // A GET with no body (answered first), then the response.
-    tx.send(ProcessingRequest {
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    tx.send(ProcessingRequest {
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: BodySendMode::Buffered as i32,
-            response_body_mode: BodySendMode::None as i32,
-            send_body_without_waiting_for_header_response: false,
-        }),
-        request: Some(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let answer = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
-        .unwrap()
         .unwrap();
     let mode = answer.mode_override.expect("a mode override");
     assert_eq!(mode.response_body_mode, BodySendMode::Streamed as i32);
-    drop((tx, inbound));
+    drop(stream);
     server.stop().await;
 }
 
