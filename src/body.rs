@@ -14,14 +14,109 @@ pin_project! {
     /// Response body for [`BypassMarker`](crate::BypassMarker).
     ///
     /// Either passes the inner body through untouched, or removes the annotation frames the client
-    /// did not opt in to, forwarding every other byte as a slice of the inner body's data. See the
-    /// [module docs](crate) for the rules.
+    /// did not opt in to, forwarding every other byte as a slice of the inner body's data; or, in
+    /// place of an event stream it cannot read, is the layer's own 502. The rules are below; the
+    /// [crate docs](crate) have the examples.
     ///
     /// It is a [`Body`] with `Data = Bytes` for any inner body whose data type is `'static` (every
     /// body in hyper, axum, tonic and tower-http is). When that data type is [`Bytes`] itself, each
     /// chunk is used as it is; any other [`Buf`] is first gathered with [`Buf::copy_to_bytes`].
     /// (Without the bound every chunk would go through `copy_to_bytes`, also a move for `Bytes`,
-    /// but measured about 1.8 times slower per chunk in passthrough; see BENCHMARKS.md.)
+    /// but measured about 1.8 times slower per chunk in passthrough; see
+    /// [BENCHMARKS.md](https://github.com/tower-bypass-marker/tower-bypass-marker/blob/main/BENCHMARKS.md).)
+    ///
+    /// # What is removed, exactly
+    ///
+    /// The body is filtered when the response can have content (not a `1xx`, `204` or `304`
+    /// response, nor the response to a `HEAD` request), its media type is `text/event-stream`, it has
+    /// no `content-encoding` other than `identity`, and at least one configured name is to be removed
+    /// for this request (or SDK-safe mode is on). Every other response (JSON, gRPC, responses without
+    /// content) passes through untouched, headers included, with the inner body's `size_hint` and
+    /// `is_end_stream`. A filtered response loses its `content-length` header. An event stream with a
+    /// `content-encoding` other than `identity` is not read at all: see [Encoded
+    /// bodies](#encoded-bodies) below.
+    ///
+    /// Headers are read as bytes, as a browser reads them:
+    ///
+    /// - The media type is the one Fetch's "extract a MIME type" gives, which is what `EventSource`
+    ///   checks: of all `content-type` values (several headers, or a comma-separated list), the last
+    ///   one that parses as `type/subtype` (other than `*/*`) counts; type and subtype compare in any
+    ///   case, and parameters are not looked at, so `text/event-stream; x="\xE9"` is an event stream.
+    ///   So `text/event-stream` followed by a second `content-type: application/json` header is not.
+    /// - `content-encoding` is a list (RFC 9110, section 5.6.1): empty elements are ignored, so
+    ///   `identity, `, `,identity` and an empty value mean identity, while `gzip` or `identity, gzip`
+    ///   mean the body is encoded.
+    ///
+    /// The event-stream grammar is WHATWG's:
+    ///
+    /// - Lines end in CRLF, LF or CR; a CR ending one chunk and a LF starting the next are one line
+    ///   end. One UTF-8 BOM at the very start of the body is kept and is not part of the first line;
+    ///   any later BOM is content.
+    /// - A frame is a run of non-empty lines closed by an empty line. Its event type is the value of
+    ///   its *last* `event` field: the field name is compared byte for byte, a line without a colon is
+    ///   a field with an empty value, and exactly one space after the colon is removed. Comment lines
+    ///   (starting with `:`) belong to the frame they stand in.
+    /// - A frame whose event type is a name to remove is removed whole, its closing empty line
+    ///   included. Everything else is forwarded unchanged and in order: other frames, comments,
+    ///   keep-alives, stray empty lines, invalid UTF-8, NUL bytes.
+    /// - A frame still open when the body ends (or when trailers or an error arrive) is judged as it
+    ///   stands, its unterminated last line included.
+    /// - In SDK-safe mode, a frame with field lines but no `data` field is removed too, unless its
+    ///   event type is a name the client opted in to.
+    /// - The one byte the layer ever adds: when the first bytes it forwards would begin with a BOM
+    ///   (EF BB BF) and the body did not begin with one (the first kept frame after removed ones
+    ///   starts with a BOM), it forwards a LF first, then those bytes unchanged. Clients strip a BOM
+    ///   at the start of a stream, which would turn a line such as `\u{FEFF}event: x` (a field
+    ///   named `\u{FEFF}event`, ignored) into an `event` field; the LF is an empty line, a no-op at
+    ///   that point of the grammar.
+    ///
+    /// # Latency, copies and memory
+    ///
+    /// Once the last byte of a frame has arrived, the frame is yielded before the inner body is
+    /// polled again; only the bytes of a frame that is still open are held. Forwarded data are slices
+    /// of the inner body's [`Bytes`](bytes::Bytes): a chunk made of whole frames that are all kept is
+    /// forwarded as that same `Bytes`. Only a frame that spans chunks is copied, into a buffer capped
+    /// by [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes) (1 MiB by default). Past the cap the frame is
+    /// forwarded as it arrives, unfiltered ([`Overflow::Forward`](crate::Overflow::Forward), the default: annotation frames are
+    /// tiny, so such a frame is data), or the body fails with [`FrameTooLarge`](crate::FrameTooLarge)
+    /// ([`Overflow::Error`](crate::Overflow::Error)).
+    ///
+    /// Trailers are forwarded after all data. An error from the inner body is passed through, after
+    /// the data held for an open frame, judged as at the end of the body.
+    ///
+    ///
+    /// # Encoded bodies
+    ///
+    /// The filter reads event-stream bytes; it cannot read a gzip or brotli stream, and cutting bytes
+    /// out of one would break it. An event stream whose `content-encoding` is not `identity` has one
+    /// of two causes: an upstream that compresses (although a proxy asked it for
+    /// `accept-encoding: identity`), or the application's own layer order, a compression layer inside
+    /// this one (in axum, `.layer(compression).layer(bypass)`: see [where to put
+    /// it](crate#where-to-put-it)). Such a stream is never passed through to a client it would have to
+    /// be filtered for: when at least one configured name is to be removed for this request, the layer
+    /// answers **502** in its place, before any byte of it, with an error in OpenAI's shape
+    /// (`{"error":{"code":"encoded_event_stream","message":"...","param":null,"type":"server_error"}}`,
+    /// `content-type: application/json`, the stream's own headers dropped) whose message names the
+    /// coding and both causes, on one line:
+    ///
+    /// ```text
+    /// the event stream has content-encoding gzip, which cannot be filtered: either the upstream
+    /// compressed it (it must answer with content-encoding identity) or compression is applied
+    /// before the filter (the compression layer must be outside it)
+    /// ```
+    ///
+    /// It never polls the stream's body, which is dropped with the response
+    /// ([`is_refused`](Self::is_refused)). A [`FrameObserver`](crate::FrameObserver) hears of it
+    /// ([`encoded_stream_refused`](crate::FrameObserver::encoded_stream_refused)). When nothing is to
+    /// be removed (the client opted in to every configured name that is not never-forwarded), the
+    /// encoded stream passes through untouched. The same holds at every front door: the JSON guard's
+    /// `json::Exchange` (feature `json`; the Envoy processor and module drive it) answers
+    /// `ResponseStep::Refuse` with the same error, the sidecar answers the same 502, and a host of
+    /// your own asks [`BypassMarkerLayer::refuses_encoded`](crate::BypassMarkerLayer::refuses_encoded).
+    ///
+    /// Failing is the only safe answer: decoding and re-encoding would cost the layer a decompressor
+    /// and a compressor per stream (and the dependencies), and passing the stream on would hand
+    /// router-owned frames to a client that decompresses them.
     pub struct BypassMarkerBody<B> {
         #[pin]
         inner: B,
@@ -30,8 +125,11 @@ pin_project! {
 }
 
 /// Whether the body is passed through, filtered, or replaced.
-// One per body; boxing the filter would add an allocation per filtered stream.
+// One per body; boxing the filter would add an allocation per filtered stream. An explicit tag:
+// with the variant kept in a niche of the filter's fields, telling the three apart took several
+// instructions more on every poll (by callgrind, at 61-byte chunks) than one byte compared.
 #[allow(clippy::large_enum_variant)]
+#[repr(u8)]
 enum Mode {
     Pass,
     Filter(Filter),
@@ -87,7 +185,7 @@ impl<B> BypassMarkerBody<B> {
     }
 
     /// Whether this body is the layer's own 502 error in place of an event stream in a content
-    /// coding it cannot read (see the [crate docs](crate#encoded-bodies)); the inner body is not
+    /// coding it cannot read (see [Encoded bodies](Self#encoded-bodies)); the inner body is not
     /// read.
     pub fn is_refused(&self) -> bool {
         matches!(self.mode, Mode::Refused(_))
@@ -169,10 +267,11 @@ where
             }
         };
         let inner = self.inner.size_hint();
-        // Frames may be removed, so only an upper bound holds.
+        // Frames may be removed, so only an upper bound holds. An inner bound of `u64::MAX` (or
+        // near it) stays `u64::MAX`: the sum would overflow.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + f.filter.pending() as u64);
+            hint.set_upper(upper.saturating_add(f.filter.pending() as u64));
         }
         hint
     }

@@ -27,7 +27,7 @@ const HELD_CAPACITY: usize = 4096;
 ///    returns [`FilterOutput::End`].
 ///
 /// The output is what [`BypassMarkerBody`](crate::BypassMarkerBody) yields for the same chunks,
-/// byte for byte, with the same guarantees (see the [crate docs](crate)): every byte that is not
+/// byte for byte, with the same guarantees (see its docs): every byte that is not
 /// part of a removed frame, in order; a complete frame is output before the next chunk is needed;
 /// forwarded bytes are slices of the pushed chunks (a chunk of whole kept frames comes back as the
 /// very same `Bytes`), and only a frame that spans chunks is copied, into a buffer capped by
@@ -54,6 +54,35 @@ const HELD_CAPACITY: usize = 4096;
 /// }
 /// assert_eq!(out, b"data: {}\n\n");
 /// # Ok::<_, tower_bypass_marker::FrameTooLarge>(())
+/// ```
+///
+/// From a response head, as a host that is not a tower service decides and filters (the Dynamo
+/// preset, the marker split across chunks):
+///
+/// ```rust
+/// use bytes::Bytes;
+/// use http::{header, HeaderMap, Method, StatusCode};
+/// use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, RequestedAnnotations};
+///
+/// let layer = BypassMarkerLayer::dynamo();
+/// let mut headers = HeaderMap::new();
+/// headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+/// let asked = RequestedAnnotations::new(); // from the request's nvext.annotations, via the guard
+/// let mut filter = layer
+///     .response_filter(&Method::POST, StatusCode::OK, &headers, &asked)
+///     .expect("an event stream with something to remove");
+/// let mut out = Vec::new();
+/// for chunk in ["event: x-bypass-remote-prefill\n: tr", "ue\n\ndata: {}\n\n"] {
+///     filter.push(Bytes::from(chunk));
+///     while let FilterOutput::Data(bytes) = filter.poll_output().unwrap() {
+///         out.extend_from_slice(&bytes); // write these to the client now
+///     }
+/// }
+/// filter.finish();
+/// while let FilterOutput::Data(bytes) = filter.poll_output().unwrap() {
+///     out.extend_from_slice(&bytes);
+/// }
+/// assert_eq!(out, b"data: {}\n\n");
 /// ```
 pub struct EventStreamFilter {
     /// What is left of the current chunk, when acting on it yielded data before its end.

@@ -131,11 +131,14 @@ pub(crate) fn head_kind(head_request: bool, status: StatusCode, headers: &Header
     }
 }
 
-/// The message of the error that replaces an encoded event stream.
+/// The message of the error that replaces an encoded event stream. It names both causes: an
+/// upstream that compressed the stream, and a compression layer placed inside the filter (in axum,
+/// `.layer(compression).layer(bypass)`: the last `.layer` is the outermost).
 pub(crate) fn encoded_message(coding: &str) -> String {
     format!(
-        "the upstream sent an event stream with content-encoding {coding}, which cannot be \
-         filtered; the upstream must answer with content-encoding identity"
+        "the event stream has content-encoding {coding}, which cannot be filtered: either the \
+         upstream compressed it (it must answer with content-encoding identity) or compression \
+         is applied before the filter (the compression layer must be outside it)"
     )
 }
 

@@ -16,7 +16,108 @@ use crate::service::BypassMarker;
 /// Removes router-internal annotation frames from `text/event-stream` responses unless the client
 /// opted in.
 ///
-/// See the [module docs](crate) for an example and the exact rules.
+/// See the [crate docs](crate) for examples and where to put the layer, and
+/// [`BypassMarkerBody`](crate::BypassMarkerBody) for what exactly is removed.
+///
+/// # Configuration
+///
+/// | setter | default | what it does |
+/// | --- | --- | --- |
+/// | [`BypassMarkerLayer::new()`] | | frames whose event type is `x-bypass-remote-prefill` are removed unless the client opted in; the guard strips that name from requests |
+/// | [`BypassMarkerLayer::dynamo()`] | | the preset for NVIDIA Dynamo 1.6.1's frontend: router-owned `x-bypass-remote-prefill` and `x-prefill-continue` (newer Dynamo source); opt-in `request_id`, `formatted_prompt`, `token_ids` (Dynamo sends them only to clients that list them, as `event: NAME` plus a `: "<JSON string>"` comment, no `data`); never-forwarded `llm_metrics`, `payload_usage` (internal). `error` events are not annotations and are left alone |
+/// | `.opt_in(name)` | | also remove `name` frames (e.g. `request_id`) unless the client opted in; the guard leaves `name` in the request |
+/// | `.router_owned(name)` | | another router-owned marker: removed unless opted in, stripped from requests in every form |
+/// | `.never_forward(name)` | | always remove `name` frames (e.g. `llm_metrics`), even when the client asks |
+/// | `.max_frame_bytes(n)` | 1 MiB | cap on the bytes held for one frame that spans body chunks |
+/// | `.on_overflow(o)` | [`Overflow::Forward`] | past the cap: forward that frame unfiltered as it arrives, or [`Overflow::Error`]: fail the body with [`FrameTooLarge`](crate::FrameTooLarge) |
+/// | `.json_guard()` | | (feature `json`) the request guard as middleware, a `JsonGuardLayer` with this layer's names |
+/// | `JsonGuardLayer::max_body_bytes(n)` | 32 MiB | cap on a JSON request body the guard buffers: one image at OpenAI's 20 MB per-image maximum is 26.7 MB of base64, and 32 MiB leaves room for the conversation |
+/// | `.sdk_safe(bool)` | off | also remove every frame with field lines but no `data` field that no opt-in of the client covers (fatal to the OpenAI SDKs; never dispatched by browsers, though a frame with only `id:` or `retry:` still sets the last event ID or the reconnection time there, and goes with the frame); comment-only keep-alives stay; a frame of a type the client opted in to is always forwarded |
+///
+/// A layer knows at most 64 names ([`MAX_NAMES`]). A name must be non-empty, at most 256 bytes
+/// ([`MAX_NAME_LEN`]), without `:` or any control character (CR and LF included), and must not start
+/// or end with whitespace: exactly the names the guard can recognise in every form it strips. The
+/// setters above panic on anything else; for names that come from runtime configuration, use
+/// [`try_opt_in`](BypassMarkerLayer::try_opt_in), `try_router_owned` and `try_never_forward`, which
+/// return an [`InvalidName`] error instead (the 65th name too):
+///
+/// ```rust
+/// use tower_bypass_marker::BypassMarkerLayer;
+///
+/// let from_config = ["request_id", "x-route:hint"];
+/// let mut layer = BypassMarkerLayer::new();
+/// for name in from_config {
+///     layer = match layer.clone().try_opt_in(name) {
+///         Ok(layer) => layer,
+///         Err(e) => {
+///             eprintln!("skipping {name:?}: {e}"); // annotation name "x-route:hint" contains ':'
+///             layer
+///         }
+///     };
+/// }
+/// ```
+///
+/// # With tonic
+///
+/// The layer passes gRPC through untouched, so one layer can sit in front of a server that carries
+/// both gRPC services and HTTP streaming routes:
+///
+/// ```rust,no_run
+/// use tonic::transport::Server;
+/// use tower_bypass_marker::BypassMarkerLayer;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let (_reporter, health) = tonic_health::server::health_reporter();
+/// Server::builder()
+///     .layer(BypassMarkerLayer::new())
+///     .add_service(health)
+///     .serve("127.0.0.1:50051".parse()?)
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Security model
+///
+/// The upstream router is trusted; the client is not.
+///
+/// - **Clients cannot force the bypass.** [`guard_annotations`](Self::guard_annotations) strips
+///   every router-owned name from the client's `nvext.annotations` before the request reaches the
+///   router, in every form: `name`, `name:value`, any ASCII case, surrounding spaces. Names this
+///   rule could not match (with `:`, control characters or surrounding whitespace, or over 256
+///   bytes) are refused when the layer is configured, so it holds for every configured name.
+/// - **Nor behind the JSON guard's back.** `JsonGuardLayer` (feature `json`) applies the same rule
+///   to the body, after JSON unescaping, and refuses (400) what a parser could read differently
+///   from it: duplicate `nvext` or `annotations` keys however spelled (`"nv\u0065xt"`), which
+///   parsers resolve differently; input that is not RFC 8259 JSON (`NaN` and `Infinity`, which
+///   Python accepts; trailing data; truncated bodies; nesting past serde_json's limit); an `nvext`
+///   that is not an object or `null` and an `annotations` that is not an array or `null` (a Python
+///   `in` test on a string or an object would find a name the guard never saw as an entry). A JSON
+///   body it cannot read (encoded) is refused with 415, one over its limit with 413. Its validator
+///   is held to serde_json's verdict by property tests and a fuzz target.
+/// - **Clients cannot read never-forwarded annotations**, even when they ask: `never_forward` names
+///   are removed whatever [`RequestedAnnotations`] says.
+/// - **Clients cannot opt in through anything but what the application grants.** The layer reads
+///   the opt-in only from [`RequestedAnnotations`] in the request or response extensions, which
+///   only application code can put there; no header or query parameter is consulted. A value form
+///   such as `x-bypass-remote-prefill:true` is stripped and is not an opt-in.
+///
+/// What the layer does not protect:
+///
+/// - **Encoded bodies** cannot be filtered: an encoded event stream is refused with a 502 when
+///   something is to be removed from it ([Encoded bodies](crate::BypassMarkerBody#encoded-bodies)),
+///   so such a route fails until the upstream stops compressing, or the application moves its
+///   compression layer outside this one.
+/// - **Oversized frames under [`Overflow::Forward`].** A frame that outgrows `max_frame_bytes`
+///   (1 MiB by default) is forwarded unfiltered, even one that starts with
+///   `event: x-bypass-remote-prefill`; memory stays bounded either way. Use [`Overflow::Error`] if
+///   such a frame must never reach a client. Dynamo's annotation frames are a few dozen bytes.
+/// - **Non-event-stream responses.** JSON and gRPC bodies are never inspected.
+/// - **Requests the JSON guard does not read.** It reads bodies with a JSON content type, an empty
+///   one or none; an upstream that parses bodies of other content types (`text/plain`, forms) as
+///   JSON, as a Starlette handler calling `request.json()` does, can be sent annotations the guard
+///   never saw. A valid JSON body whose top level is not an object is forwarded unchanged (an
+///   upstream reads `nvext` only as a member of the top-level object).
 #[derive(Clone)]
 pub struct BypassMarkerLayer {
     pub(crate) config: Arc<Config>,
@@ -223,7 +324,7 @@ impl BypassMarkerLayer {
     /// filter cannot read it: `Some` when the response has content, is a `text/event-stream` with
     /// a `content-encoding` other than `identity`, and something would be removed for a client
     /// that asked for `requested`. Answer such a response with a 502 instead, before any byte of
-    /// it, as [`BypassMarker`] does (see [Encoded bodies](crate#encoded-bodies);
+    /// it, as [`BypassMarker`] does (see [Encoded bodies](crate::BypassMarkerBody#encoded-bodies);
     /// `json::Refusal::encoded_event_stream` makes the error, with feature `json`). Tells the
     /// [observer](Self::observe).
     ///

@@ -220,6 +220,44 @@ async fn filtered_body_reports_only_an_upper_bound_and_ends_truthfully() {
     assert!(body.is_end_stream());
 }
 
+/// An inner body whose upper bound is `u64::MAX` (a body of unknown length that still reports a
+/// bound): the filtered body adds what it holds, and saturates instead of overflowing.
+#[tokio::test]
+async fn filtered_size_hint_saturates_an_inner_upper_bound_of_u64_max() {
+    let inner = Hinted(Items::new(marked()), {
+        let mut hint = http_body::SizeHint::new();
+        hint.set_upper(u64::MAX);
+        hint
+    });
+    let res = through(&BypassMarkerLayer::new(), None, response(SSE, inner)).await;
+    let body = res.into_body();
+    assert!(body.is_filtering());
+    // Before any byte is out, the LF owed before a leading BOM counts too: u64::MAX + 1.
+    assert_eq!(body.size_hint().lower(), 0);
+    assert_eq!(body.size_hint().upper(), Some(u64::MAX));
+    let out = collect(body).await;
+    assert_eq!(out.data, format!("{CHUNK}{DONE}").as_bytes());
+}
+
+/// `B` with the size hint `hint`.
+struct Hinted<B>(B, http_body::SizeHint);
+
+impl<B: Body + Unpin> Body for Hinted<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.1
+    }
+}
+
 /// The stream of issue 9: the raw body dispatches nothing in a browser (its third line is a field
 /// named `\u{FEFF}data`); without the LF, the filtered body began with a BOM, which the client's
 /// UTF-8 decoder strips, and dispatched a `message` with data "2".

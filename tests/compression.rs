@@ -3,6 +3,10 @@
 //! have to filter it for: that client gets a 502 (`encoded_event_stream`) instead, and a client
 //! that opted in to every name gets the encoded stream untouched.
 //!
+//! In a `ServiceBuilder` the first layer is the outermost: compression first. axum's
+//! `Router::layer` wraps what is there already: compression last. The other way round, the layer
+//! answers the 502, and its message names the layer order as well as the upstream.
+//!
 //! tower-http's default predicate does not compress `text/event-stream` at all, so the order only
 //! matters once an application compresses event streams; these tests use such a predicate, and pin
 //! the default too.
@@ -65,7 +69,7 @@ async fn opt_in(mut req: AxumRequest, next: Next) -> AxumResponse {
 
 /// tower-http's default predicate without its exception for event streams.
 fn compresses_event_streams() -> impl Predicate {
-    SizeAbove::new(32)
+    SizeAbove::default()
         .and(NotForContentType::GRPC)
         .and(NotForContentType::IMAGES)
 }
@@ -141,6 +145,142 @@ async fn inside_compression_the_gzip_body_decompresses_to_the_filtered_stream() 
     assert_eq!(fetch(addr, false, false).await, (false, filtered()));
 }
 
+/// The axum stack of the crate docs and the README ("Where to put it"): `Router::layer` wraps
+/// what is there already, so the compression layer, added last, is the outermost and compresses
+/// the stream the bypass layer filtered.
+#[cfg(feature = "json")]
+fn documented_axum_stack(routes: Router) -> Router {
+    let bypass = BypassMarkerLayer::dynamo();
+    routes
+        .layer(bypass.clone())
+        .layer(bypass.json_guard())
+        .layer(CompressionLayer::new().compress_when(compresses_event_streams()))
+}
+
+/// The same layers added the other way round: compression inside the filter.
+#[cfg(feature = "json")]
+fn reversed_axum_stack(routes: Router) -> Router {
+    let bypass = BypassMarkerLayer::dynamo();
+    routes
+        .layer(CompressionLayer::new().compress_when(compresses_event_streams()))
+        .layer(bypass.clone())
+        .layer(bypass.json_guard())
+}
+
+/// A chat completion request accepting gzip, listing `annotations` in `nvext.annotations`.
+#[cfg(feature = "json")]
+fn chat(addr: std::net::SocketAddr, annotations: &str) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"model":"m","stream":true,"nvext":{{"annotations":{annotations}}}}}"#
+        ))))
+        .unwrap()
+}
+
+#[cfg(feature = "json")]
+#[tokio::test]
+async fn the_documented_axum_stack_streams_gzip_compressed_filtered_events() {
+    use http_body::Body as _;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::mpsc;
+
+    // Each request's events come from a channel the test feeds, so that the test can see an event
+    // reach the client while the stream is still open.
+    type Events = mpsc::Receiver<Result<Event, Infallible>>;
+    let next: Arc<Mutex<Option<Events>>> = Arc::default();
+    let handler_next = next.clone();
+    let routes = Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let events = handler_next
+                .lock()
+                .unwrap()
+                .take()
+                .expect("one stream per request");
+            async move { Sse::new(tokio_stream::wrappers::ReceiverStream::new(events)) }
+        }),
+    );
+    let addr = spawn_axum(documented_axum_stack(routes)).await;
+
+    for (annotations, first) in [
+        ("[]", format!("data: {}\n\n", CHUNKS[0])),
+        (
+            r#"["x-bypass-remote-prefill"]"#,
+            format!("{MARKER}data: {}\n\n", CHUNKS[0]),
+        ),
+    ] {
+        let (tx, rx) = mpsc::channel(8);
+        *next.lock().unwrap() = Some(rx);
+        let marker = Event::default()
+            .event(BYPASS_REMOTE_PREFILL)
+            .comment("true");
+        // Dynamo's preset never forwards `llm_metrics`, even to a client that asks.
+        let metrics = Event::default().event("llm_metrics").comment("{}");
+        for event in [marker, metrics, Event::default().data(CHUNKS[0])] {
+            tx.send(Ok(event)).await.unwrap();
+        }
+
+        let res = h1_client().request(chat(addr, annotations)).await.unwrap();
+        assert_eq!(res.status(), http::StatusCode::OK);
+        assert_eq!(res.headers()[header::CONTENT_ENCODING], "gzip");
+        let mut body = std::pin::pin!(res.into_body());
+        let mut decoded = flate2::write::GzDecoder::new(Vec::new());
+        let mut next_data = async || {
+            let frame = tokio::time::timeout(
+                PATIENCE,
+                std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)),
+            )
+            .await
+            .expect("an event in time");
+            frame.map(|f| f.unwrap().into_data().unwrap())
+        };
+        // The first event, compressed, while the stream is still open.
+        while decoded.get_ref().len() < first.len() {
+            let data = next_data().await.expect("the stream is open");
+            decoded.write_all(&data).unwrap();
+            decoded.flush().unwrap(); // into `get_ref()`: the decoder holds its output until then
+        }
+        assert_eq!(String::from_utf8_lossy(decoded.get_ref()), first);
+
+        for chunk in &CHUNKS[1..] {
+            tx.send(Ok(Event::default().data(*chunk))).await.unwrap();
+        }
+        drop(tx);
+        while let Some(data) = next_data().await {
+            decoded.write_all(&data).unwrap();
+        }
+        let decoded = decoded.finish().unwrap();
+        let expected = if annotations == "[]" {
+            filtered()
+        } else {
+            unfiltered()
+        };
+        assert_eq!(
+            String::from_utf8(decoded).unwrap(),
+            expected,
+            "{annotations}"
+        );
+    }
+}
+
+#[cfg(feature = "json")]
+#[tokio::test]
+async fn the_reversed_axum_stack_is_refused_with_a_message_naming_the_layer_order() {
+    let routes = Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async { events() }),
+    );
+    let addr = spawn_axum(reversed_axum_stack(routes)).await;
+    let res = h1_client().request(chat(addr, "[]")).await.unwrap();
+    let status = res.status();
+    assert!(res.headers().get(header::CONTENT_ENCODING).is_none());
+    let (body, _) = read_all(res.into_body()).await;
+    assert_encoded_refusal((status, false, String::from_utf8(body.to_vec()).unwrap()));
+}
+
 /// The error a client gets instead of an encoded event stream it would have had filtered.
 fn assert_encoded_refusal((status, gzipped, body): (http::StatusCode, bool, String)) {
     assert_eq!(status, http::StatusCode::BAD_GATEWAY, "{body}");
@@ -149,8 +289,17 @@ fn assert_encoded_refusal((status, gzipped, body): (http::StatusCode, bool, Stri
     assert_eq!(error["error"]["code"], "encoded_event_stream", "{body}");
     assert_eq!(error["error"]["type"], "server_error", "{body}");
     assert!(error["error"]["param"].is_null(), "{body}");
-    let message = error["error"]["message"].as_str().unwrap();
-    assert!(message.contains("content-encoding gzip"), "{message}");
+    assert_eq!(error["error"]["message"], refusal_message("gzip"), "{body}");
+}
+
+/// The refusal's message, which names both causes: the upstream, and the application's own
+/// layer order.
+fn refusal_message(coding: &str) -> String {
+    format!(
+        "the event stream has content-encoding {coding}, which cannot be filtered: either the \
+         upstream compressed it (it must answer with content-encoding identity) or compression is \
+         applied before the filter (the compression layer must be outside it)"
+    )
 }
 
 #[tokio::test]
@@ -289,10 +438,7 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
     assert_eq!(body.len() as u64, length);
     let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(error["error"]["code"], "encoded_event_stream");
-    assert!(error["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("content-encoding br,"));
+    assert_eq!(error["error"]["message"], refusal_message("br"));
     // The layer writes it without serde_json; the JSON guard's refusal (serde_json's bytes) is
     // the reference.
     #[cfg(feature = "json")]

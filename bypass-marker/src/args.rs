@@ -161,7 +161,7 @@ pub struct NamingArgs {
     pub max_body: usize,
     /// Most request body bytes the guard holds at once, summed over every request of the
     /// process; a request whose body would take the total past it gets a 503 with `Retry-After`
-    /// (the processor: RESOURCE_EXHAUSTED) before more of it is read. Default: half the memory
+    /// (the processor's is Envoy's local reply) before more of it is read. Default: half the memory
     /// limit of the process's cgroup (memory.max, or memory.limit_in_bytes on cgroup v1), else
     /// 1 GiB.
     #[arg(long, value_name = "BYTES", env = "BYPASS_MARKER_MAX_BUFFERED_BYTES")]

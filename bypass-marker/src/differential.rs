@@ -2,14 +2,18 @@
 //! that holds it to hyper's client (`tests/client_differential.rs` and the `client` fuzz target,
 //! both through `fuzz/src/client.rs`). Hidden, and it may change with any release.
 
+use std::io;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
-use http_body_util::Empty;
+use http_body::Body;
 
-use super::client;
+use super::client::{self, ChunkedError, SendError};
 use super::{Upstream, UpstreamResponseBody};
+use tower_bypass_marker::BoxError;
+
+pub use super::client::Refusal;
 
 /// The sidecar's upstream client (`Client::new` and `Client::send` as the proxy calls them).
 pub struct Client(client::Client);
@@ -20,24 +24,78 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// Why this client gave no response head, or cut a body: its own reason, which the differential
+/// test holds against the reason a listed disagreement gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The response head was refused, for this reason.
+    Head(Refusal),
+    /// The body's `chunked` framing was refused: the decoder's words.
+    Chunked(&'static str),
+    /// The request body failed (the client's side).
+    RequestBody,
+    /// The upstream did not answer in time.
+    Timeout,
+    /// None of the above: the connection failed, closed or was reset, with this kind.
+    Io(io::ErrorKind),
+}
+
+impl Reason {
+    /// The reason an error of a response body (or of a head, inside a [`SendError`]) carries.
+    pub fn of(err: &io::Error) -> Self {
+        if let Some(inner) = err.get_ref() {
+            if let Some(refusal) = inner.downcast_ref::<Refusal>() {
+                return Self::Head(*refusal);
+            }
+            if let Some(chunked) = inner.downcast_ref::<ChunkedError>() {
+                return Self::Chunked(chunked.0);
+            }
+        }
+        Self::Io(err.kind())
+    }
+}
+
+/// Why a request got no response: the reason, and the error's words with its source.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub reason: Reason,
+    pub message: String,
+}
+
 impl Client {
     /// A client of `upstream`, with a 10 s connect timeout and up to 4 idle connections.
     pub fn new(upstream: Upstream) -> Self {
         Self(client::Client::new(upstream, Duration::from_secs(10), 4))
     }
 
-    /// Sends `parts` without a body: the response, or why there is none (the error, with its
-    /// source).
-    pub async fn send(
+    /// With a response timeout (`--response-timeout`).
+    #[must_use]
+    pub fn response_timeout(self, timeout: Duration) -> Self {
+        Self(self.0.response_timeout(timeout))
+    }
+
+    /// Sends `parts` with `body`: the response, or why there is none.
+    pub async fn send<B>(
         &self,
         parts: &http::request::Parts,
-    ) -> Result<Response<UpstreamResponseBody>, String> {
-        self.0
-            .send(parts, Empty::<Bytes>::new())
-            .await
-            .map_err(|err| match std::error::Error::source(&err) {
+        body: B,
+    ) -> Result<Response<UpstreamResponseBody>, Failure>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        self.0.send(parts, body).await.map_err(|err| {
+            let reason = match &err {
+                SendError::Connect(err) => Reason::Io(err.kind()),
+                SendError::BeforeHead(err) => Reason::of(err),
+                SendError::RequestBody(_) => Reason::RequestBody,
+                SendError::Timeout(_) => Reason::Timeout,
+            };
+            let message = match std::error::Error::source(&err) {
                 Some(source) => format!("{err}: {source}"),
                 None => err.to_string(),
-            })
+            };
+            Failure { reason, message }
+        })
     }
 }

@@ -18,7 +18,7 @@ pub fn metrics_for(args: &ExtProcArgs) -> Result<Arc<Metrics>, NameError> {
 }
 
 /// Serves the processor that `args` describe on `listener`, counting removed and forwarded frames
-/// in `metrics`, until `shutdown` completes; then stops gracefully (see [`envoy::serve`]), giving
+/// in `metrics` (and timing its answers there, with `--metrics-listen`), until `shutdown` completes; then stops gracefully (see [`envoy::serve`]), giving
 /// the streams in flight up to `args.shutdown_grace` before it cuts them and returns.
 pub async fn serve<F>(
     listener: TcpListener,
@@ -29,15 +29,20 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send,
 {
-    let layer = args.naming.layer()?.observe(metrics);
     let budget = envoy::BodyBudget::new(args.naming.buffered_budget());
+    metrics.watch_budget(&budget);
+    let layer = args.naming.layer()?.observe(metrics.clone());
     tracing::info!(
         "at most {} bytes of request bodies held at once (--max-buffered-bytes)",
         budget.limit()
     );
-    let processor = ExtProc::new(layer)
+    let mut processor = ExtProc::new(layer)
         .max_body_bytes(args.naming.max_body)
         .body_budget(budget);
+    // Timing costs a clock read and a lock per wake: only for metrics someone reads.
+    if args.metrics_listen.is_some() {
+        processor = processor.answer_times(metrics);
+    }
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;

@@ -16,6 +16,7 @@
 //! | `bypass_marker_request_bytes_budget` | | `--max-buffered-bytes` (or its default) |
 //! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |
 //! | `bypass_marker_request_duration_seconds` | | histogram of the same span, per request |
+//! | `bypass_marker_ext_proc_answer_seconds` | `message` | `bypass-marker ext-proc` only: histogram of the time the processor took to answer each message Envoy sent, from the moment the message's last bytes reached its stream to the moment the answer was handed back to HTTP/2 (see [`ExtProc::answer_times`](crate::envoy::ExtProc::answer_times)); `message` is the message's kind: `request_headers`, `request_body`, `request_trailers`, `response_headers`, `response_body`, `response_trailers`. Buckets at 0.2 s (Envoy's default `message_timeout`) and 2 s (the shipped bootstrap's) |
 //!
 //! The frame counts come from the layer itself ([`FrameObserver`], called as each frame is
 //! removed or forwarded), not from parsing the stream again; a series exists for every configured
@@ -42,7 +43,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::envoy::BodyBudget;
+use crate::envoy::{AnswerTimes, BodyBudget, MessageKind};
 use tower_bypass_marker::FrameObserver;
 
 /// The content type of the `/metrics` answer.
@@ -57,6 +58,17 @@ struct AnnotationLabel {
 struct StatusLabel {
     status: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MessageLabel {
+    message: String,
+}
+
+/// The buckets of `bypass_marker_ext_proc_answer_seconds`, in seconds: from 100 us, with one at
+/// Envoy's default `message_timeout` (0.2 s) and one at the shipped bootstrap's (2 s).
+const ANSWER_BUCKETS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -138,6 +150,8 @@ pub struct Metrics {
     budget: std::sync::OnceLock<BodyBudget>,
     bytes_held: Gauge<i64, AtomicI64>,
     bytes_budget: Gauge<i64, AtomicI64>,
+    /// Per [`MessageKind`], in [`MessageKind::ALL`]'s order: the processor's answer times.
+    answer_seconds: Vec<Histogram>,
 }
 
 impl fmt::Debug for Metrics {
@@ -156,9 +170,12 @@ impl Metrics {
         Self::build(names, sdk_safe, true)
     }
 
-    /// Metrics for `bypass-marker ext-proc`: only the frame series (as [`Metrics::new`] makes
-    /// them). Envoy answers and times the requests itself, so the proxy's request, upstream and
-    /// stream series would only ever read 0 there, and are left out.
+    /// Metrics for `bypass-marker ext-proc`: the frame series (as [`Metrics::new`] makes them)
+    /// the request body budget's (`request_bytes_held`, `request_bytes_budget`, once
+    /// [`watch_budget`](Self::watch_budget) is called) and the processor's answer times
+    /// (`bypass_marker_ext_proc_answer_seconds`, once the processor is given these metrics as its
+    /// [`AnswerTimes`]). Envoy answers and times the requests itself, so the proxy's request,
+    /// upstream and stream series would only ever read 0 there, and are left out.
     pub fn frames_only<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool) -> Self {
         Self::build(names, sdk_safe, false)
     }
@@ -270,19 +287,43 @@ impl Metrics {
             "Time from the request head to the end of the response body",
             duration.clone(),
         );
+        // The budget's series: both the proxy and the processor hold request bodies under it.
         let bytes_held = Gauge::<i64, AtomicI64>::default();
-        proxy_series.register(
+        registry.register(
             "request_bytes_held",
             "Bytes of request bodies the guard holds now, summed over every request",
             bytes_held.clone(),
         );
         let bytes_budget = Gauge::<i64, AtomicI64>::default();
-        proxy_series.register(
+        registry.register(
             "request_bytes_budget",
             "The most bytes of request bodies held at once (--max-buffered-bytes)",
             bytes_budget.clone(),
         );
+        // The processor's own series: registered only for it.
+        let mut unused = Registry::default();
+        let ext_proc_series = if proxy { &mut unused } else { &mut registry };
+        let answers =
+            Family::<MessageLabel, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(ANSWER_BUCKETS)
+            });
+        ext_proc_series.register(
+            "ext_proc_answer_seconds",
+            "Time the processor took to answer a message of Envoy's, from its last bytes reaching the stream to the answer handed to HTTP/2, per kind of message",
+            answers.clone(),
+        );
+        let answer_seconds = MessageKind::ALL
+            .iter()
+            .map(|kind| {
+                answers
+                    .get_or_create(&MessageLabel {
+                        message: kind.as_str().to_owned(),
+                    })
+                    .clone()
+            })
+            .collect();
         Self {
+            answer_seconds,
             budget: std::sync::OnceLock::new(),
             bytes_held,
             bytes_budget,
@@ -384,6 +425,14 @@ impl Metrics {
     }
 }
 
+impl AnswerTimes for Metrics {
+    fn answered(&self, message: MessageKind, elapsed: Duration) {
+        if let Some(histogram) = self.answer_seconds.get(message as usize) {
+            histogram.observe(elapsed.as_secs_f64());
+        }
+    }
+}
+
 impl FrameObserver for Metrics {
     fn frame_removed(&self, annotation: Option<&str>, _bytes: usize) {
         REMOVED_HERE.with(|n| n.set(n.get() + 1));
@@ -423,7 +472,8 @@ impl FrameObserver for Metrics {
         tracing::warn!(
             coding,
             "an event stream in a content coding the filter cannot read was answered with a 502 \
-             (encoded_event_stream): make the upstream answer with content-encoding identity"
+             (encoded_event_stream): the upstream compressed it although asked for identity, or a \
+             compressor runs between the upstream and the filter"
         );
     }
 }

@@ -15,11 +15,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::TcpListener;
 
-const BIN: &str = env!("CARGO_BIN_EXE_bypass-marker");
-const PATIENCE: Duration = Duration::from_secs(30);
+mod support;
+use support::{sigterm, start_proxy, stderr_lines, Announced, BIN, PATIENCE};
 
 /// Runs the binary with `args` and no `BYPASS_MARKER_*` variables but those in `env`.
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -175,43 +174,22 @@ async fn an_unreachable_upstream_is_detailed_in_the_log_not_to_the_client() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = free.local_addr().unwrap();
     drop(free);
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     let mut child = command
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
         .arg(format!("http://{upstream}"))
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = tokio::time::timeout(PATIENCE, stdout.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .expect("listening on");
-        if let Some(url) = line.strip_prefix("listening on http://") {
-            break url.to_owned();
-        }
-    };
+    let addr = Announced::of(&mut child).next("listening on http://").await;
     let body = get(format!("http://{addr}/v1/models")).await.unwrap();
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["code"], "upstream_unreachable", "{json}");
     let message = json["error"]["message"].as_str().unwrap();
     assert!(!message.contains(&upstream.port().to_string()), "{json}");
     assert!(!message.contains("os error"), "{json}");
-    // SAFETY: kill only sends a signal to the process we spawned.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
-    }
+    sigterm(&child);
     let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
         .unwrap()
@@ -285,12 +263,7 @@ async fn get(url: String) -> Result<Bytes, Box<dyn std::error::Error + Send + Sy
 async fn configured_from_the_environment_it_filters_logs_and_stops_gracefully_on_sigterm() {
     let upstream = spawn_upstream().await;
     let upstream_url = format!("http://{upstream}");
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     // Every setting from the environment: the command line only names the subcommand.
     let mut child = command
         .arg("proxy")
@@ -301,31 +274,11 @@ async fn configured_from_the_environment_it_filters_logs_and_stops_gracefully_on
         .env("BYPASS_MARKER_SHUTDOWN_GRACE", "20")
         .env("BYPASS_MARKER_LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(PATIENCE, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("listening on http://") {
-                return url.to_owned();
-            }
-        }
-        panic!("the proxy exited without listening");
-    })
-    .await
-    .expect("the proxy listens");
-    let stderr = child.stderr.take().unwrap();
-    let logs = tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        let mut all = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            all.push(line);
-        }
-        all
-    });
+    let addr = Announced::of(&mut child).next("listening on http://").await;
+    let logs = stderr_lines(&mut child);
 
     // The opt-in name from BYPASS_MARKER_OPT_IN is removed.
     let body = tokio::time::timeout(PATIENCE, get(format!("http://{addr}/stream")))
@@ -338,11 +291,7 @@ async fn configured_from_the_environment_it_filters_logs_and_stops_gracefully_on
     // longer accepts.
     let in_flight = tokio::spawn(get(format!("http://{addr}/stream")));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = child.id().unwrap() as libc::pid_t;
-    // SAFETY: kill only sends a signal to the process we spawned.
-    #[allow(unsafe_code)]
-    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
-    assert_eq!(sent, 0);
+    sigterm(&child);
     let stopping = Instant::now();
     let body = tokio::time::timeout(PATIENCE, in_flight)
         .await
@@ -393,39 +342,22 @@ async fn text_logs_and_rust_log_filtering() {
         (Some("warn"), false),
         (Some("bypass_marker=info"), true),
     ] {
-        let mut command = tokio::process::Command::new(BIN);
+        let mut command = support::command();
         command
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
             .arg(format!("http://{upstream}"))
             .args(["--shutdown-grace", "5", "--log-format", "text"])
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         if let Some(filter) = rust_log {
             command.env("RUST_LOG", filter);
         }
         let mut child = command.spawn().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = tokio::time::timeout(PATIENCE, stdout.next_line())
-                .await
-                .unwrap()
-                .unwrap()
-                .expect("listening on");
-            if let Some(url) = line.strip_prefix("listening on http://") {
-                break url.to_owned();
-            }
-        };
+        let addr = Announced::of(&mut child).next("listening on http://").await;
         let body = get(format!("http://{addr}/nowhere?secret=1"))
             .await
             .unwrap();
         assert!(body.is_empty());
-        // SAFETY: as above.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
-        }
+        sigterm(&child);
         let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
             .await
             .unwrap()
@@ -484,40 +416,18 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
 
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     let mut child = command
         .arg("ext-proc")
         .env("BYPASS_MARKER_LISTEN", "127.0.0.1:0")
         .env("BYPASS_MARKER_METRICS_LISTEN", "127.0.0.1:0")
         .env("BYPASS_MARKER_NEVER_FORWARD", "x-internal")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (grpc, metrics) = tokio::time::timeout(PATIENCE, async {
-        let (mut grpc, mut metrics) = (None, None);
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("metrics on ") {
-                metrics = Some(url.to_owned());
-            }
-            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
-                grpc = Some(rest.split(' ').next().unwrap().to_owned());
-            }
-            if let (Some(grpc), Some(metrics)) = (&grpc, &metrics) {
-                return (grpc.clone(), metrics.clone());
-            }
-        }
-        panic!("the processor exited without listening");
-    })
-    .await
-    .expect("the processor listens");
+    // The metrics server announces itself first, then the processor.
+    let mut announced = Announced::of(&mut child);
+    let metrics = announced.next("metrics on ").await;
+    let grpc = announced.next("ext_proc listening on ").await;
 
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
         .unwrap()
@@ -541,12 +451,17 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
         let series = format!("bypass_marker_frames_removed_total{{annotation=\"{name}\"}} 0");
         assert!(text.contains(&series), "no {series} in:\n{text}");
     }
+    // The request body budget's gauges, which the soak (tests/soak/) reads back to 0.
+    assert!(
+        text.contains("bypass_marker_request_bytes_held 0\n"),
+        "no bytes-held gauge in:\n{text}"
+    );
+    assert!(
+        text.contains("bypass_marker_request_bytes_budget "),
+        "no budget gauge in:\n{text}"
+    );
 
-    let pid = child.id().unwrap() as libc::pid_t;
-    // SAFETY: kill only sends a signal to the process we spawned.
-    #[allow(unsafe_code)]
-    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
-    assert_eq!(sent, 0);
+    sigterm(&child);
     let status = tokio::time::timeout(PATIENCE, child.wait())
         .await
         .expect("the processor exits")
@@ -612,33 +527,14 @@ fn ext_proc_threads_default_to_one() {
 /// Starts `bypass-marker proxy` with `args` and `env` (and no other `BYPASS_MARKER_*`), on a port
 /// of its own; returns the child and the address it listens on.
 async fn spawn_proxy(args: &[&str], env: &[(&str, &str)]) -> (tokio::process::Child, String) {
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command
-        .arg("proxy")
-        .args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(PATIENCE, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("listening on http://") {
-                return url.to_owned();
-            }
-        }
-        panic!("the proxy exited without listening");
-    })
+    start_proxy(
+        support::command()
+            .arg("proxy")
+            .args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", "warn"),
+    )
     .await
-    .expect("the proxy listens");
-    (child, addr)
 }
 
 /// `--threads N` (or `BYPASS_MARKER_THREADS`): N threads accepting from one listener, each
@@ -683,10 +579,7 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
             .filter(|name| name.starts_with("bypass-marker-"))
             .count();
         assert_eq!(serving, threads, "{args:?} {env:?}");
-        // SAFETY: kill only sends a signal to the process we spawned.
-        #[allow(unsafe_code)]
-        let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(sent, 0);
+        sigterm(&child);
         let status = tokio::time::timeout(PATIENCE, child.wait())
             .await
             .expect("every thread stops")
@@ -699,18 +592,11 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
 /// Runs the binary with `args` (no `BYPASS_MARKER_*` variables) and expects it to exit within
 /// `PATIENCE` (it is killed otherwise, and the test fails).
 async fn exits(args: &[&str]) -> Output {
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     let child = command
         .args(args)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     tokio::time::timeout(PATIENCE, child.wait_with_output())
@@ -769,30 +655,14 @@ async fn a_second_proxy_on_an_address_in_use_fails_to_start_whatever_the_threads
 /// The same for `ext-proc`: a second processor on an address in use fails to start.
 #[tokio::test]
 async fn a_second_ext_proc_on_an_address_in_use_fails_to_start() {
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     let mut child = command
         .args(["ext-proc", "--listen", "127.0.0.1:0", "--threads", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(PATIENCE, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(rest) = line.strip_prefix("ext_proc listening on ") {
-                return rest.split(' ').next().unwrap().to_owned();
-            }
-        }
-        panic!("the processor exited without listening");
-    })
-    .await
-    .expect("the processor listens");
+    let addr = Announced::of(&mut child)
+        .next("ext_proc listening on ")
+        .await;
     for threads in ["1", "2"] {
         let out = exits(&["ext-proc", "--listen", &addr, "--threads", threads]).await;
         let stderr = text(&out.stderr);
@@ -811,19 +681,11 @@ async fn a_second_ext_proc_on_an_address_in_use_fails_to_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
     let upstream = format!("http://{}", spawn_upstream().await);
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     command
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
         .args(["--preset", "none", "--opt-in", "x-custom"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
+        .env("RUST_LOG", "warn");
     // SAFETY: setrlimit is async-signal-safe, and only changes the child's own limit.
     #[allow(unsafe_code)]
     unsafe {
@@ -840,17 +702,7 @@ async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
         });
     }
     let mut child = command.spawn().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(PATIENCE, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(url) = line.strip_prefix("listening on http://") {
-                return url.to_owned();
-            }
-        }
-        panic!("the proxy exited without listening");
-    })
-    .await
-    .expect("the proxy listens");
+    let addr = Announced::of(&mut child).next("listening on http://").await;
     // Each client on a connection of its own (a fresh hyper client per request).
     let streams: Vec<_> = (0..40)
         .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
@@ -1065,12 +917,7 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
     };
     // Nobody will read what the proxy prints.
     drop(read);
-    let mut command = tokio::process::Command::new(BIN);
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
+    let mut command = support::command();
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1083,7 +930,6 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
         .env("RUST_LOG", "warn")
         .stdout(Stdio::from(write))
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     // Served: the proxy is up once a request through it succeeds.
@@ -1101,11 +947,7 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
     .await
     .expect("the proxy serves");
     assert_eq!(body, expected_stream());
-    // SAFETY: kill only sends a signal to the process we spawned.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
-    }
+    sigterm(&child);
     let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
         .unwrap()

@@ -4,33 +4,57 @@
 //! give the same status and header fields, the same body bytes, the same end (refused, cut,
 //! complete) and the same decision to reuse the connection, but for the cases
 //! `fuzz/src/client.rs` lists with their reasons (`STRICTER`: on purpose; `FOUND`: found and not
-//! yet decided, empty today). The `client` fuzz target runs the same check on any bytes
-//! (FUZZING.md).
+//! yet decided, empty today), each only for the client's own reason it names. Requests carry
+//! bodies too (small, streamed by length or chunked, answered early or late), and a second
+//! request finds the connection pooled, stale or new. The `client` fuzz target runs the same
+//! check on any bytes (FUZZING.md).
 //! `PROPTEST_CASES=20000 cargo test --release -p bypass-marker --test client_differential` runs a
 //! long campaign.
 #[path = "../../fuzz/src/client.rs"]
 #[allow(dead_code)]
 mod differential;
 
-use differential::{check, compare, decode, verdicts, End, FOUND, STRICTER};
+use differential::{
+    check, compare, decode, interim_heads, verdicts, End, Reason, Refusal, FOUND, STRICTER,
+};
 use proptest::prelude::*;
 
 /// An input of the fuzz target's format: mostly generated responses (realistic but hostile),
-/// some arbitrary bytes.
+/// some at the client's limits, some arbitrary bytes; a third of the requests with a body, and
+/// the second request on a stale connection or as a POST now and then.
 fn input() -> impl Strategy<Value = Vec<u8>> {
     (
-        any::<bool>(),
-        prop::bool::weighted(0.85),
+        (
+            any::<bool>(),
+            prop::bool::weighted(0.85),
+            prop::bool::weighted(0.2),
+        ),
+        (
+            prop::bool::weighted(0.3),
+            any::<u8>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
         prop::collection::vec(any::<u8>(), 0..8),
         prop::collection::vec(any::<u8>(), 0..160),
     )
-        .prop_map(|(head, generated, cuts, rest)| {
-            let mut data = vec![u8::from(head) | if generated { 0x02 } else { 0 }];
-            data.push(cuts.len() as u8);
-            data.extend_from_slice(&cuts);
-            data.extend_from_slice(&rest);
-            data
-        })
+        .prop_map(
+            |((head, generated, limits), (upload, how, stale, post), cuts, rest)| {
+                let flags = u8::from(head)
+                    | if generated { 0x02 } else { 0 }
+                    | if limits { 0x04 } else { 0 }
+                    | if upload { 0x08 } else { 0 }
+                    | if stale { 0x10 } else { 0 }
+                    | if post { 0x20 } else { 0 };
+                let mut data = vec![flags, cuts.len() as u8];
+                if upload {
+                    data.push(how);
+                }
+                data.extend_from_slice(&cuts);
+                data.extend_from_slice(&rest);
+                data
+            },
+        )
 }
 
 proptest! {
@@ -106,6 +130,12 @@ fn every_listed_case_is_one_where_the_verdicts_differ() {
     // from hyper's verdict without the list (else the entry is dead), this client refusing it,
     // and be matched by its entry. `FOUND` is empty: a disagreement found is fixed or listed as
     // stricter with its reason.
+    let zeros = [
+        &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"[..],
+        &[b'0'; 5000],
+        b"2\r\nok\r\n0\r\n\r\n",
+    ]
+    .concat();
     let stricter: &[(bool, &[u8])] = &[
         (false, b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
         (false, b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"),
@@ -113,27 +143,36 @@ fn every_listed_case_is_one_where_the_verdicts_differ() {
         (false, b"HTTP/1.1 101 Switching Protocols\r\n\r\n"),
         (false, &[&b"HTTP/1.1 100 Continue\r\n\r\n".repeat(17)[..], b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"].concat()),
         (true, b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\n"),
+        (false, &zeros),
     ];
     assert_eq!(stricter.len(), STRICTER.len());
     assert!(FOUND.is_empty(), "a disagreement left undecided");
-    for ((why, applies), (head, response)) in STRICTER.iter().zip(stricter) {
+    for ((why, applies, reasons), (head, response)) in STRICTER.iter().zip(stricter) {
         let (hyper, ours, agree) = run(&raw(*head, &[], response));
         let case = decode(&raw(*head, &[], response));
         assert!(applies(&case, &hyper), "{why}: the entry matches its case");
         // Which entry the case meets first is its own.
-        let first = STRICTER.iter().position(|(_, a)| a(&case, &hyper));
+        let first = STRICTER.iter().position(|(_, a, _)| a(&case, &hyper));
         assert_eq!(first.map(|i| STRICTER[i].0), Some(*why));
-        assert_ne!(
+        assert_eq!(
             hyper.end,
-            End::Refused,
+            End::Complete,
             "{why}: hyper accepts it\n{hyper:?}"
         );
-        assert_eq!(
+        assert_ne!(
             ours.end,
-            End::Refused,
-            "{why}: this client refuses it\n{ours:?}"
+            End::Complete,
+            "{why}: this client refuses or cuts it\n{ours:?}"
+        );
+        assert!(
+            ours.reason.is_some_and(|r| reasons.contains(&r)),
+            "{why}: for the reason listed\n{ours:?}"
         );
         assert_eq!(agree, Ok(()), "{why}: the entry excuses it");
+        // The same refusal for another reason is not excused.
+        let mut other = ours.clone();
+        other.reason = Some(Reason::Io(std::io::ErrorKind::UnexpectedEof));
+        assert!(compare(&case, &hyper, &other).is_err(), "{why}: any reason");
     }
 }
 
@@ -158,7 +197,9 @@ fn the_disagreements_issue_28_fixed_reach_hypers_verdict_unlisted() {
             let (hyper, ours, agree) = run(&data);
             let what = String::from_utf8_lossy(response);
             assert!(
-                STRICTER.iter().all(|(_, applies)| !applies(&case, &hyper)),
+                STRICTER
+                    .iter()
+                    .all(|(_, applies, _)| !applies(&case, &hyper)),
                 "{what}: no entry applies"
             );
             assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
@@ -204,4 +245,137 @@ fn every_stored_input_reaches_hypers_verdict() {
         }
     }
     assert!(n >= 10, "the stored inputs are there");
+}
+
+/// The four inputs issue 34 found unlisted: each now reaches hyper's verdict, however cut, with
+/// no entry applying. hyper's limits: a `Content-Length` framing a body is at most
+/// `u64::MAX - 2`, the chunk extensions of a body fewer than 16 KiB, a trailer section shorter
+/// than the head's limit.
+#[test]
+fn the_four_disagreements_of_issue_34_reach_hypers_verdict_unlisted() {
+    const CHUNKED: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+    let long_extension = [CHUNKED, b"2;", &[b'e'; 5000], b"\r\nok\r\n0\r\n\r\n"].concat();
+    let mut many_extensions = CHUNKED.to_vec();
+    for _ in 0..20 {
+        many_extensions.extend_from_slice(b"1;");
+        many_extensions.extend_from_slice(&[b'e'; 999]);
+        many_extensions.extend_from_slice(b"\r\nA\r\n");
+    }
+    many_extensions.extend_from_slice(b"0\r\n\r\n");
+    let mut trailers = [CHUNKED, b"2\r\nok\r\n0\r\nx-a: "].concat();
+    trailers.resize(trailers.len() + 20 * 1024, b't');
+    trailers.extend_from_slice(b"\r\n\r\n");
+    let cases: &[(&[u8], End, Option<Reason>)] = &[
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\nok",
+            End::Refused,
+            Some(Reason::Head(Refusal::ContentLengthTooLarge)),
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551614\r\n\r\nok",
+            End::Refused,
+            Some(Reason::Head(Refusal::ContentLengthTooLarge)),
+        ),
+        (&long_extension, End::Complete, None),
+        (
+            &many_extensions,
+            End::Cut,
+            Some(Reason::Chunked("chunk extensions of 16 KiB or more")),
+        ),
+        (&trailers, End::Complete, None),
+    ];
+    for (response, end, reason) in cases {
+        for cuts in [&[][..], &[24], &[60, 90, 120]] {
+            let data = raw(false, cuts, response);
+            let case = decode(&data);
+            let (hyper, ours, agree) = run(&data);
+            let what = String::from_utf8_lossy(&response[..response.len().min(80)]);
+            assert!(
+                STRICTER
+                    .iter()
+                    .all(|(_, applies, _)| !applies(&case, &hyper)),
+                "{what}: no entry applies"
+            );
+            assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
+            assert_eq!((hyper.end, ours.end), (*end, *end), "{what}");
+            assert_eq!(ours.reason, *reason, "{what}");
+        }
+    }
+}
+
+/// The rule for "more than 16 interim responses" counts the interim heads a client reads before
+/// the final one, not status lines anywhere in the bytes (a body of them, here), and excuses
+/// only a refusal for that reason.
+#[test]
+fn interim_responses_are_counted_in_the_head_sequence_only() {
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(17);
+    let in_body = [
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+            interim.len()
+        )
+        .as_bytes(),
+        &interim,
+    ]
+    .concat();
+    assert_eq!(interim_heads(&in_body), 0);
+    let heads = [&interim[..], b"\r\n", &in_body].concat();
+    assert_eq!(interim_heads(&heads), 17);
+    // A refusal of the response with the body of status lines is not excused by the rule.
+    let (hyper, ours, agree) = run(&raw(false, &[], &in_body));
+    assert_eq!(agree, Ok(()));
+    assert_eq!((hyper.end, ours.end), (End::Complete, End::Complete));
+    let mut refused = ours.clone();
+    refused.end = End::Refused;
+    refused.status = None;
+    refused.headers.clear();
+    refused.body.clear();
+    refused.reason = Some(Reason::Head(Refusal::TooManyInterim));
+    assert!(compare(&decode(&raw(false, &[], &in_body)), &hyper, &refused).is_err());
+}
+
+/// A request input: `how` is the upload byte (framing `% 3`, size `/ 3 % 4`, `0x80` early).
+fn upload(how: u8, stale: bool, post: bool, response: &[u8]) -> Vec<u8> {
+    let flags = 0x08 | if stale { 0x10 } else { 0 } | if post { 0x20 } else { 0 };
+    let mut data = vec![flags, 0, how];
+    data.extend_from_slice(response);
+    data
+}
+
+/// Request bodies of each framing, answered after their end or at once after the head, then a
+/// second request on the connection: both clients deliver the body whole, reuse the connection
+/// after it alike (this client too when the answer came before the upload's end), and this
+/// client retries a GET that finds the pooled connection stale, never a POST.
+#[test]
+fn uploads_early_answers_reuse_and_the_stale_connection_retry() {
+    let response = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    for framing in 0..3u8 {
+        for size in 0..4u8 {
+            for early in [0, 0x80] {
+                let how = (framing + 3 * size) | early;
+                for (stale, post) in [(false, false), (true, false), (true, true)] {
+                    let data = upload(how, stale, post, response);
+                    let case = decode(&data);
+                    let (hyper, ours, agree) = run(&data);
+                    let what = format!("{:?}, stale {stale}, POST {post}", case.upload);
+                    assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
+                    assert_eq!(
+                        (hyper.end, ours.end),
+                        (End::Complete, End::Complete),
+                        "{what}"
+                    );
+                    let sent = case.upload.unwrap().bytes();
+                    assert_eq!(hyper.uploaded.as_ref(), Some(&sent), "{what}");
+                    assert_eq!(ours.uploaded.as_ref(), Some(&sent), "{what}");
+                    assert!(hyper.reused && ours.reused, "{what}");
+                    let next = ours.next.clone().unwrap();
+                    if stale && post {
+                        assert!(matches!(next, Err(Reason::Io(_))), "{what}: {next:?}");
+                    } else {
+                        assert_eq!(next, Ok(b"ok".to_vec()), "{what}");
+                    }
+                }
+            }
+        }
+    }
 }

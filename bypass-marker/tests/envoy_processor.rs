@@ -145,6 +145,11 @@ impl Stream {
                 send_body_without_waiting_for_header_response: false,
             });
         }
+        self.send(msg).await
+    }
+
+    /// Sends `msg` as it is (no body modes added) and waits for its answer.
+    async fn send(&mut self, msg: ProcessingRequest) -> Result<ProcessingResponse, Status> {
         self.sent += 1;
         self.tx.send(msg).await.unwrap();
         match tokio::time::timeout(PATIENCE, self.rx.message())
@@ -190,6 +195,22 @@ fn msg(request: Msg) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(request),
         ..ProcessingRequest::default()
+    }
+}
+
+/// `request` with the body modes Envoy announces in a stream's first message.
+fn with_modes(
+    request: Msg,
+    request_body: BodySendMode,
+    response_body: BodySendMode,
+) -> ProcessingRequest {
+    ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: request_body as i32,
+            response_body_mode: response_body as i32,
+            send_body_without_waiting_for_header_response: false,
+        }),
+        ..msg(request)
     }
 }
 
@@ -896,6 +917,52 @@ async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
     server.stop().await;
 }
 
+/// With a small `--max-body`, a response chunk as large as Envoy's buffer limit (1 MiB by
+/// default, what a slow client makes Envoy send) is still filtered: the gRPC message limit is
+/// never below a response chunk's room (it was the guard's limit plus 1 MiB, and such a stream
+/// was reset).
+#[tokio::test]
+async fn a_response_chunk_of_envoys_buffer_limit_passes_under_a_small_max_body() {
+    let server = start(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(64 * 1024)).await;
+    let mut client = server.client().await;
+    let mut stream = Stream::open(&mut client).await;
+    stream
+        .call(Msg::RequestHeaders(headers_msg(
+            &[(":method", b"GET")],
+            true,
+            true,
+        )))
+        .await
+        .unwrap();
+    stream
+        .call(Msg::ResponseHeaders(headers_msg(
+            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+            false,
+            true,
+        )))
+        .await
+        .unwrap();
+    let event = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+    let mut chunk = String::from("event: x-bypass-remote-prefill\n: true\n\n");
+    while chunk.len() < 2 << 20 {
+        chunk.push_str(event);
+    }
+    let answer = stream
+        .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), true)))
+        .await
+        .expect("a 2 MiB response chunk is answered");
+    let Some(Answer::ResponseBody(b)) = answer.response else {
+        panic!("not a body answer: {answer:?}")
+    };
+    let body = replaced(b.response.as_ref()).expect("the marker removed");
+    assert_eq!(
+        body,
+        chunk["event: x-bypass-remote-prefill\n: true\n\n".len()..]
+    );
+    drop(stream);
+    server.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The request side
 
@@ -1135,30 +1202,19 @@ async fn a_json_request_under_a_streamed_request_body_mode_fails_closed() {
     let layer = BypassMarkerLayer::new();
     let server = start(ExtProc::new(layer)).await;
     let mut client = server.client().await;
-    let (tx, rx) = mpsc::channel(4);
-    let mut inbound = client
-        .process(ReceiverStream::new(rx))
+    let mut stream = Stream::open(&mut client).await;
+    let headers = Msg::RequestHeaders(headers_msg(
+        &[(":method", b"POST"), ("content-type", b"application/json")],
+        false,
+        true,
+    ));
+    let err = stream
+        .send(with_modes(
+            headers,
+            BodySendMode::Streamed,
+            BodySendMode::Streamed,
+        ))
         .await
-        .unwrap()
-        .into_inner();
-    tx.send(ProcessingRequest {
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: BodySendMode::Streamed as i32,
-            response_body_mode: BodySendMode::Streamed as i32,
-            send_body_without_waiting_for_header_response: false,
-        }),
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"POST"), ("content-type", b"application/json")],
-            false,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let err = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     server.stop().await;
@@ -1261,51 +1317,22 @@ async fn a_filtered_response_under_a_body_mode_of_none_asks_for_its_body() {
     let layer = BypassMarkerLayer::new();
     let server = start(ExtProc::new(layer)).await;
     let mut client = server.client().await;
-    let (tx, rx) = mpsc::channel(4);
-    let mut inbound = client
-        .process(ReceiverStream::new(rx))
+    let mut stream = Stream::open(&mut client).await;
+    // A GET with no body (answered first), then the response, under a response body mode of none.
+    let get = Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true));
+    stream.send(msg(get)).await.unwrap();
+    let head = Msg::ResponseHeaders(headers_msg(
+        &[(":status", b"200"), ("content-type", b"text/event-stream")],
+        false,
+        true,
+    ));
+    let answer = stream
+        .send(with_modes(head, BodySendMode::Buffered, BodySendMode::None))
         .await
-        .unwrap()
-        .into_inner();
-    // A GET with no body (answered first), then the response.
-    tx.send(ProcessingRequest {
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    tx.send(ProcessingRequest {
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: BodySendMode::Buffered as i32,
-            response_body_mode: BodySendMode::None as i32,
-            send_body_without_waiting_for_header_response: false,
-        }),
-        request: Some(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let answer = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
-        .unwrap()
         .unwrap();
     let mode = answer.mode_override.expect("a mode override");
     assert_eq!(mode.response_body_mode, BodySendMode::Streamed as i32);
-    drop((tx, inbound));
+    drop(stream);
     server.stop().await;
 }
 
@@ -2181,65 +2208,342 @@ async fn serve_advertises_a_max_concurrent_streams() {
     server.stop().await;
 }
 
-/// Issue 28, item 11: the processor's request bodies share one budget
-/// ([`ExtProc::body_budget`]): a declared length that does not fit fails its stream with
-/// `RESOURCE_EXHAUSTED` at the request headers, before Envoy sends the body; a body of unknown
-/// length when its message comes; a small request still fits in the last eighth; a judged
-/// body gives its bytes back.
+/// A JSON request's headers, with a declared length or none (the client's body was chunked).
+fn json_headers(length: Option<usize>) -> Msg {
+    let length = length.map(|n| n.to_string());
+    let mut pairs: Vec<(&str, &[u8])> =
+        vec![(":method", b"POST"), ("content-type", b"application/json")];
+    if let Some(length) = &length {
+        pairs.push(("content-length", length.as_bytes()));
+    }
+    Msg::RequestHeaders(headers_msg(&pairs, false, true))
+}
+
+/// A JSON body of `len` bytes: `{"a":"xxx..."}`.
+fn json_body(len: usize) -> Vec<u8> {
+    let mut body = b"{\"a\":\"".to_vec();
+    body.resize(len - 2, b'x');
+    body.extend_from_slice(b"\"}");
+    body
+}
+
+/// The 503 the processor answers past its budget, as the sidecar's: `retry-after: 1`, an
+/// OpenAI-shaped `server_error` with code `request_bodies_over_budget`, as Envoy's local reply
+/// (never a failed stream, which Envoy turns into a 500).
+fn assert_over_budget(answer: &ProcessingResponse) {
+    let Some(Answer::ImmediateResponse(i)) = &answer.response else {
+        panic!("not an immediate response: {answer:?}")
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 503);
+    let header = |name: &str| {
+        i.headers
+            .as_ref()
+            .unwrap()
+            .set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == name)
+            .map(|h| h.raw_value.clone())
+    };
+    assert_eq!(header("retry-after").as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        header("content-type").as_deref(),
+        Some(&b"application/json"[..])
+    );
+    let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+    assert_eq!(body["error"]["type"], "server_error");
+    assert_eq!(body["error"]["code"], "request_bodies_over_budget");
+}
+
+/// Issue 34, item 1: the budget charges the bytes the processor holds, never a declared length
+/// (Envoy holds a buffered body until it sends it). The issue's scenario with
+/// `--max-buffered-bytes 2000000 --max-body 1000000`: two clients that send a head declaring
+/// 950,000 bytes and no body take nothing, and a complete 950 kB JSON request is judged; the
+/// bytes are given back once it has been.
 #[tokio::test]
-async fn request_bodies_past_the_processors_budget_fail_with_resource_exhausted() {
+async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
+    let budget = envoy::BodyBudget::new(2_000_000);
+    let server = start(
+        ExtProc::new(BypassMarkerLayer::new())
+            .max_body_bytes(1_000_000)
+            .body_budget(budget.clone()),
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut heads = Vec::new();
+    for _ in 0..2 {
+        let mut head_only = Stream::open(&mut client).await;
+        let answer = head_only.call(json_headers(Some(950_000))).await.unwrap();
+        assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+        heads.push(head_only);
+    }
+    assert_eq!(budget.held(), 0, "nothing held for a declared length");
+    for length in [Some(950_000), None] {
+        let mut whole = Stream::open(&mut client).await;
+        whole.call(json_headers(length)).await.unwrap();
+        let answer = whole
+            .call(Msg::RequestBody(body_msg(&json_body(950_000), true)))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer.response, Some(Answer::RequestBody(_))),
+            "{length:?}: {:?}",
+            answer.response.map(|_| ())
+        );
+        assert_eq!(budget.held(), 0);
+    }
+    assert_eq!(budget.refused(), 0);
+    // A declared length the budget could never hold is refused at once, before Envoy buffers it.
+    let tight = envoy::BodyBudget::new(1_000_000);
+    let small = start(
+        ExtProc::new(BypassMarkerLayer::new())
+            .max_body_bytes(1_000_000)
+            .body_budget(tight.clone()),
+    )
+    .await;
+    let mut small_client = small.client().await;
+    let mut never = Stream::open(&mut small_client).await;
+    assert_over_budget(&never.call(json_headers(Some(900_000))).await.unwrap());
+    assert_eq!((tight.held(), tight.refused()), (0, 1));
+    drop((heads, never));
+    small.stop().await;
+    server.stop().await;
+}
+
+/// Issue 34, item 1: a body that would take the bodies held past the budget gets the 503 with
+/// `Retry-After` as an immediate response (Envoy's local reply), not a failed stream; a small
+/// request still fits in the last eighth; a judged body gives its bytes back.
+#[tokio::test]
+async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
     let budget = envoy::BodyBudget::new(1 << 20);
     let server = start(ExtProc::new(BypassMarkerLayer::new()).body_budget(budget.clone())).await;
     let mut client = server.client().await;
-    let json_headers = |length: Option<usize>| {
-        let length = length.map(|n| n.to_string());
-        let mut pairs: Vec<(&str, &[u8])> =
-            vec![(":method", b"POST"), ("content-type", b"application/json")];
-        if let Some(length) = &length {
-            pairs.push(("content-length", length.as_bytes()));
-        }
-        Msg::RequestHeaders(headers_msg(&pairs, false, true))
-    };
-    let body = |len: usize| {
-        let mut body = b"{\"a\":\"".to_vec();
-        body.resize(len - 2, b'x');
-        body.extend_from_slice(b"\"}");
-        body
-    };
-    let mut first = Stream::open(&mut client).await;
-    first.call(json_headers(Some(800_000))).await.unwrap();
-    assert_eq!(budget.held(), 800_000);
-    let mut second = Stream::open(&mut client).await;
-    let err = second
-        .call(json_headers(Some(800_000)))
+    // A body held mid-message: the first 700,000 bytes of an 800,000-byte body message.
+    let mut first = RawCall::open(server.addr).await;
+    first
+        .send(&encoded(json_headers(Some(800_000)), true))
+        .await;
+    assert!(matches!(
+        first.answer().await.response,
+        Some(Answer::RequestHeaders(_))
+    ));
+    let body = encoded(Msg::RequestBody(body_msg(&json_body(800_000), true)), false);
+    first.send(&body[..700_000]).await;
+    held_at_least(&budget, 690_000).await;
+    let mut other = Stream::open(&mut client).await;
+    other.call(json_headers(None)).await.unwrap();
+    let answer = other
+        .call(Msg::RequestBody(body_msg(&json_body(300_000), true)))
         .await
-        .expect_err("past the budget");
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        .expect("an answer, not a failed stream");
+    assert_over_budget(&answer);
+    // A small request still fits in the last eighth.
     let mut small = Stream::open(&mut client).await;
     small.call(json_headers(Some(1000))).await.unwrap();
-    small
-        .call(Msg::RequestBody(body_msg(&body(1000), true)))
+    let answer = small
+        .call(Msg::RequestBody(body_msg(&json_body(1000), true)))
         .await
         .unwrap();
-    // Of unknown length: refused when its message comes.
-    let mut chunked = Stream::open(&mut client).await;
-    chunked.call(json_headers(None)).await.unwrap();
-    let err = chunked
-        .call(Msg::RequestBody(body_msg(&body(300_000), true)))
-        .await
-        .expect_err("past the budget");
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
-    // The first body judged: its bytes are given back, and another large one fits.
-    first
-        .call(Msg::RequestBody(body_msg(&body(800_000), true)))
-        .await
-        .unwrap();
+    assert!(matches!(answer.response, Some(Answer::RequestBody(_))));
+    // The first body judged: its bytes are given back.
+    first.send(&body[700_000..]).await;
+    assert!(matches!(
+        first.answer().await.response,
+        Some(Answer::RequestBody(_))
+    ));
     assert_eq!(budget.held(), 0);
-    let mut third = Stream::open(&mut client).await;
-    third.call(json_headers(Some(800_000))).await.unwrap();
-    assert_eq!(budget.refused(), 2);
-    drop((first, second, small, chunked, third));
+    assert_eq!(budget.refused(), 1);
+    drop((first, other, small));
     server.stop().await;
+}
+
+/// Issue 34, item 1: the bytes of a body message count as they arrive, so a body that passes the
+/// budget while it arrives is answered with the 503 at once, before its message is complete;
+/// the rest of it is dropped as it comes, nothing stays held, and the call ends cleanly.
+#[tokio::test]
+async fn a_body_passing_the_budget_as_it_arrives_gets_the_503_before_its_end() {
+    let budget = envoy::BodyBudget::new(1 << 20);
+    let server = start(
+        ExtProc::new(BypassMarkerLayer::new())
+            .max_body_bytes(4 << 20)
+            .body_budget(budget.clone()),
+    )
+    .await;
+    let mut call = RawCall::open(server.addr).await;
+    call.send(&encoded(json_headers(None), true)).await;
+    call.answer().await;
+    let body = encoded(Msg::RequestBody(body_msg(&json_body(2 << 20), true)), false);
+    call.send(&body[..1 << 20]).await;
+    assert_over_budget(&call.answer().await);
+    assert_eq!(budget.held(), 0);
+    call.send(&body[1 << 20..]).await;
+    call.finish().await;
+    assert_eq!((budget.held(), budget.refused()), (0, 1));
+    server.stop().await;
+}
+
+/// Issue 34, item 2: a body the guard does not read passes uncharged. Without
+/// `allow_mode_override` Envoy sends it although the processor asked for none: a 1.9 MB upload
+/// that is not JSON goes on unchanged with a budget of 2,000,000 bytes, as an incomplete
+/// message and as a whole one.
+#[tokio::test]
+async fn a_body_the_guard_does_not_read_passes_uncharged() {
+    let budget = envoy::BodyBudget::new(2_000_000);
+    let server = start(
+        ExtProc::new(BypassMarkerLayer::new())
+            .max_body_bytes(1_000_000)
+            .body_budget(budget.clone()),
+    )
+    .await;
+    let upload = Msg::RequestHeaders(headers_msg(
+        &[
+            (":method", b"POST"),
+            ("content-type", b"application/octet-stream"),
+            ("content-length", b"1900000"),
+        ],
+        false,
+        true,
+    ));
+    let mut client = server.client().await;
+    let mut stream = Stream::open(&mut client).await;
+    stream.call(upload.clone()).await.unwrap();
+    let answer = stream
+        .call(Msg::RequestBody(body_msg(&vec![7; 1_900_000], true)))
+        .await
+        .expect("an answer");
+    let Some(Answer::RequestBody(b)) = answer.response else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(replaced(b.response.as_ref()), None, "forwarded unchanged");
+    let mut call = RawCall::open(server.addr).await;
+    call.send(&encoded(upload, true)).await;
+    call.answer().await;
+    let body = encoded(Msg::RequestBody(body_msg(&vec![7; 1_900_000], true)), false);
+    call.send(&body[..1_800_000]).await;
+    call.send(&body[1_800_000..]).await;
+    assert!(matches!(
+        call.answer().await.response,
+        Some(Answer::RequestBody(_))
+    ));
+    assert_eq!((budget.held(), budget.refused()), (0, 0));
+    drop((stream, call));
+    server.stop().await;
+}
+
+/// Waits until `budget` holds at least `n` bytes (the processor has read what was sent).
+async fn held_at_least(budget: &envoy::BodyBudget, n: u64) {
+    tokio::time::timeout(PATIENCE, async {
+        while budget.held() < n {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the bytes sent are held");
+}
+
+/// One message, gRPC-framed; with the protocol configuration of the documented modes when
+/// `first`.
+fn encoded(request: Msg, first: bool) -> Vec<u8> {
+    use prost::Message;
+    let mut msg = msg(request);
+    if first {
+        msg.protocol_config = Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            response_body_mode: BodySendMode::Streamed as i32,
+            send_body_without_waiting_for_header_response: false,
+        });
+    }
+    prefixed(0, &msg.encode_to_vec())
+}
+
+/// A `Process` call over a bare HTTP/2 connection, whose messages can be sent in pieces.
+struct RawCall {
+    send: h2::SendStream<Bytes>,
+    inbound: h2::RecvStream,
+    received: Vec<u8>,
+}
+
+impl RawCall {
+    async fn open(addr: SocketAddr) -> RawCall {
+        let mut client = h2_client(addr).await;
+        let request = Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}{PROCESS}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, send) = client.send_request(request, false).unwrap();
+        let response = tokio::time::timeout(PATIENCE, response)
+            .await
+            .unwrap()
+            .unwrap();
+        RawCall {
+            send,
+            inbound: response.into_body(),
+            received: Vec::new(),
+        }
+    }
+
+    /// Sends `bytes`, waiting for the flow-control window they need.
+    async fn send(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            self.send.reserve_capacity(bytes.len());
+            let capacity = tokio::time::timeout(
+                PATIENCE,
+                std::future::poll_fn(|cx| self.send.poll_capacity(cx)),
+            )
+            .await
+            .expect("flow-control window")
+            .unwrap()
+            .unwrap();
+            let n = capacity.min(bytes.len());
+            self.send
+                .send_data(Bytes::copy_from_slice(&bytes[..n]), false)
+                .unwrap();
+            bytes = &bytes[n..];
+        }
+    }
+
+    /// The next answer.
+    async fn answer(&mut self) -> ProcessingResponse {
+        use prost::Message;
+        loop {
+            if self.received.len() >= 5 {
+                let len = u32::from_be_bytes(self.received[1..5].try_into().unwrap()) as usize;
+                if self.received.len() >= 5 + len {
+                    let answer = ProcessingResponse::decode(&self.received[5..5 + len]).unwrap();
+                    self.received.drain(..5 + len);
+                    return answer;
+                }
+            }
+            let chunk = tokio::time::timeout(PATIENCE, self.inbound.data())
+                .await
+                .expect("an answer in time")
+                .expect("an answer before the end")
+                .unwrap();
+            let _ = self.inbound.flow_control().release_capacity(chunk.len());
+            self.received.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Ends Envoy's side; the call must end cleanly with nothing more.
+    async fn finish(mut self) {
+        self.send.send_data(Bytes::new(), true).unwrap();
+        while let Some(chunk) = tokio::time::timeout(PATIENCE, self.inbound.data())
+            .await
+            .unwrap()
+        {
+            self.received.extend_from_slice(&chunk.unwrap());
+        }
+        assert!(self.received.is_empty(), "no answer after the 503");
+        let trailers = tokio::time::timeout(PATIENCE, self.inbound.trailers())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("trailers");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    }
 }
 
 /// Issue 27 item 6: Envoy's `FULL_DUPLEX_STREAMED` body mode (the Gateway API Inference
@@ -2379,8 +2683,9 @@ mod full_duplex {
     }
 
     /// The chunks a full-duplex request body holds count against the processor's budget
-    /// (issue 28, item 11), as a buffered body does: past it the stream fails with
-    /// `RESOURCE_EXHAUSTED` before the body's end, and a judged body gives its bytes back.
+    /// (issue 28, item 11), as a buffered body does: past it the client gets the 503 with
+    /// `Retry-After` before the body's end (issue 34, item 1), and a judged body gives its bytes
+    /// back.
     #[tokio::test]
     async fn held_full_duplex_chunks_count_against_the_processors_budget() {
         let budget = envoy::BodyBudget::new(1 << 20);
@@ -2407,17 +2712,12 @@ mod full_duplex {
         let mut s = Duplex::open(&mut client).await;
         s.request_headers(b"application/json").await;
         let chunk = vec![b' '; 256 << 10];
-        let mut refused = None;
         for _ in 0..8 {
             s.send(Msg::RequestBody(body_msg(&chunk, false))).await;
         }
-        // Nothing of the body is answered before its end: the first answer is the failure.
-        if let Err(status) = s.recv().await {
-            refused = Some(status);
-        }
-        let status = refused.expect("the stream fails past the budget");
-        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-        assert_eq!(budget.refused(), 1);
+        // Nothing of the body is answered before its end: the first answer is the refusal.
+        assert_over_budget(&s.recv().await.expect("an answer, not a failed stream"));
+        assert_eq!((budget.held(), budget.refused()), (0, 1));
         drop(s);
         server.stop().await;
     }
@@ -2658,5 +2958,79 @@ mod full_duplex {
         let err = s.recv().await.unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition);
         assert!(err.message().contains("response_body_mode NONE"), "{err:?}");
+    }
+}
+
+/// Issue 34, item 6: [`ExtProc::answer_times`] hears of every answer, with its kind of message,
+/// from both front doors (`serve`'s service and the tonic-generated server); a failed stream is
+/// not an answer.
+#[tokio::test]
+async fn both_front_doors_time_every_answer_by_kind() {
+    use bypass_marker_cli::envoy::{AnswerTimes, MessageKind};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<MessageKind>>);
+    impl AnswerTimes for Heard {
+        fn answered(&self, message: MessageKind, elapsed: std::time::Duration) {
+            assert!(elapsed < PATIENCE);
+            self.0.lock().unwrap().push(message);
+        }
+    }
+    let processor =
+        |heard: &Arc<Heard>| ExtProc::new(BypassMarkerLayer::dynamo()).answer_times(heard.clone());
+    let (lean, generated) = (Arc::new(Heard::default()), Arc::new(Heard::default()));
+    let servers = [
+        (start(processor(&lean)).await, lean),
+        (
+            start_own(
+                envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer::new(
+                    processor(&generated),
+                ),
+            )
+            .await,
+            generated,
+        ),
+    ];
+    for (server, heard) in servers {
+        let mut client = server.client().await;
+        let mut stream = Stream::open(&mut client).await;
+        stream.call(json_headers(Some(13))).await.unwrap();
+        stream
+            .call(Msg::RequestBody(body_msg(br#"{"model":"m"}"#, true)))
+            .await
+            .unwrap();
+        stream
+            .call(Msg::ResponseHeaders(headers_msg(
+                &[(":status", b"200"), ("content-type", b"text/event-stream")],
+                false,
+                true,
+            )))
+            .await
+            .unwrap();
+        for end in [false, true] {
+            let chunk = format!("{MARKER}data: 1\n\n");
+            stream
+                .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), end)))
+                .await
+                .unwrap();
+        }
+        // A second headers message fails the stream: not timed.
+        stream
+            .call(json_headers(None))
+            .await
+            .expect_err("a second request headers message");
+        assert_eq!(
+            *heard.0.lock().unwrap(),
+            [
+                MessageKind::RequestHeaders,
+                MessageKind::RequestBody,
+                MessageKind::ResponseHeaders,
+                MessageKind::ResponseBody,
+                MessageKind::ResponseBody,
+            ]
+        );
+        drop(stream);
+        server.stop().await;
     }
 }

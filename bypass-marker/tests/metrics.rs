@@ -196,32 +196,42 @@ fn parse(text: &str) -> BTreeMap<Key, f64> {
         let key = (name.to_owned(), pairs.join(","));
         assert!(samples.insert(key, value).is_none(), "sample twice: {line}");
     }
-    // Histograms: cumulative buckets, +Inf = count.
+    // Histograms: per series (the labels but `le`), cumulative buckets, +Inf = count.
     for (fam, ty) in &types {
         if ty != "histogram" {
             continue;
         }
-        let buckets: Vec<(f64, f64)> = samples
-            .iter()
-            .filter(|((name, _), _)| *name == format!("{fam}_bucket"))
-            .map(|((_, labels), v)| {
-                let le = labels.strip_prefix("le=\"").unwrap().trim_end_matches('"');
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap()
-                };
-                (le, *v)
-            })
-            .collect();
-        let mut sorted = buckets.clone();
-        sorted.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
-        assert!(
-            sorted.windows(2).all(|w| w[0].1 <= w[1].1),
-            "{fam}: {sorted:?}"
-        );
-        let count = samples[&(format!("{fam}_count"), String::new())];
-        assert_eq!(sorted.last().unwrap(), &(f64::INFINITY, count), "{fam}");
+        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+        for ((name, labels), v) in &samples {
+            if *name != format!("{fam}_bucket") {
+                continue;
+            }
+            let (mut le, mut rest) = (None, Vec::new());
+            for pair in labels.split(',') {
+                match pair.strip_prefix("le=\"") {
+                    Some(value) => le = Some(value.trim_end_matches('"')),
+                    None => rest.push(pair),
+                }
+            }
+            let le = match le.expect("a bucket without le") {
+                "+Inf" => f64::INFINITY,
+                le => le.parse().unwrap(),
+            };
+            series.entry(rest.join(",")).or_default().push((le, *v));
+        }
+        for (labels, mut sorted) in series {
+            sorted.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+            assert!(
+                sorted.windows(2).all(|w| w[0].1 <= w[1].1),
+                "{fam}{{{labels}}}: {sorted:?}"
+            );
+            let count = samples[&(format!("{fam}_count"), labels.clone())];
+            assert_eq!(
+                sorted.last().unwrap(),
+                &(f64::INFINITY, count),
+                "{fam}{{{labels}}}"
+            );
+        }
     }
     samples
 }
@@ -616,4 +626,151 @@ fn the_parser_refuses_what_prometheus_would() {
     let empty = Metrics::new([], false).encode();
     let samples = parse(&empty);
     assert!(samples.contains_key(&("bypass_marker_streams_active".to_owned(), String::new())));
+}
+
+/// Issue 34, item 6: `bypass-marker ext-proc` times each answer it gives Envoy in the histogram
+/// `bypass_marker_ext_proc_answer_seconds`, one series per kind of message (six at most, there
+/// from the start at 0), with buckets at Envoy's default `message_timeout` (0.2 s) and the
+/// shipped bootstrap's (2 s). The proxy serves no such series.
+#[tokio::test]
+async fn the_processors_answer_times_are_a_histogram_per_kind_of_message() {
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    use envoy_types::pb::envoy::service::ext_proc::v3::{
+        external_processor_client::ExternalProcessorClient, processing_request::Request as Msg,
+        HttpBody, HttpHeaders, ProcessingRequest,
+    };
+
+    const ANSWERS: &str = "bypass_marker_ext_proc_answer_seconds";
+    // The answers are timed for metrics that are served (`--metrics-listen`, which main binds).
+    let args =
+        cli::ExtProcArgs::from_args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .unwrap();
+    let registry = cli::ext_proc::metrics_for(&args).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let processor = listener.local_addr().unwrap();
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics_listener.local_addr().unwrap();
+    let (stop, rx) = oneshot::channel();
+    let (stop_metrics, rx_metrics) = oneshot::channel::<()>();
+    tokio::spawn(metrics::serve_metrics(
+        metrics_listener,
+        registry.clone(),
+        stopped(rx_metrics),
+    ));
+    tokio::spawn(async move {
+        let _ = cli::ext_proc::serve(listener, &args, registry, stopped(rx)).await;
+        drop(stop_metrics);
+    });
+    let served = Served {
+        proxy: processor,
+        metrics: metrics_addr,
+        _stop: stop,
+    };
+    let count = |samples: &BTreeMap<Key, f64>, message: &str| {
+        get(
+            samples,
+            &format!("{ANSWERS}_count"),
+            &format!("message=\"{message}\""),
+        )
+    };
+    let before = scrape(&served).await;
+    for message in [
+        "request_headers",
+        "request_body",
+        "request_trailers",
+        "response_headers",
+        "response_body",
+        "response_trailers",
+    ] {
+        assert_eq!(count(&before, message), 0.0, "{message}");
+        for le in ["0.2", "2.0"] {
+            let labels = format!("le=\"{le}\",message=\"{message}\"");
+            assert_eq!(get(&before, &format!("{ANSWERS}_bucket"), &labels), 0.0);
+        }
+    }
+
+    let headers = |pairs: &[(&str, &str)]| HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: pairs
+                .iter()
+                .map(|(k, v)| HeaderValue {
+                    key: (*k).to_owned(),
+                    raw_value: v.as_bytes().to_vec(),
+                    ..HeaderValue::default()
+                })
+                .collect(),
+        }),
+        end_of_stream: false,
+        ..HttpHeaders::default()
+    };
+    let mut client = ExternalProcessorClient::connect(format!("http://{processor}"))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let messages = [
+            Msg::RequestHeaders(HttpHeaders {
+                end_of_stream: true,
+                ..headers(&[(":method", "GET")])
+            }),
+            Msg::ResponseHeaders(headers(&[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+            ])),
+            Msg::ResponseBody(HttpBody {
+                body: b"event: x-bypass-remote-prefill\n: true\n\n".to_vec(),
+                ..HttpBody::default()
+            }),
+            Msg::ResponseBody(HttpBody {
+                body: b"data: 1\n\n".to_vec(),
+                end_of_stream: true,
+                ..HttpBody::default()
+            }),
+        ];
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut answers = tokio::time::timeout(
+            PATIENCE,
+            client.process(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .into_inner();
+        for message in messages {
+            tx.send(ProcessingRequest {
+                request: Some(message),
+                ..ProcessingRequest::default()
+            })
+            .await
+            .unwrap();
+            tokio::time::timeout(PATIENCE, answers.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .expect("an answer");
+        }
+    }
+    let after = scrape(&served).await;
+    for (message, n) in [
+        ("request_headers", 3.0),
+        ("request_body", 0.0),
+        ("response_headers", 3.0),
+        ("response_body", 6.0),
+    ] {
+        assert_eq!(count(&after, message), n, "{message}");
+        let within = format!("le=\"2.0\",message=\"{message}\"");
+        assert_eq!(get(&after, &format!("{ANSWERS}_bucket"), &within), n);
+    }
+    assert!(
+        get(
+            &after,
+            &format!("{ANSWERS}_sum"),
+            "message=\"response_body\""
+        ) > 0.0
+    );
+
+    // The proxy times requests, not answers: no such series there.
+    let upstream = spawn(axum::Router::new().fallback(dynamo_stream)).await;
+    let proxy = start(&format!("http://{upstream}"), &[]).await;
+    let samples = scrape(&proxy).await;
+    assert!(!samples.keys().any(|(name, _)| name.starts_with(ANSWERS)));
 }

@@ -108,6 +108,21 @@ pub enum TrailersStatus {
     StopIteration,
 }
 
+/// When the request's head goes on to the upstream while the guard reads the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestHead {
+    /// Held until the guard has judged the body: the dynamic module, whose headers hook may stop
+    /// iteration and still be called with the body. A spliced body gets its new `content-length`.
+    Held,
+    /// Passed on at once: the proxy-wasm plugin, since a proxy-wasm headers hook that stops
+    /// iteration also stops the body hooks in Envoy (unless the plugin's Envoy configuration sets
+    /// `allow_on_headers_stop_iteration`, which Istio's `WasmPlugin` cannot). The body is still
+    /// held whole and judged before any byte of it goes on, and a refusal resets the upstream
+    /// request. A body the guard shortens keeps the `content-length` the upstream was already
+    /// sent: it is padded with trailing spaces, which JSON ignores.
+    Forwarded,
+}
+
 /// Where the request body is: the buffered body and the chunk at hand, or, when the chunk is the
 /// buffered body itself (an earlier filter buffered the body: `envoy.filters.http.buffer`, a Lua
 /// `body()`, ext_authz with the body), the buffered body alone, so that no byte is read twice.
@@ -126,6 +141,7 @@ static ENCODED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 #[derive(Debug)]
 pub struct StreamFilter {
     exchange: Exchange,
+    head: RequestHead,
     /// The request's body is being buffered for the guard.
     reading: bool,
     /// The filter answered the request itself: nothing more of it goes upstream (its own reply
@@ -151,9 +167,16 @@ pub struct StreamFilter {
 pub const TEST_PANIC_HEADER: &str = "x-bypass-marker-test-panic";
 
 impl StreamFilter {
-    /// A stream under this configuration.
+    /// A stream under this configuration, its request head held while the guard reads the body.
     pub fn new(config: &Config) -> Self {
+        Self::with_request_head(config, RequestHead::Held)
+    }
+
+    /// A stream under this configuration, its request head held or passed on while the guard
+    /// reads the body.
+    pub fn with_request_head(config: &Config, head: RequestHead) -> Self {
         Self {
+            head,
             // Envoy calls the request hooks of every request it forwards through this filter;
             // a response without them is a reply Envoy made itself (another filter's, or one made
             // before this filter ran), filtered for a client that asked for nothing.
@@ -222,7 +245,10 @@ impl StreamFilter {
             Ok(RequestStep::Forward) => HeadersStatus::Continue,
             Ok(RequestStep::ReadBody) => {
                 self.reading = true;
-                HeadersStatus::StopIteration
+                match self.head {
+                    RequestHead::Held => HeadersStatus::StopIteration,
+                    RequestHead::Forwarded => HeadersStatus::Continue,
+                }
             }
             Ok(RequestStep::Refuse(refusal)) => {
                 self.refuse(host, &refusal);
@@ -294,6 +320,21 @@ impl StreamFilter {
                 ..
             }) => {
                 let length = body.len();
+                let original: usize = parts.iter().map(|part| host.body_len(*part)).sum();
+                // With the head already gone on, its content-length stands: pad to it.
+                let pad = match (self.head, set_content_length) {
+                    (RequestHead::Forwarded, true) if length <= original => original - length,
+                    (RequestHead::Forwarded, true) => {
+                        self.fail(
+                            host,
+                            &ExchangeError::Order(
+                                "a spliced request body longer than the original",
+                            ),
+                        );
+                        return BodyStatus::StopIterationNoBuffer;
+                    }
+                    _ => 0,
+                };
                 // The spliced body goes where Envoy keeps the body it forwards: the buffered body
                 // once there is one, else the chunk at hand.
                 let target = if host.body_len(Body::BufferedRequest) > 0 {
@@ -311,7 +352,10 @@ impl StreamFilter {
                 for chunk in body.into_chunks() {
                     ok &= chunk.is_empty() || host.append_body(target, &chunk);
                 }
-                if set_content_length {
+                if pad > 0 {
+                    ok &= host.append_body(target, &vec![b' '; pad]);
+                }
+                if set_content_length && self.head == RequestHead::Held {
                     ok &= host.set_header(
                         Headers::Request,
                         "content-length",

@@ -12,3 +12,4 @@ pub mod filter;
 pub mod json;
 pub mod module;
 pub mod oracle;
+pub mod wasm;

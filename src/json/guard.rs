@@ -137,10 +137,11 @@ impl Refusal {
         }
     }
 
-    /// 502 `encoded_event_stream` (error type `server_error`): the upstream answered with a
+    /// 502 `encoded_event_stream` (error type `server_error`): the response is a
     /// `text/event-stream` in a content coding (`coding`, such as `gzip`) that the filter cannot
     /// read, and something would have to be removed from it for this client. Sent instead of the
-    /// response, before any byte of it.
+    /// response, before any byte of it. The message names both causes: an upstream that
+    /// compressed the stream, and a compression layer (or filter) that runs before this one.
     pub fn encoded_event_stream(coding: &str) -> Self {
         Self {
             status: StatusCode::BAD_GATEWAY,

@@ -67,7 +67,8 @@
 //! In axum, `Router::layer` wraps what is already there, so the guard is added last:
 //! `.layer(bypass.clone()).layer(bypass.json_guard())`. The order of the two layers does not
 //! matter for the opt-in, though: the guard puts it in the response's extensions too, which the
-//! response layer reads when the response head arrives. `tests/json_stacks.rs` runs both orders.
+//! response layer reads when the response head arrives; the tests run both orders. A compression
+//! layer goes after both, outermost: see [where to put it](crate#where-to-put-it).
 //!
 //! # Which requests are read
 //!
@@ -112,7 +113,8 @@
 //! be compared. The pass is held to serde_json's verdict by the `json` fuzz target and by exhaustive
 //! tests of its string and UTF-8 rules. On a 1 MiB chat request with a base64 image the guard is
 //! faster than `serde_json::from_slice::<IgnoredAny>` of the same bytes, which checks less
-//! (BENCHMARKS.md). When nothing is stripped the upstream gets the very `Bytes` the
+//! ([BENCHMARKS.md](https://github.com/tower-bypass-marker/tower-bypass-marker/blob/main/BENCHMARKS.md)).
+//! When nothing is stripped the upstream gets the very `Bytes` the
 //! guard buffered (a body that arrived in one chunk is not copied at all; one that arrived in
 //! several is joined once). When something is stripped, only the array's bytes change: the
 //! upstream gets the bytes before the array and after it as slices of that buffer, with the new

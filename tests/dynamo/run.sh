@@ -13,7 +13,8 @@
 # It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
 # its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
 # second Envoy 1.40.0 with the dynamic module (examples/envoy/dynamic-module.yaml,
-# target/release/libbypass_marker.so).
+# target/release/libbypass_marker.so), and behind a third with the proxy-wasm plugin
+# (examples/envoy/wasm.yaml, bypass_marker.wasm from wasm-plugin/build.sh).
 #
 # Then, with no hub, etcd or NATS:
 #   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
@@ -144,6 +145,8 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
     die "cannot build the dynamic module (cargo build --release -p bypass-marker-envoy-module)"
   module_dir="${CARGO_TARGET_DIR:-$root/target}/release"
   [[ -f "$module_dir/libbypass_marker.so" ]] || die "no $module_dir/libbypass_marker.so"
+  # The proxy-wasm plugin (wasm-plugin/), for a third Envoy that runs it in V8.
+  wasm_file="$(bash "$root/wasm-plugin/build.sh")" || die "cannot build the plugin (bash wasm-plugin/build.sh)"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +238,20 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   wait_for "$last_group" 300 module_live || die "Envoy with the module did not get ready: $(tail -n 20 "$work/envoy-module.log")"
   envoy_module="http://127.0.0.1:$module_port"
   log "Envoy with the dynamic module listens on $envoy_module"
+
+  # A third Envoy with the proxy-wasm plugin, from the shipped bootstrap.
+  wasm_port="$(free_port)"
+  wasm_admin="$(free_port)"
+  render_bootstrap "$root/examples/envoy/wasm.yaml" LISTEN_PORT="$wasm_port" ADMIN_PORT="$wasm_admin" \
+    UPSTREAM_PORT="$http_port" WASM_FILE="$wasm_file" >"$work/envoy-wasm.yaml" ||
+    die "cannot render the plugin's bootstrap"
+  start envoy-wasm "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level warning -c "$work/envoy-wasm.yaml"
+  wasm_live() {
+    "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$wasm_admin/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null
+  }
+  wait_for "$last_group" 300 wasm_live || die "Envoy with the plugin did not get ready: $(tail -n 20 "$work/envoy-wasm.log")"
+  envoy_wasm="http://127.0.0.1:$wasm_port"
+  log "Envoy with the proxy-wasm plugin listens on $envoy_wasm"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +285,8 @@ for v in "${node_versions[@]}"; do
 done
 
 if [[ -n "$envoy" ]]; then
-  for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module"; do
+  for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module" \
+    "$envoy_wasm|Envoy with the proxy-wasm plugin"; do
     url="${front%%|*}"
     via="${front#*|}"
     run_client "raw client, $via" "$python" "$here/client.py" proxy --url "$url" --direct-url "$dynamo" \

@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
 """Validates the custom resources of a suite's examples (and any files given) against the CRD
 structures kept in the suite's folder (extract.py), offline, the way the API server would on
-create. Two suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
-default) and `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/).
+create. Three suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
+default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/) and
+`istio` (examples/istio/, tests/istio/schemas/).
 
 1. the CRD's defaults are applied;
 2. the OpenAPI schema is checked with `jsonschema` (PyPI), strict: a field the CRD does not
    declare is refused (structural schemas prune it; an operator's typo would be lost silently);
 3. the CEL rules (`x-kubernetes-validations`) on every node the document reaches are evaluated
-   with `cel-python` (PyPI, `celpy`), given the functions of Kubernetes' CEL string library
-   that the kept rules call (lowerAscii, upperAscii, split). Transition rules (`oldSelf`) do not
+   with `cel-python` (PyPI, `celpy`), given the functions of Kubernetes' CEL libraries that the
+   kept rules call (lowerAscii, upperAscii, split; isURL, url, getScheme, after Go's
+   url.ParseRequestURI). Transition rules (`oldSelf`) do not
    apply on create, except those marked `optionalOldSelf`, where `oldSelf` is an empty optional.
    A rule that calls a function celpy does not have cannot be checked: such rules are printed,
    and the set must equal the suite's unchecked.txt, so a new one cannot go unnoticed;
 4. lists typed `x-kubernetes-list-type: map` or `set` must not repeat a key or an item;
-5. for dynamo-operator, the proxy container must be the one of examples/k8s/dynamo-frontend.yaml,
-   setting for setting, so the two examples cannot drift apart.
+5. examples that say the same thing must say it alike, so they cannot drift apart: for
+   dynamo-operator, the proxy container must be the one of examples/k8s/dynamo-frontend.yaml,
+   setting for setting; for envoy-gateway, wasm.yaml's resources must be dynamic-module.yaml's
+   (the Gateway but for its EnvoyProxy) and the plugin's config the module's; for istio, the
+   WasmPlugin and the TrafficExtension must set the plugin alike, with the module's config and
+   the failure policy of examples/envoy/wasm.yaml.
 
 Each document is checked against every release of its suite; all must accept it.
 
@@ -141,8 +147,110 @@ def split(text, separator, limit=-1):
     return celpy.celtypes.ListType([celpy.celtypes.StringType(part) for part in parts])
 
 
-# The functions of Kubernetes' CEL string library that rules of the kept CRDs call.
-KUBERNETES_FUNCTIONS = {"lowerAscii": ascii_case(False), "upperAscii": ascii_case(True), "split": split}
+class GoURL:
+    """What Go's url.ParseRequestURI makes of a string, as far as Kubernetes' CEL URL library reads
+    it (isURL, url, getScheme): a port of net/url's parse(rawURL, viaRequest=true), refusing what
+    it refuses."""
+
+    def __init__(self, text):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+            raise ValueError("invalid control character in URL")
+        if text == "":
+            raise ValueError("empty url")
+        self.scheme = self.host = self.opaque = ""
+        self.path = text
+        if text == "*":
+            return
+        scheme, rest = self.split_scheme(text)
+        self.scheme = scheme.lower()
+        if rest.endswith("?") and rest.count("?") == 1:
+            rest = rest[:-1]
+        else:
+            rest = rest.partition("?")[0]
+        if not rest.startswith("/"):
+            if not self.scheme:
+                raise ValueError("invalid URI for request")
+            self.opaque, self.path = rest, ""
+            return
+        if self.scheme and rest.startswith("//"):
+            authority, slash, path = rest[2:].partition("/")
+            rest = slash + path
+            user, at, host = authority.rpartition("@")
+            self.host = self.parse_host(host)
+            if at and not re.fullmatch(r"[A-Za-z0-9\-._:~!$&'()*+,;=%@]*", user):
+                raise ValueError("net/url: invalid userinfo")
+        self.path = self.unescape(rest, host=False)
+
+    @staticmethod
+    def split_scheme(text):
+        for index, char in enumerate(text):
+            if char.isascii() and char.isalpha():
+                continue
+            if char.isascii() and (char.isdigit() or char in "+-."):
+                if index == 0:
+                    return "", text
+                continue
+            if char == ":":
+                if index == 0:
+                    raise ValueError("missing protocol scheme")
+                return text[:index], text[index + 1:]
+            return "", text
+        return "", text
+
+    @classmethod
+    def parse_host(cls, host):
+        if host.startswith("["):
+            end = host.rfind("]")
+            if end < 0:
+                raise ValueError("missing ']' in host")
+            if not re.fullmatch(r"(:[0-9]*)?", host[end + 1:]):
+                raise ValueError(f"invalid port {host[end + 1:]!r} after host")
+            return host
+        colon = host.rfind(":")
+        if colon >= 0 and not re.fullmatch(r":[0-9]*", host[colon:]):
+            raise ValueError(f"invalid port {host[colon:]!r} after host")
+        return cls.unescape(host, host=True)
+
+    @staticmethod
+    def unescape(text, host):
+        index = 0
+        while index < len(text):
+            char = text[index]
+            if char == "%":
+                hex_digits = text[index + 1:index + 3]
+                if len(hex_digits) < 2 or not all(c in string.hexdigits for c in hex_digits):
+                    raise ValueError(f"invalid URL escape {text[index:index + 3]!r}")
+                if host and int(hex_digits[0], 16) < 8 and text[index:index + 3] != "%25":
+                    raise ValueError(f"invalid URL escape {text[index:index + 3]!r}")
+                index += 3
+                continue
+            if host and ord(char) < 0x80 and not (char.isalnum() or char in "-_.~!$&'()*+,;=:[]<>\""):
+                raise ValueError(f"invalid character {char!r} in host name")
+            index += 1
+        return text
+
+
+def is_url(text):
+    """Kubernetes' isURL(): whether Go's url.ParseRequestURI takes the string."""
+    try:
+        GoURL(str(text))
+    except ValueError:
+        return celpy.celtypes.BoolType(False)
+    return celpy.celtypes.BoolType(True)
+
+
+def to_url(text):
+    """Kubernetes' url(): the URL, or an error for a string isURL() refuses."""
+    try:
+        return GoURL(str(text))
+    except ValueError as error:
+        return celpy.CELEvalError(f"URL parse error during conversion from string: {error}")
+
+
+# The functions of Kubernetes' CEL libraries (strings, URLs) that rules of the kept CRDs call.
+KUBERNETES_FUNCTIONS = {"lowerAscii": ascii_case(False), "upperAscii": ascii_case(True), "split": split,
+                        "isURL": is_url, "url": to_url,
+                        "getScheme": lambda u: celpy.celtypes.StringType(u.scheme)}
 
 
 class Rules:
@@ -237,6 +345,9 @@ def check_document(doc, crds, rules):
     schema, _ = crds[key]
     schema = copy.deepcopy(schema)
     schema["properties"]["metadata"] = {}
+    # Every object has these; some CRDs (Istio's) leave them out of their schema.
+    for field in ("apiVersion", "kind"):
+        schema["properties"].setdefault(field, {"type": "string"})
     doc = copy.deepcopy(doc)
     apply_defaults(schema, doc)
     json_schema = to_json_schema(schema)
@@ -277,10 +388,10 @@ def validate(suite, files, quiet=False):
 def self_test(suite, files):
     """Broken copies of the examples must be refused: each mutation names what it breaks."""
     docs = [doc for _, doc in documents(files)]
-    by_kind = {doc["kind"]: doc for doc in docs}
 
-    def mutated(kind, change):
-        doc = copy.deepcopy(by_kind[kind])
+    def mutated(kind, change, which=lambda doc: True):
+        """A copy of the first document of `kind` that `which` accepts, after `change`."""
+        doc = copy.deepcopy(next(d for d in docs if d["kind"] == kind and which(d)))
         change(doc)
         return doc
 
@@ -295,7 +406,17 @@ def self_test(suite, files):
 
 
 def envoy_gateway_cases(mutated):
+    wasm = lambda d: "wasm" in d["spec"]  # noqa: E731  (wasm.yaml's policy)
+
+    def plugin(doc):
+        return doc["spec"]["wasm"][0]
+
     return [
+        ("a CEL rule: an Image code source without image", mutated("EnvoyExtensionPolicy", lambda d: plugin(d)["code"].pop("image"), wasm)),
+        ("a CEL rule: an Image code source with http", mutated("EnvoyExtensionPolicy", lambda d: plugin(d)["code"].update(http={"url": "https://example.com/p.wasm"}), wasm)),
+        ("a code source type outside the enum", mutated("EnvoyExtensionPolicy", lambda d: plugin(d)["code"].update(type="OCI"), wasm)),
+        ("a string where failOpen's boolean goes", mutated("EnvoyExtensionPolicy", lambda d: plugin(d).update(failOpen="false"), wasm)),
+        ("a misspelled field of the plugin", mutated("EnvoyExtensionPolicy", lambda d: plugin(d).update(failClosed=True), wasm)),
         ("an unknown field in spec", mutated("ClientTrafficPolicy", lambda d: d["spec"].update(bufferLimit="33Mi"))),
         ("an unknown field deep down", mutated("EnvoyProxy", lambda d: d["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].update(volumeMount=[]))),
         ("a string where an integer goes", mutated("BackendTrafficPolicy", lambda d: d["spec"]["circuitBreaker"].update(maxConnections="many"))),
@@ -369,16 +490,110 @@ def dynamo_operator_agrees():
     return problems
 
 
+def istio_cases(mutated):
+    extension = "TrafficExtension"
+    return [
+        ("an unknown field in spec", mutated("WasmPlugin", lambda d: d["spec"].update(failPolicy="FAIL_CLOSE"))),
+        ("a failStrategy outside the enum", mutated("WasmPlugin", lambda d: d["spec"].update(failStrategy="FAIL_CLOSED"))),
+        ("a WasmPlugin without url", mutated("WasmPlugin", lambda d: d["spec"].pop("url"))),
+        ("a CEL rule: a url of another scheme", mutated("WasmPlugin", lambda d: d["spec"].update(url="ftp://registry.example.com/bypass-marker-wasm:0.1.0"))),
+        ("a CEL rule: targetRefs and selector both", mutated("WasmPlugin", lambda d: d["spec"].update(selector={"matchLabels": {"app": "dynamo"}}))),
+        ("a CEL rule: a cross-namespace target", mutated("WasmPlugin", lambda d: d["spec"]["targetRefs"][0].update(namespace="other"))),
+        ("a sha256 that is not one", mutated("WasmPlugin", lambda d: d["spec"].update(sha256="sha256:abc"))),
+        ("a TrafficExtension with wasm and lua both", mutated(extension, lambda d: d["spec"].update(lua={"inlineCode": "-- nothing"}))),
+        ("a TrafficExtension with neither wasm nor lua", mutated(extension, lambda d: d["spec"].pop("wasm"))),
+        ("a CEL rule: a TrafficExtension url of another scheme", mutated(extension, lambda d: d["spec"]["wasm"].update(url="ftp://registry.example.com/x:1"))),
+        ("the plugin's settings at the TrafficExtension's top", mutated(extension, lambda d: d["spec"].update(url=d["spec"]["wasm"]["url"]))),
+        ("an EnvoyFilter patch applied to a thing that is not", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0].update(applyTo="LISTENERS"))),
+        ("a bad metadata name", mutated("WasmPlugin", lambda d: d["metadata"].update(name="Bypass_Marker"))),
+    ]
+
+
+def documents_of(*parts):
+    """{kind: [document, ...]} of the file examples/<parts>."""
+    found = {}
+    for doc in yaml.safe_load_all((ROOT / "examples").joinpath(*parts).read_text()):
+        if doc:
+            found.setdefault(doc["kind"], []).append(doc)
+    return found
+
+
+def module_config():
+    """The config of the dynamic module in examples/envoy-gateway/dynamic-module.yaml."""
+    (policy,) = documents_of("envoy-gateway", "dynamic-module.yaml")["EnvoyExtensionPolicy"]
+    (module,) = policy["spec"]["dynamicModule"]
+    return module.get("config")
+
+
+def envoy_gateway_agrees():
+    """wasm.yaml is dynamic-module.yaml with the plugin for the module: the same Gateway (but for
+    its EnvoyProxy), policies and route, the plugin's config the module's, fail-closed."""
+    module, wasm = documents_of("envoy-gateway", "dynamic-module.yaml"), documents_of("envoy-gateway", "wasm.yaml")
+    problems = []
+    for kind in ("Gateway", "ClientTrafficPolicy", "HTTPRoute", "BackendTrafficPolicy"):
+        expected = copy.deepcopy(module.get(kind))
+        if kind == "Gateway" and expected:
+            expected[0]["spec"].pop("infrastructure", None)
+        if wasm.get(kind) != expected:
+            problems.append(f"examples/envoy-gateway/wasm.yaml: its {kind} differs from dynamic-module.yaml's")
+    if sorted(wasm) != sorted(set(module) - {"EnvoyProxy"}):
+        problems.append(f"examples/envoy-gateway/wasm.yaml has the kinds {sorted(wasm)}, not dynamic-module.yaml's but EnvoyProxy")
+    (policy,) = wasm.get("EnvoyExtensionPolicy", [{"spec": {}}])
+    plugins = policy["spec"].get("wasm", [])
+    module_policy = module["EnvoyExtensionPolicy"][0]
+    if policy["spec"].get("targetRefs") != module_policy["spec"]["targetRefs"]:
+        problems.append("examples/envoy-gateway/wasm.yaml: the policy's targetRefs differ from dynamic-module.yaml's")
+    if len(plugins) != 1 or plugins[0].get("config") != module_config():
+        problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config")
+    if any(p.get("failOpen") is not False for p in plugins):
+        problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
+    return problems
+
+
+def istio_agrees():
+    """The WasmPlugin and the TrafficExtension set the plugin alike (the TrafficExtension's `wasm`
+    holds the WasmPlugin's plugin fields), fail closed as examples/envoy/wasm.yaml does, with the
+    module's config, and carry the same EnvoyFilter."""
+    plugin_file, extension_file = documents_of("istio", "wasm-plugin.yaml"), documents_of("istio", "traffic-extension.yaml")
+    problems = []
+    (plugin,) = plugin_file.get("WasmPlugin", [{"spec": {}}])
+    (extension,) = extension_file.get("TrafficExtension", [{"spec": {}}])
+    placement = ("targetRefs", "selector", "match", "phase", "priority")
+    as_extension = {"wasm": {k: v for k, v in plugin["spec"].items() if k not in placement}}
+    as_extension.update({k: v for k, v in plugin["spec"].items() if k in placement})
+    if extension["spec"] != as_extension:
+        problems.append("examples/istio/traffic-extension.yaml: its TrafficExtension is not wasm-plugin.yaml's WasmPlugin")
+    # Fail closed (Istio passes requests through a failed plugin with FAIL_OPEN alone), and as the
+    # shipped bootstrap: FAIL_RELOAD there, FAIL_RELOAD here; FAIL_CLOSED there, FAIL_CLOSE here.
+    bootstrap = re.search(r"^ +failure_policy: (\w+)", (ROOT / "examples" / "envoy" / "wasm.yaml").read_text(), re.M)
+    expected = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_CLOSED": "FAIL_CLOSE"}.get(bootstrap.group(1) if bootstrap else "")
+    if not expected or plugin["spec"].get("failStrategy") != expected:
+        problems.append(f"examples/istio/wasm-plugin.yaml: failStrategy {plugin['spec'].get('failStrategy')} is not "
+                        f"the fail-closed {expected} that examples/envoy/wasm.yaml's failure_policy "
+                        f"{bootstrap.group(1) if bootstrap else '(none)'} asks for")
+    if plugin["spec"].get("pluginConfig") != module_config():
+        problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml)")
+    if plugin_file.get("EnvoyFilter") != extension_file.get("EnvoyFilter") or not plugin_file.get("EnvoyFilter"):
+        problems.append("examples/istio/: the two files' EnvoyFilters differ")
+    if sorted(plugin_file) != ["EnvoyFilter", "WasmPlugin"] or sorted(extension_file) != ["EnvoyFilter", "TrafficExtension"]:
+        problems.append("examples/istio/: a file has other kinds than its plugin resource and the EnvoyFilter")
+    return problems
+
+
 SUITES = {suite.name: suite for suite in [
     # Each Envoy Gateway release with the Gateway API release it bundles.
     Suite("envoy-gateway", [
         ("Envoy Gateway v1.8.3 + Gateway API v1.5.1", ["envoy-gateway-v1.8.3", "gateway-api-v1.5.1"]),
         ("Envoy Gateway v1.9.0 + Gateway API v1.6.1", ["envoy-gateway-v1.9.0", "gateway-api-v1.6.1"]),
-    ], envoy_gateway_cases),
+    ], envoy_gateway_cases, envoy_gateway_agrees),
     # Dynamo 1.6.1's CRD could not be had here: main of 2026-08-21 (1.5.0) stands in (extract.py).
     Suite("dynamo-operator", [
         ("the Dynamo operator CRD of ai-dynamo/dynamo main 2026-08-21", ["dynamo-main-2026-08-21"]),
     ], dynamo_operator_cases, dynamo_operator_agrees),
+    # Istio's CRDs of 1.30.3, from the release's customresourcedefinitions.gen.yaml (extract.py).
+    Suite("istio", [
+        ("Istio 1.30.3", ["istio-1.30.3"]),
+    ], istio_cases, istio_agrees),
 ]}
 
 

@@ -7,8 +7,9 @@
 #
 #   bash tests/envoy-gateway/validate.sh [SUITE ...]
 #
-# SUITE is a suite of validate.py: envoy-gateway (the default) or dynamo-operator (the
-# DynamoGraphDeployment example; tests/dynamo-operator/validate.sh runs it, and more).
+# SUITE is a suite of validate.py: envoy-gateway (the default), dynamo-operator (the
+# DynamoGraphDeployment example; tests/dynamo-operator/validate.sh runs it, and more) or istio
+# (examples/istio/ against Istio 1.30.3's CRDs; tests/istio/validate.sh runs it).
 #
 # Installs jsonschema and cel-python from PyPI into a venv under $EG_CACHE (default
 # ~/.cache/tower-bypass-marker-envoy-gateway), kept across runs. Environment: EG_CACHE, PYTHON.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks through Envoy with the processor (started by tests/envoy/run.sh) or the dynamic module
-(tests/envoy/module.sh: `--front module`), with a small HTTP/1.1 client of its own that tells a
+"""Checks through Envoy with the processor (started by tests/envoy/run.sh), the dynamic module
+(tests/envoy/module.sh: `--front module`) or the proxy-wasm plugin (tests/envoy/wasm.sh:
+`--front wasm`), with a small HTTP/1.1 client of its own that tells a
 clean end of a response from a broken one.
 
   client.py checks --envoy URL --upstream URL
@@ -37,10 +38,20 @@ clean end of a response from a broken one.
       (a module built with feature test-panic) a request whose header makes HOOK panic: the
       client sees an error or a broken stream, never the marker nor a clean end of a stream; the
       next request is served
+  client.py panic_inflight --envoy URL --upstream URL --hook HOOK
+      (the proxy-wasm plugin's test-panic build) a stream in flight when another panics in HOOK:
+      it breaks too (Envoy fails every stream of the trapped VM), never the marker; the next
+      stream is served by a reloaded VM
   client.py chain --envoy URL --upstream URL --label NAME
       (an Envoy with a body-buffering filter before the module, max-body 100) {"model":"m"}, a
       56-byte body, the body `1` and a body naming a router-owned marker, with content-length and
       chunked: each reaches the upstream once, as sent (the marker stripped)
+  client.py trailers --envoy URL --upstream URL --streams N
+      (an Envoy with enable_trailers both ways) N scripted streams that end in a trailer section:
+      each byte for byte what its opt-in allows, then its trailer
+  client.py curl --envoy URL --upstream URL --streams N
+      N scripted streams through curl, over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for
+      byte what its opt-in allows
   client.py encoded --envoy URL --upstream URL
       an upstream that gzips an event stream whatever the request asked for: a 502 before any
       byte (the stream has a marker to remove), and the next stream is served
@@ -77,6 +88,7 @@ class Response:
         self.headers = {}
         self.body = b""
         self.clean_end = False  # the whole body arrived as framed (last chunk, or content-length)
+        self.trailers = {}
         self.error = None  # why it did not: the connection closed or reset early, a timeout
         self.elapsed = None
 
@@ -92,12 +104,14 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
     method = method or ("POST" if body is not None else "GET")
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     head = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
+    extra = dict(headers or {})
+    content_type = extra.pop("content-type", "application/json")
     if body is not None and chunked:
-        head += ["content-type: application/json", "transfer-encoding: chunked"]
+        head += [f"content-type: {content_type}", "transfer-encoding: chunked"]
         data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
     elif body is not None:
-        head += ["content-type: application/json", f"content-length: {len(data)}"]
-    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        head += [f"content-type: {content_type}", f"content-length: {len(data)}"]
+    head += [f"{k}: {v}" for k, v in extra.items()]
     state = {"writer": None, "sending": None, "in_chunk": False}
 
     async def exchange():
@@ -119,7 +133,9 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
                 if size == 0:
-                    await reader.readuntil(b"\r\n")
+                    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                        k, _, v = line.decode("latin-1").partition(":")
+                        res.trailers[k.strip().lower()] = v.strip()
                     res.clean_end = True
                     break
                 state["in_chunk"] = True
@@ -310,7 +326,8 @@ async def run_checks(args):
         ("a body of 32 MiB + 128 KiB", max_body + (128 << 10), False, "processor 413"),
         # The processor sees a buffered body only once Envoy has all of it; the module sees every
         # chunk and refuses as soon as the body is over --max-body, before Envoy's limit.
-        # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing.
+        # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing. The
+        # proxy-wasm plugin sees every chunk too, but Envoy adds it to its buffer first.
         ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True,
          "processor 413" if args.front in ("module", "duplex") else "envoy 413"),
     ):
@@ -667,7 +684,89 @@ async def run_panic(args):
         "nor a clean end of the stream",
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}",
     )
+    await reload_backoff(args)
     await served_after(args, f"after a panic in {args.hook}")
+
+
+async def run_trailers(args):
+    """Scripted streams that end with a trailer section (an Envoy with enable_trailers both ways):
+    each byte for byte what its opt-in allows, the trailer after it."""
+    bad = []
+    for stream_id in range(args.streams):
+        largest = 9 if stream_id % 2 else 300
+        body = chat(True, script.annotations_of(stream_id),
+                    {"kind": "script", "id": stream_id, "largest": largest, "trailers": f"t{stream_id}"})
+        res = await request(args.envoy, "/v1/chat/completions", body, timeout=60)
+        _, expected = script.stream(stream_id)
+        if not (res.status == 200 and res.clean_end and res.body == expected
+                and res.trailers.get("x-stream-end") == f"t{stream_id}"):
+            bad.append(f"stream {stream_id}: status {res.status}, error {res.error}, trailers "
+                       f"{res.trailers}, {len(res.body)} of {len(expected)} bytes: {show(res.body)}")
+    report(
+        not bad,
+        f"{args.streams} streams ending in trailers: each byte for byte what its opt-in allows, then "
+        "its trailer",
+        "; ".join(bad[:3]),
+    )
+
+
+async def run_curl(args):
+    """Scripted streams through curl over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for byte
+    what its opt-in allows."""
+    for proto in ("--http1.1", "--http2-prior-knowledge"):
+        bad = []
+        for stream_id in range(args.streams):
+            body = chat(True, script.annotations_of(stream_id), {"kind": "script", "id": stream_id})
+            proc = await asyncio.create_subprocess_exec(
+                "curl", "-sS", "-N", "--fail", proto, "-H", "content-type: application/json",
+                "--data-binary", "@-", f"{args.envoy}/v1/chat/completions",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(json.dumps(body).encode()), 60)
+            _, expected = script.stream(stream_id)
+            if proc.returncode != 0 or out != expected:
+                bad.append(f"stream {stream_id}: curl {proc.returncode} {err.decode(errors='replace').strip()}, "
+                           f"{len(out)} of {len(expected)} bytes: {show(out)}")
+        report(not bad, f"{args.streams} streams with curl {proto[2:]}: each byte for byte what its opt-in "
+               "allows", "; ".join(bad[:3]))
+
+
+async def reload_backoff(args):
+    """After a panic traps the proxy-wasm plugin's VM, Envoy (failure_policy FAIL_RELOAD) answers
+    new streams with its 503 until the reload backoff has passed (1 s by default), then loads a
+    fresh VM for the next one: wait it out."""
+    if args.front == "wasm":
+        await asyncio.sleep(1.5)
+
+
+async def run_panic_inflight(args):
+    """(the proxy-wasm plugin, test-panic build) A panic traps the VM every stream of the worker
+    shares: a stream in flight on it when another panics fails too (Envoy fails each stream of a
+    failed VM), never going on unfiltered; the next stream gets a reloaded VM."""
+    body = chat(True, test={"kind": "paced", "events": 60, "interval_ms": 50})
+    started = asyncio.Event()
+
+    def on_data(res):
+        if res.body.count(b"data:") >= 3:
+            started.set()
+        return False
+
+    inflight = asyncio.ensure_future(request(args.envoy, "/v1/chat/completions", body, on_data=on_data,
+                                             timeout=30))
+    await asyncio.wait_for(started.wait(), 20)
+    panic = await request(args.envoy, "/v1/chat/completions",
+                          chat(True, test={"kind": "paced", "events": 5, "interval_ms": 20}),
+                          headers={"x-bypass-marker-test-panic": args.hook})
+    res = await inflight
+    report(
+        not res.clean_end and script.MARKER not in res.body and b"[DONE]" not in res.body
+        and (not panic.clean_end or (panic.status or 0) >= 500),
+        f"a stream in flight when another panics in {args.hook}: it breaks after "
+        f"{res.body.count(b'data:')} events ({res.error}), never the marker nor a clean end",
+        f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}; the panicking one: "
+        f"status {panic.status}, clean end {panic.clean_end}",
+    )
+    await reload_backoff(args)
+    await served_after(args, f"after a panic in {args.hook} with a stream in flight")
 
 
 async def run_chain(args):
@@ -702,12 +801,96 @@ async def run_chain(args):
             )
 
 
+async def head_only(url, length):
+    """A connection that sends a request head declaring `length` bytes of JSON body, and no body.
+    Returns the writer (close it to end the connection)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nhost: {parts.netloc}\r\n"
+                  f"content-type: application/json\r\ncontent-length: {length}\r\n\r\n").encode())
+    await writer.drain()
+    return reader, writer
+
+
+def over_budget(res):
+    """The processor's 503 past --max-buffered-bytes: Retry-After, OpenAI-shaped."""
+    try:
+        error = json.loads(res.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (res.status == 503 and res.headers.get("retry-after") == "1"
+            and error.get("code") == "request_bodies_over_budget"
+            and error.get("type") == "server_error")
+
+
+async def run_budget(args):
+    """Issue 34, item 1, with the processor at --max-buffered-bytes 2000000 --max-body 1000000:
+    two clients that send only a head declaring 950,000 bytes take nothing of the processor's
+    budget, so a complete 950 kB JSON request is served (content-length and chunked, at 1 s and
+    at 12 s); 20 such requests at once each get 200 or the processor's 503 with Retry-After,
+    never a 500."""
+    ids = Ids("budget")
+    heads = [await head_only(args.envoy, 950_000) for _ in range(2)]
+    try:
+        for wait in (1, 11):
+            await asyncio.sleep(wait)
+            for chunked in (False, True):
+                test_id = ids()
+                res = await request(args.envoy, "/v1/chat/completions", sized_body(950_000, []),
+                                    headers={"x-test-id": test_id}, chunked=chunked)
+                entry = await seen(args.upstream, test_id)
+                framing = "chunked" if chunked else "content-length"
+                report(
+                    res.status == 200 and entry is not None,
+                    f"two head-only clients declaring 950,000 bytes, after {1 if wait == 1 else 12} s: a "
+                    f"950 kB JSON request ({framing}) is served (status {res.status})",
+                    f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+                )
+    finally:
+        for _, writer in heads:
+            writer.close()
+    results = await asyncio.gather(*[
+        request(args.envoy, "/v1/chat/completions", sized_body(950_000, []), timeout=60)
+        for _ in range(20)
+    ])
+    served = sum(r.status == 200 for r in results)
+    refused = sum(over_budget(r) for r in results)
+    statuses = sorted(str(r.status) for r in results)
+    report(
+        served + refused == 20 and served > 0,
+        f"20 concurrent 950 kB requests: {served} served, {refused} got the 503 with Retry-After, "
+        "none a 500",
+        f"statuses {statuses}; a non-200: "
+        f"{next((show(r.body) for r in results if r.status != 200 and not over_budget(r)), None)}",
+    )
+    await served_after(args, "after the budget's refusals")
+
+
+async def run_unread(args):
+    """Issue 34, item 2: without allow_mode_override Envoy sends the processor bodies the guard
+    does not read; a 1.9 MB application/octet-stream upload passes uncharged, with the budget at
+    2,000,000 bytes."""
+    test_id = Ids("unread")()
+    res = await request(args.envoy, "/v1/chat/completions", bytes(1_900_000),
+                        headers={"x-test-id": test_id, "content-type": "application/octet-stream"})
+    entry = await seen(args.upstream, test_id)
+    got = entry and len(entry["body"].get("unparsed", ""))
+    report(
+        got == 1_900_000 and res.status == 400,
+        f"a 1.9 MB application/octet-stream upload without allow_mode_override reaches the upstream "
+        f"whole (its 400 for a body that is not JSON, status {res.status}), not a 500",
+        f"status {res.status}, body {show(res.body)}, upstream got {got} bytes",
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
-                                         "pieces", "panic", "chain", "encoded"])
+                                         "pieces", "panic", "panic_inflight", "chain", "encoded", "trailers",
+                                         "curl", "budget", "unread"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
-    parser.add_argument("--front", choices=["processor", "module", "duplex"], default="processor")
+    # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
+    parser.add_argument("--front", choices=["processor", "module", "duplex", "wasm"], default="processor")
     parser.add_argument("--hook", default="response_body")
     parser.add_argument("--label", default="", help="names the Envoy in chain's check lines")
     parser.add_argument("--envoy", required=True)

@@ -11,6 +11,12 @@ HTTP/1.1, 127.0.0.1 only.
       N requests at once, each on its own connection: every stream must end cleanly with E data
       events and [DONE], byte for byte, and never the marker.
 
+  concurrency.py answer-times --access-log FILE --metrics URL
+      with the external processor in front (CONCURRENCY_FRONT=ext-proc): prints the answer times
+      Envoy saw (its access log's ext_proc filter-state fields: each stream's request and response
+      headers messages, and the slowest of its response body messages) and the processor's own
+      histogram (bypass_marker_ext_proc_answer_seconds, from its /metrics), as p50, p99, p99.9.
+
 The client prints `PASS <what>` or `FAIL <what>: <why>` and exits 1 if anything failed.
 """
 
@@ -124,9 +130,64 @@ async def run_client(args):
     return 0 if ok else 1
 
 
+def percentiles(values):
+    values = sorted(values)
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
+    return pick(0.5), pick(0.99), pick(0.999), values[-1]
+
+
+def bucket_percentiles(buckets):
+    """p50, p99, p99.9 of a Prometheus histogram as the upper bound of the bucket each falls in."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1]
+    out = []
+    for q in (0.5, 0.99, 0.999):
+        out.append(next(le for le, n in buckets if n >= q * total))
+    return out, total
+
+
+def answer_times(args):
+    import urllib.request
+
+    fields = {"request_header_latency_us": "request headers",
+              "response_header_latency_us": "response headers",
+              "response_body_max_latency_us": "slowest response body message of a stream"}
+    seen = {field: [] for field in fields}
+    with open(args.access_log) as log:
+        for line in log:
+            entry = json.loads(line)
+            for field in fields:
+                value = entry.get(field)
+                if value not in (None, "", "-"):
+                    seen[field].append(int(value) / 1000)
+    for field, what in fields.items():
+        if seen[field]:
+            p50, p99, p999, top = percentiles(seen[field])
+            print(f"envoy saw, {what}: n={len(seen[field])} p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+                  f"p99.9 {p999:.2f} ms, max {top:.2f} ms")
+    text = urllib.request.urlopen(args.metrics, timeout=10).read().decode()
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("bypass_marker_ext_proc_answer_seconds_bucket{"):
+            labels, value = line.split("{", 1)[1].rsplit("} ", 1)
+            pairs = dict(p.split("=", 1) for p in labels.split(","))
+            le = pairs["le"].strip('"')
+            series.setdefault(pairs["message"].strip('"'), []).append(
+                (float("inf") if le == "+Inf" else float(le), float(value)))
+    for message, buckets in sorted(series.items()):
+        (p50, p99, p999), total = bucket_percentiles(buckets)
+        if total:
+            ms = lambda s: "> 5 s" if s == float("inf") else f"<= {s * 1000:g} ms"
+            print(f"processor's histogram, {message}: n={int(total)} p50 {ms(p50)}, p99 {ms(p99)}, "
+                  f"p99.9 {ms(p999)}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["upstream", "client"])
+    parser.add_argument("mode", choices=["upstream", "client", "answer-times"])
+    parser.add_argument("--access-log")
+    parser.add_argument("--metrics")
     parser.add_argument("--streams", type=int, default=5000)
     parser.add_argument("--events", type=int, default=100)
     parser.add_argument("--interval-ms", type=float, default=20)
@@ -138,6 +199,8 @@ def main():
     if args.mode == "upstream":
         asyncio.run(serve(args))
         return 0
+    if args.mode == "answer-times":
+        return answer_times(args)
     if not args.envoy:
         parser.error("client needs --envoy")
     return asyncio.run(run_client(args))

@@ -9,12 +9,24 @@
 #
 #   bash tests/envoy/concurrency.sh
 #
+# CONCURRENCY_FRONT=ext-proc puts `bypass-marker ext-proc` (release build, one thread) behind
+# Envoy instead, with the shipped examples/envoy/ext-proc.yaml and an access log of ext_proc's
+# per-message latencies: then it checks the processor's own frames_removed counter, prints Envoy's
+# ext_proc message timeouts, and the answer times as p50, p99, p99.9, both as Envoy saw them and
+# in the processor's bypass_marker_ext_proc_answer_seconds histogram (BENCHMARKS.md, "Answer
+# times under a burst"):
+#
+#   CONCURRENCY_FRONT=ext-proc CONCURRENCY_STREAMS=1000 bash tests/envoy/concurrency.sh
+#
 # Envoy's default circuit breakers (1,024 connections, pending and active requests per cluster)
 # fail this with 5,000 streams: try `CONCURRENCY_MAX_STREAMS=1024 bash tests/envoy/concurrency.sh`.
 #
 # Environment:
 #   CONCURRENCY_STREAMS (default 5000), CONCURRENCY_EVENTS (100), CONCURRENCY_INTERVAL_MS (20)
 #   CONCURRENCY_MAX_STREAMS   render.sh --max-streams (default: as shipped)
+#   CONCURRENCY_FRONT   module (default) or ext-proc
+#   CONCURRENCY_MESSAGE_TIMEOUT   ext-proc: Envoy's message_timeout (default: as shipped, 2s)
+#   BYPASS_MARKER_BIN   ext-proc: the binary (default: built with --release --features cli)
 #   ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR
 # Needs 2 x N + 200 open files per process (ulimit -n; raised to the hard limit here).
 # Ends with `envoy concurrency: N passed, M failed`; exits non-zero if anything failed.
@@ -27,6 +39,8 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 streams="${CONCURRENCY_STREAMS:-5000}"
 events="${CONCURRENCY_EVENTS:-100}"
 interval="${CONCURRENCY_INTERVAL_MS:-20}"
+front="${CONCURRENCY_FRONT:-module}"
+[[ "$front" == module || "$front" == ext-proc ]] || { echo "CONCURRENCY_FRONT: module or ext-proc, not $front" >&2; exit 2; }
 LIFETIME=900
 
 log() { printf 'envoy concurrency: %s\n' "$*" >&2; }
@@ -51,12 +65,21 @@ source "$here/../support/procs.sh"
 source "$here/../support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
+accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 started=$SECONDS
 install_envoy || die "cannot install Envoy $ENVOY_VERSION"
-log "building the module (cargo build --release -p bypass-marker-envoy-module)"
-(cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) || die "cannot build the module"
-[[ -f "$target/release/libbypass_marker.so" ]] || die "no $target/release/libbypass_marker.so"
+if [[ "$front" == module ]]; then
+  log "building the module (cargo build --release -p bypass-marker-envoy-module)"
+  (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) || die "cannot build the module"
+  [[ -f "$target/release/libbypass_marker.so" ]] || die "no $target/release/libbypass_marker.so"
+elif [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
+  bin="$BYPASS_MARKER_BIN"
+else
+  log "building bypass-marker (cargo build --release --features cli --bin bypass-marker)"
+  (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) || die "cannot build bypass-marker"
+  bin="$target/release/bypass-marker"
+fi
 
 start upstream "$python" "$here/concurrency.py" upstream --streams "$streams" --events "$events" \
   --interval-ms "$interval" --lifetime "$LIFETIME"
@@ -68,8 +91,35 @@ admin="$(free_port)"
 # The operator's render script (examples/envoy/render.sh) sets the addresses.
 options=(--listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" --upstream "${upstream#http://}")
 [[ -n "${CONCURRENCY_MAX_STREAMS:-}" ]] && options+=(--max-streams "$CONCURRENCY_MAX_STREAMS")
-bash "$root/examples/envoy/render.sh" "$root/examples/envoy/dynamic-module.yaml" "${options[@]}" \
-  >"$work/envoy.yaml" || die "cannot render the bootstrap"
+if [[ "$front" == module ]]; then
+  bash "$root/examples/envoy/render.sh" "$root/examples/envoy/dynamic-module.yaml" "${options[@]}" \
+    >"$work/envoy.yaml" || die "cannot render the bootstrap"
+else
+  processor_port="$(free_port)"
+  metrics_port="$(free_port)"
+  start processor "$bin" ext-proc --listen "127.0.0.1:$processor_port" \
+    --metrics-listen "127.0.0.1:$metrics_port" --preset dynamo
+  wait_for "$last_group" 100 accepts "$processor_port" || die "the processor did not start: $(cat "$work/processor.log")"
+  bash "$root/examples/envoy/render.sh" "$root/examples/envoy/ext-proc.yaml" "${options[@]}" \
+    --ext-proc "127.0.0.1:$processor_port" >"$work/envoy.yaml" || die "cannot render the bootstrap"
+  # Envoy's own view of each answer: ext_proc's filter-state fields in a JSON access log.
+  "$python" - "$work/envoy.yaml" "$work/access.log" "${CONCURRENCY_MESSAGE_TIMEOUT:-}" <<'PY' || die "cannot add the access log"
+import sys, yaml
+path, log, timeout = sys.argv[1:]
+doc = yaml.safe_load(open(path))
+hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+state = "%FILTER_STATE(envoy.filters.http.ext_proc:FIELD:{})%"
+fields = ["request_header_latency_us", "response_header_latency_us", "response_body_max_latency_us",
+          "response_body_call_count"]
+hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+    "path": log,
+    "log_format": {"json_format": dict({f: state.format(f) for f in fields}, status="%RESPONSE_CODE%")}}}]
+if timeout:
+    hcm["http_filters"][0]["typed_config"]["message_timeout"] = timeout
+yaml.safe_dump(doc, open(path, "w"))
+PY
+fi
 ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$target/release" start envoy "$envoy_bin" --disable-hot-restart \
   --concurrency 2 --log-level warn -c "$work/envoy.yaml"
 envoy_group="$last_group"
@@ -89,10 +139,19 @@ ok=0
 count $ok "the upstream got exactly $requests requests of $streams"
 
 stats="$(get "http://127.0.0.1:$admin/stats/prometheus")"
-removed="$(grep -F 'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"} ' <<<"$stats" | awk '{print $2}')"
+if [[ "$front" == module ]]; then
+  removed="$(grep -F 'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"} ' <<<"$stats" | awk '{print $2}')"
+else
+  removed="$(get "http://127.0.0.1:$metrics_port/metrics" | grep -F 'bypass_marker_frames_removed_total{annotation="x-bypass-remote-prefill"} ' | awk '{print $2}')"
+fi
 ok=0
 [[ "$removed" == "$streams" ]] && ok=1
-count $ok "the module's counter: frames_removed{annotation=\"x-bypass-remote-prefill\"} is ${removed:-missing}, exactly $streams"
+count $ok "the $front's counter: frames_removed{annotation=\"x-bypass-remote-prefill\"} is ${removed:-missing}, exactly $streams"
+if [[ "$front" == ext-proc ]]; then
+  log "Envoy's ext_proc stats: $(grep -E '^envoy_http_ext_proc_(message_timeouts|streams_failed|streams_started)\{' <<<"$stats" | sed 's/{[^}]*}//' | tr '\n' ' ')"
+  "$python" "$here/concurrency.py" answer-times --access-log "$work/access.log" \
+    --metrics "http://127.0.0.1:$metrics_port/metrics" >&2 || log "cannot read the answer times"
+fi
 
 overflows="$(grep -E '^envoy_cluster_(upstream_rq_pending_overflow|upstream_cx_overflow)\{envoy_cluster_name="dynamo"\} ' <<<"$stats" || true)"
 ok=0

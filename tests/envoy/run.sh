@@ -29,6 +29,10 @@
 #   - Envoy's gRPC health check (grpc.health.v1) finds the processor healthy, and an address where
 #     nothing listens failed;
 #   - full duplex: the request-side checks and the SDKs again, through the full-duplex Envoys;
+#   - a processor with --max-buffered-bytes 2000000 --max-body 1000000: two clients that send only
+#     a head declaring 950,000 bytes leave room for a 950 kB JSON request (content-length and
+#     chunked, at 1 s and 12 s); 20 at once get 200 or the processor's 503 with Retry-After, never
+#     a 500; without allow_mode_override a 1.9 MB upload the guard does not read passes;
 #   - an upstream that gzips its event stream anyway: a 502 encoded_event_stream before any byte,
 #     in both modes, logged once each by the processor;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
@@ -176,6 +180,17 @@ start_envoy envoy-duplex "${upstream##*:}" "$ext_proc_port" "${duplex[@]}"
 envoy_duplex="$url"
 start_envoy envoy-duplex-router "${router_duplex##*:}" "$ext_proc_port" "${duplex[@]}"
 envoy_duplex_router="$url"
+# A processor with a small budget (issue 34, items 1 and 2), behind an Envoy as shipped and one
+# without allow_mode_override (so Envoy sends it bodies the guard does not read).
+budget_port="$(free_port)"
+start processor-budget "$bin" ext-proc --listen "127.0.0.1:$budget_port" --preset dynamo \
+  --max-buffered-bytes 2000000 --max-body 1000000
+wait_for "$last_group" 100 accepts "$budget_port" ||
+  die "the processor does not accept connections on 127.0.0.1:$budget_port: $(cat "$work/processor-budget.log")"
+start_envoy envoy-budget "${upstream##*:}" "$budget_port"
+envoy_budget="$url"
+start_envoy envoy-unread "${upstream##*:}" "$budget_port" ALLOW_MODE_OVERRIDE=false
+envoy_unread="$url"
 log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, processor 127.0.0.1:$ext_proc_port (pid $processor_pid), Envoy $envoy_upstream, $envoy_router, $envoy_down (processor down), full duplex $envoy_duplex, $envoy_duplex_router"
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +233,13 @@ encoded_logged=$(($(grep -c 'encoded_event_stream' "$work/processor.log" || true
 ok=0
 ((encoded_logged == 4)) && ok=1
 count $ok "the processor logged each of the 4 encoded streams it refused once ($encoded_logged lines)"
+
+# The processor's budget charges the bytes it holds: head-only clients cannot keep others' bodies
+# out, refusals are 503s with Retry-After, unread bodies pass uncharged.
+run_client "budget: head-only clients, concurrent large bodies" "${client[@]}" budget \
+  --envoy "$envoy_budget" --upstream "$upstream"
+run_client "budget: an unread upload without allow_mode_override" "${client[@]}" unread \
+  --envoy "$envoy_unread" --upstream "$upstream"
 
 run_client "processor down" "${client[@]}" down --envoy "$envoy_down" --upstream "$upstream"
 run_client "client disconnect" "${client[@]}" disconnect --envoy "$envoy_upstream" --upstream "$upstream"

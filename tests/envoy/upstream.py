@@ -6,22 +6,28 @@
   GET  /v1/models               a fixed JSON model list (content-length)
   POST /v1/chat/completions     by the JSON body's "test" object (see script.py):
          absent or stream false    a fixed JSON completion (content-length)
-         {"kind": "script", "id": N, "barrier": K, "largest": L, "pace_ms": MS}
+         {"kind": "script", "id": N, "barrier": K, "largest": L, "pace_ms": MS, "trailers": T}
                                    the event stream script.stream(N) in the chunks
                                    script.chunks(N): every annotation Dynamo sends, markers
                                    included, frames cut anywhere; with "barrier", each stream waits
                                    halfway until K scripted streams have reached that point (at most
                                    60 s), so all K are in flight at once; with "largest", chunks
                                    of 1 to L bytes (default 300); with "pace_ms", MS between
-                                   chunks (so that each arrives in a read of its own)
+                                   chunks (so that each arrives in a read of its own); with
+                                   "trailers", the trailer section `x-stream-end: T` after the
+                                   last chunk (an Envoy with enable_trailers passes it on)
          {"kind": "paced", "events": N, "interval_ms": MS}
                                    N data frames each preceded by the marker frame, one every MS,
                                    each its own chunk, then `data: [DONE]`
          {"kind": "gzip"}         the paced stream of 3, gzip-compressed whatever the request's
                                    accept-encoding says
-         {"kind": "reset", "events": N}
-                                   N data frames (with markers) 50 ms apart, then after 200 ms a
-                                   TCP reset (no end chunk)
+         {"kind": "reset", "events": N, "after_ms": MS}
+                                   N data frames (with markers) 50 ms apart, then after MS
+                                   (default 200) a TCP reset (no end chunk)
+         {"kind": "hold", "events": N}
+                                   N data frames (with markers) 50 ms apart, then nothing (no end
+                                   chunk) until the client side closes the connection (at most
+                                   120 s): a stream that a client leaves mid-stream
   GET  /counts                  {"requests": POSTs received, "forced": how many of them named a
                                 router-owned marker in nvext.annotations, in any form}
   GET  /seen?test_id=X          what the upstream received for the request whose header
@@ -116,9 +122,23 @@ def simple(status, content_type, body):
     ).encode() + body
 
 
-async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False):
+async def send_stream(
+    writer,
+    chunks,
+    entry,
+    pace=None,
+    reset=False,
+    gzip=False,
+    reset_after=0.2,
+    hold=None,
+    reader=None,
+    trailers=None,
+):
     """Writes an event stream in chunked encoding, one HTTP chunk per element of `chunks`;
-    `gzip`: compressed (`content-encoding: gzip`), as a server does for a client that accepts it."""
+    `gzip`: compressed (`content-encoding: gzip`), as a server does for a client that accepts it;
+    `reset`: a TCP reset `reset_after` seconds after the last chunk instead of the end; `hold`:
+    an asyncio.Event in `chunks` stops the stream there, without an end, until `reader` reaches
+    the end of the connection (at most `hold` seconds)."""
     writer.write(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
         + (b"content-encoding: gzip\r\n" if gzip else b"")
@@ -130,6 +150,14 @@ async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False)
                   for c in chunks] + [packer.flush()]
     try:
         for i, chunk in enumerate(chunks):
+            if isinstance(chunk, asyncio.Event) and hold:  # wait for the client to go away
+                try:
+                    await asyncio.wait_for(reader.read(), hold)
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
+                if entry:
+                    entry["outcome"] = "cancelled"
+                return False
             if isinstance(chunk, asyncio.Event):  # a barrier
                 await asyncio.wait_for(chunk.wait(), 60)
                 continue
@@ -138,14 +166,15 @@ async def send_stream(writer, chunks, entry, pace=None, reset=False, gzip=False)
             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             await writer.drain()
         if reset:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(reset_after)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
             if entry:
                 entry["outcome"] = "reset"
             return False
-        writer.write(b"0\r\n\r\n")
+        end = b"" if trailers is None else b"x-stream-end: %s\r\n" % trailers.encode()
+        writer.write(b"0\r\n" + end + b"\r\n")
         await writer.drain()
     except (ConnectionError, asyncio.TimeoutError):
         if entry:
@@ -217,7 +246,7 @@ async def handle(reader, writer):
                     if test.get("barrier"):
                         chunks.insert(len(chunks) // 2, barrier_for(test["barrier"]))
                     pace = test.get("pace_ms", 0) / 1000
-                    if not await send_stream(writer, chunks, entry, pace=pace):
+                    if not await send_stream(writer, chunks, entry, pace=pace, trailers=test.get("trailers")):
                         return
                 elif test.get("kind") == "paced":
                     frames = script.paced(test["events"])
@@ -230,8 +259,14 @@ async def handle(reader, writer):
                     # Paced, and a pause before the reset, so that everything sent before it has
                     # been read (a reset discards what the peer has not read yet).
                     chunks = script.paced(test["events"])[:-1]
-                    await send_stream(writer, chunks, entry, pace=0.05, reset=True)
+                    after = test.get("after_ms", 200) / 1000
+                    await send_stream(writer, chunks, entry, pace=0.05, reset=True, reset_after=after)
                     return
+                elif test.get("kind") == "hold":
+                    # The frames, then no end: wait for the other side to go away.
+                    hold = [*script.paced(test["events"])[:-1], asyncio.Event()]
+                    if not await send_stream(writer, hold, entry, pace=0.05, hold=120, reader=reader):
+                        return
                 else:
                     if not await send_stream(writer, script.paced(3), entry, gzip=gzip):
                         return

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release command and both images, end to end, on 127.0.0.1 (docs/deploy.md):
+# The release command and the three images, end to end, on 127.0.0.1 (docs/deploy.md):
 #
 #   bash tests/images/run.sh
 #
@@ -24,7 +24,12 @@
 #   - the module copied out of its image the way examples/envoy-gateway/'s init container does
 #     (`cp`, a static busybox), its sha256 the one recorded in the image and in SHA256SUMS, loaded by Envoy
 #     1.40.0 (examples/envoy/dynamic-module.yaml) for a stream;
+#   - the plugin's image is Istio's Wasm image: one gzipped layer holding plugin.wasm and nothing
+#     else; the plugin taken out of the OCI archive as Istio and Envoy Gateway take it out of what
+#     they pull (wasm_image.py), its sha256 the .wasm's in SHA256SUMS, loaded by Envoy 1.40.0's V8
+#     (examples/envoy/wasm.yaml) for a stream;
 #   - examples/k8s/ names the images as the release command tags them, and runs them as user 65532;
+#     examples/envoy-gateway/ and examples/istio/ pull the module and the plugin by those tags;
 #   - every process listens on 127.0.0.1 only; no process or container is left after the run.
 # Podman runs with a private store under the run's scratch directory (vfs), the runc runtime,
 # cgroupfs and no default ulimits (what this sandbox needs; CONTAINERS_CONF and
@@ -156,6 +161,7 @@ triple="$(rustc -vV | sed -n 's/^host: //p')"
 revision="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
 image="bypass-marker:$version"
 module_image="bypass-marker-envoy-module:$version"
+wasm_image="bypass-marker-wasm:$version"
 
 ok=0
 status="$(cd "$dist" && sha256sum -c SHA256SUMS 2>&1)" && ok=1
@@ -163,8 +169,8 @@ count $ok "sha256sum -c SHA256SUMS: $(tr '\n' ' ' <<<"$status")"
 listed="$(awk '{print $2}' "$dist/SHA256SUMS" | sort | tr '\n' ' ')"
 present="$(cd "$dist" && ls | grep -vx SHA256SUMS | sort | tr '\n' ' ')"
 ok=0
-[[ "$listed" == "$present" && $(wc -w <<<"$listed") -eq 6 ]] && ok=1
-count $ok "SHA256SUMS lists every artifact (6): $listed"
+[[ "$listed" == "$present" && $(wc -w <<<"$listed") -eq 9 ]] && ok=1
+count $ok "SHA256SUMS lists every artifact (9): $listed"
 
 # The Envoy releases in the module's name are the ones tests/envoy/module.sh runs.
 tested="$(sed -n 's/^ENVOY_TESTED="\(.*\)"$/\1/p' "$root/dist/release.sh")"
@@ -183,7 +189,7 @@ ok=0
 count $ok "the tarball's bypass-marker runs: $("$tar_bin" --version 2>&1 | head -n 1)"
 
 # Each SBOM is CycloneDX and lists what is compiled in.
-for pair in "bypass-marker:tokio" "bypass-marker-envoy-module:serde_json"; do
+for pair in "bypass-marker:tokio" "bypass-marker-envoy-module:serde_json" "bypass-marker-wasm:proxy-wasm"; do
   ok=0
   "$python" - "$dist/${pair%%:*}-$version.cdx.json" "${pair##*:}" >"$work/sbom.out" 2>&1 <<'PY' && ok=1
 import json, sys
@@ -191,7 +197,7 @@ sbom = json.load(open(sys.argv[1]))
 assert sbom["bomFormat"] == "CycloneDX", sbom.get("bomFormat")
 names = {c["name"] for c in sbom.get("components", [])}
 assert sys.argv[2] in names, sorted(names)
-forbidden = {"tokio", "tonic", "hyper", "prost"} & names if "module" in sys.argv[1] else set()
+forbidden = {"tokio", "tonic", "hyper", "prost"} & names if "module" in sys.argv[1] or "wasm" in sys.argv[1] else set()
 assert not forbidden, forbidden
 print(f"{len(names)} components")
 PY
@@ -199,7 +205,7 @@ PY
 done
 
 # Each OCI archive holds its image: the tag as its ref name, the labels and the user.
-for ref in "$image" "$module_image"; do
+for ref in "$image" "$module_image" "$wasm_image"; do
   ok=0
   "$python" - "$dist/${ref%%:*}-$version-oci-"*.tar "$ref" "$version" >"$work/oci.out" 2>&1 <<'PY' && ok=1
 import json, sys, tarfile
@@ -222,7 +228,7 @@ done
 # The images as built
 
 labels() { podman image inspect --format "{{index .Config.Labels \"org.opencontainers.image.$2\"}}" "$1"; }
-for ref in "$image" "$module_image"; do
+for ref in "$image" "$module_image" "$wasm_image"; do
   ok=0
   [[ "$(labels "$ref" version)" == "$version" && "$(labels "$ref" revision)" == "$revision" &&
     "$(labels "$ref" licenses)" == "MIT OR Apache-2.0" && -n "$(labels "$ref" source)" ]] && ok=1
@@ -236,12 +242,13 @@ ok=0
 count $ok "$image: ENTRYPOINT [\"bypass-marker\"]"
 size="$(podman image inspect --format '{{.Size}}' "$image")"
 module_size="$(podman image inspect --format '{{.Size}}' "$module_image")"
-log "image sizes: $image $size bytes, $module_image $module_size bytes (unpacked)"
+wasm_size="$(podman image inspect --format '{{.Size}}' "$wasm_image")"
+log "image sizes: $image $size bytes, $module_image $module_size bytes, $wasm_image $wasm_size bytes (unpacked)"
 
 # What is in the image, from its filesystem.
-files() { # $1 the image; prints its paths
+files() { # $1 the image, "${@:2}" a command for an image without one (never run); prints its paths
   local c
-  c="$(podman create "$1" 2>/dev/null)"
+  c="$(podman create "$@" 2>/dev/null)"
   podman export "$c" | tar -t
   podman rm "$c" >/dev/null
 }
@@ -255,6 +262,10 @@ ok=0
 grep -qx 'libbypass_marker.so' "$work/module.files" && grep -qx 'libbypass_marker.so.sha256' "$work/module.files" &&
   grep -qx 'bin/cp' "$work/module.files" && ok=1
 count $ok "$module_image: /libbypass_marker.so, /libbypass_marker.so.sha256 and /bin/cp: $(tr '\n' ' ' <"$work/module.files")"
+files "$wasm_image" /plugin.wasm >"$work/wasm.files"
+ok=0
+[[ "$(cat "$work/wasm.files")" == plugin.wasm ]] && ok=1
+count $ok "$wasm_image: /plugin.wasm and nothing else: $(tr '\n' ' ' <"$work/wasm.files")"
 
 # examples/k8s/ names the images as tagged here, behind a registry of the user's.
 ok=0
@@ -264,6 +275,21 @@ count $ok "examples/k8s/dynamo-frontend.yaml runs REGISTRY/$image as user 65532"
 ok=0
 grep -Eq "^ +image: [a-z0-9.-]+(:[0-9]+)?/$module_image( |$)" "$root/examples/envoy-gateway/dynamic-module.yaml" && ok=1
 count $ok "examples/envoy-gateway/dynamic-module.yaml copies the module from REGISTRY/$module_image"
+ok=0
+grep -Eq "^ +url: [a-z0-9.-]+(:[0-9]+)?/$wasm_image$" "$root/examples/envoy-gateway/wasm.yaml" &&
+  grep -Eq "^ +url: oci://[a-z0-9.-]+(:[0-9]+)?/$wasm_image$" "$root/examples/istio/wasm-plugin.yaml" &&
+  grep -Eq "^ +url: oci://[a-z0-9.-]+(:[0-9]+)?/$wasm_image$" "$root/examples/istio/traffic-extension.yaml" && ok=1
+count $ok "examples/envoy-gateway/wasm.yaml and examples/istio/ pull the plugin from REGISTRY/$wasm_image"
+
+# The plugin out of its image's archive as Istio and Envoy Gateway take it out of the image they
+# pull (the last layer, gzipped, its plugin.wasm); the same file as the release's .wasm.
+mkdir -p "$work/wasm"
+run_client "the plugin out of $wasm_image as Istio takes it" "$python" "$images_here/wasm_image.py" \
+  "$dist/bypass-marker-wasm-$version-oci-"*.tar "$wasm_image" "$work/wasm/plugin.wasm"
+ok=0
+[[ -f "$work/wasm/plugin.wasm" && "$(sha256sum <"$work/wasm/plugin.wasm" | cut -d' ' -f1)" == \
+  "$(grep -F " bypass_marker-$version-wasm32-wasip1.wasm" "$dist/SHA256SUMS" | cut -d' ' -f1)" ]] && ok=1
+count $ok "the plugin out of $wasm_image is the release's bypass_marker-$version-wasm32-wasip1.wasm (SHA256SUMS)"
 
 # ---------------------------------------------------------------------------------------------
 # Installs and servers
@@ -324,7 +350,16 @@ ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$work/modules" start envoy-module "$envoy_bin
   --concurrency 1 --log-level info -c "$work/envoy-module.yaml"
 envoy_ready_in "$admin" || die "Envoy with the module did not get ready: $(tail -n 20 "$work/envoy-module.log")"
 envoy_module="http://127.0.0.1:$listen"
-log "servers ready: upstream.py $upstream, router $router_behind (behind the proxy) and $router_direct, proxy containers $proxy and $proxy_upstream, Envoy $envoy_ext_proc (ext-proc container) and $envoy_module (module from the image)"
+
+# The plugin taken out of its image (above), loaded by Envoy 1.40.0's V8 with the shipped bootstrap.
+listen="$(free_port)"
+wasm_admin="$(free_port)"
+render_bootstrap "$root/examples/envoy/wasm.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$wasm_admin" \
+  UPSTREAM_PORT="${upstream##*:}" WASM_FILE="$work/wasm/plugin.wasm" >"$work/envoy-wasm.yaml"
+start envoy-wasm "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level info -c "$work/envoy-wasm.yaml"
+envoy_ready_in "$wasm_admin" || die "Envoy with the plugin did not get ready: $(tail -n 20 "$work/envoy-wasm.log")"
+envoy_wasm="http://127.0.0.1:$listen"
+log "servers ready: upstream.py $upstream, router $router_behind (behind the proxy) and $router_direct, proxy containers $proxy and $proxy_upstream, Envoy $envoy_ext_proc (ext-proc container), $envoy_module (module from the image) and $envoy_wasm (plugin from the image)"
 
 # ---------------------------------------------------------------------------------------------
 # The checks
@@ -355,6 +390,16 @@ run_client "one stream through Envoy 1.40.0 and the ext-proc container" "$python
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-module.log" && ok=1
 count $ok "Envoy 1.40.0 loads the module copied out of $module_image"
+run_client "one stream through Envoy 1.40.0 and the plugin from its image" "$python" "$images_here/one_request.py" \
+  --url "$envoy_wasm" --upstream "$upstream" --label "Envoy 1.40.0 + the image's plugin"
+wasm_vms="$("$python" -c '
+import sys, urllib.request
+stats = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print(sum(int(l.split(": ")[1]) for l in stats.splitlines() if l.startswith("wasm.envoy.wasm.runtime.v8.active: ")))
+' "http://127.0.0.1:$wasm_admin/stats?filter=wasm" 2>&1)"
+ok=0
+[[ "$wasm_vms" =~ ^[0-9]+$ ]] && ((wasm_vms > 0)) && ok=1
+count $ok "Envoy 1.40.0 runs the plugin out of $wasm_image in V8 (wasm.envoy.wasm.runtime.v8.active: $wasm_vms)"
 run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
   --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 

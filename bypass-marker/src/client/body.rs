@@ -19,7 +19,7 @@ use super::reading::Reading;
 use super::{invalid, OnExpiry};
 
 /// The body of an upstream response: reads the upstream's socket when polled, and yields what
-/// each read brings as one frame (the promises it keeps are listed in `src/cli/client/mod.rs`).
+/// each read brings as one frame (the promises it keeps are listed in `src/client/mod.rs`).
 pub struct UpstreamResponseBody {
     io: Option<Connection>,
     pub(super) read: Reading,
@@ -109,8 +109,21 @@ impl UpstreamResponseBody {
         self.kind = Kind::Length(0);
         if let Some(io) = self.io.take() {
             if self.reusable && self.read.buf.is_empty() {
-                if let Some(io) = io.into_reusable() {
-                    self.pool.checkin(io);
+                match io.into_reusable() {
+                    Ok(Some(io)) => self.pool.checkin(io),
+                    Ok(None) => {}
+                    // The request body is still being sent: the connection goes back to the pool
+                    // when it is, if it went well (as hyper's does).
+                    Err(sending) => {
+                        let pool = self.pool.clone();
+                        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                            runtime.spawn(async move {
+                                if let Some(io) = sending.sent().await {
+                                    pool.checkin(io);
+                                }
+                            });
+                        }
+                    }
                 }
             }
         }

@@ -10,19 +10,29 @@
 //! Malformed or hostile framing is an error, never a guess: a size that is not hexadecimal or
 //! needs more than 64 bits (leading zeros are no part of that: `000000000000000000A` is 10), a
 //! size followed by whitespace and then anything but `;` or CR (`2 x`), a missing CRLF, a
-//! chunk-size line or trailer section over its limit. The chunk-size line is read by hyper's rule
-//! (`hyper::proto::h1::decode`): digits, optional spaces or tabs, then extensions after `;`. So is
-//! the trailer section: its lines (each ended by CRLF) are kept, up to [`MAX_TRAILERS`] bytes and
-//! [`MAX_TRAILER_FIELDS`] lines, and parsed as header fields (httparse) once the final empty line
-//! arrives; a malformed section (a field name with a space, a line without a colon, a folded
+//! chunk size or extensions or trailer section over its limit. The chunk-size line is read by
+//! hyper's rule (`hyper::proto::h1::decode`): digits, optional spaces or tabs, then extensions
+//! after `;`, which count against one budget for the whole body, [`MAX_EXTENSIONS`], as hyper's
+//! do (a body of many chunks with long extensions fails, one long extension does not). The size
+//! and the blanks around it have a limit of their own, [`MAX_LINE`], which hyper does not have.
+//! The trailer section is read by hyper's rule too: its lines (each ended by CRLF) are kept, up to
+//! [`MAX_TRAILERS`] bytes (the response head's limit, as hyper's `max_header_size` bounds both)
+//! and [`MAX_TRAILER_FIELDS`] lines, and parsed as header fields (httparse) once the final empty
+//! line arrives; a malformed section (a field name with a space, a line without a colon, a folded
 //! line) is an error, so the body ends cut rather than complete. The trailers are then dropped.
 
 use std::fmt;
 
-/// The longest chunk-size line (size, extensions and CRLF) accepted.
+/// The most bytes of a chunk-size line outside its extensions (the size with its leading zeros,
+/// the blanks after it, the CRLF). hyper has no such limit.
 pub(crate) const MAX_LINE: usize = 4 * 1024;
-/// The longest trailer section accepted (the trailers are read and dropped).
-pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
+/// The chunk extensions of a whole body (the bytes after each `;`, up to the CR) must be fewer
+/// than this: hyper's `CHUNKED_EXTENSIONS_LIMIT`, a budget for the body, not for one line.
+pub(crate) const MAX_EXTENSIONS: u64 = 16 * 1024;
+/// A trailer section (its lines and the final CRLF) must be shorter than this: the response
+/// head's limit, as in hyper, whose `max_header_size` bounds the head and the trailers alike (the
+/// trailers are read and dropped).
+pub(crate) const MAX_TRAILERS: usize = 64 * 1024;
 /// The most trailer lines accepted (the response head's limit on its fields).
 pub(crate) const MAX_TRAILER_FIELDS: usize = 128;
 
@@ -65,7 +75,7 @@ enum State {
 
 /// A malformed `chunked` body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ChunkedError(&'static str);
+pub(crate) struct ChunkedError(pub(crate) &'static str);
 
 impl fmt::Display for ChunkedError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,8 +102,10 @@ pub(crate) struct Decoded {
 #[derive(Debug, Clone)]
 pub(crate) struct Decoder {
     state: State,
-    /// Bytes of the current chunk-size line, or of the trailers so far.
+    /// Bytes of the current chunk-size line outside its extensions, or of the trailers so far.
     line: usize,
+    /// Bytes of chunk extensions in the body so far.
+    extensions: u64,
     /// The trailer section so far (allocated only when there is one), parsed at its end.
     trailers: Vec<u8>,
     /// How many trailer lines have ended.
@@ -108,6 +120,7 @@ impl Default for Decoder {
                 digits: false,
             },
             line: 0,
+            extensions: 0,
             trailers: Vec::new(),
             fields: 0,
         }
@@ -171,19 +184,28 @@ impl Decoder {
     /// One byte outside a chunk's data.
     fn step(&mut self, byte: u8) -> Result<(), ChunkedError> {
         match self.state {
+            // hyper's count: every byte of an extension but the CR that ends it (a LF there is
+            // an error below).
+            State::Extension { .. } if byte != b'\r' && byte != b'\n' => {
+                self.extensions += 1;
+                if self.extensions >= MAX_EXTENSIONS {
+                    return Err(ChunkedError("chunk extensions of 16 KiB or more"));
+                }
+            }
             State::Size { .. }
             | State::SizeLws { .. }
             | State::Extension { .. }
             | State::SizeLf { .. } => {
                 self.line += 1;
                 if self.line > MAX_LINE {
-                    return Err(ChunkedError("a chunk-size line over 4 KiB"));
+                    return Err(ChunkedError("a chunk size and blanks over 4 KiB"));
                 }
             }
+            // hyper's count: the section's bytes, the final CRLF included, when there is one.
             State::TrailerStart | State::Trailer | State::TrailerLf | State::EndLf => {
                 self.line += 1;
-                if self.line > MAX_TRAILERS {
-                    return Err(ChunkedError("trailers over 16 KiB"));
+                if self.line >= MAX_TRAILERS {
+                    return Err(ChunkedError("trailers of 64 KiB or more"));
                 }
             }
             _ => {}
@@ -460,19 +482,62 @@ mod tests {
         }
     }
 
+    /// A body of chunks of one byte, the line of each with an extension of that many bytes after
+    /// its `;` (what hyper counts).
+    fn extended(lens: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &len in lens {
+            out.extend_from_slice(b"1;");
+            out.resize(out.len() + len, b'x');
+            out.extend_from_slice(b"\r\nA\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    /// hyper's budget (issue 34): the extensions of the whole body, not of one line. One line
+    /// with a 5,000-byte extension completes; 20 lines of 1,000 bytes fail.
     #[test]
-    fn endless_extensions_and_trailers_are_refused() {
-        let mut line = b"1;".to_vec();
-        line.resize(MAX_LINE + 10, b'x');
-        assert_eq!(
-            decode_all(&[&line]).unwrap_err(),
-            ChunkedError("a chunk-size line over 4 KiB")
-        );
+    fn chunk_extensions_count_against_one_budget_for_the_body_as_hyper_counts_them() {
+        let (data, done, _) = decode_all(&[&extended(&[5000])]).unwrap();
+        assert_eq!((data.len(), done), (1, true));
+        let over = ChunkedError("chunk extensions of 16 KiB or more");
+        assert_eq!(decode_all(&[&extended(&[1000; 20])]).unwrap_err(), over);
+        // The boundary: 16,383 bytes after the `;`s pass, 16,384 fail, however they are spread.
+        let most = MAX_EXTENSIONS as usize - 1;
+        for lens in [
+            vec![most],
+            vec![most - 1, 1],
+            vec![4000, 4000, 4000, most - 12_000],
+        ] {
+            let (data, done, _) = decode_all(&[&extended(&lens)]).unwrap();
+            assert_eq!((data.len(), done), (lens.len(), true), "{lens:?}");
+            let mut one_more = lens.clone();
+            one_more.push(1);
+            assert_eq!(decode_all(&[&extended(&one_more)]).unwrap_err(), over);
+        }
+    }
+
+    #[test]
+    fn endless_sizes_and_trailers_are_refused() {
+        // The size and the blanks around it: hyper reads any number of leading zeros, this
+        // decoder 4 KiB of them.
+        for filler in [b'0', b' '] {
+            let mut line = vec![b'1'; 1];
+            line.resize(MAX_LINE + 10, filler);
+            if filler == b'0' {
+                line.reverse();
+            }
+            assert_eq!(
+                decode_all(&[&line]).unwrap_err(),
+                ChunkedError("a chunk size and blanks over 4 KiB")
+            );
+        }
         let mut trailers = b"0\r\nx-a: ".to_vec();
         trailers.resize(MAX_TRAILERS + 100, b'b');
         assert_eq!(
             decode_all(&[&trailers]).unwrap_err(),
-            ChunkedError("trailers over 16 KiB")
+            ChunkedError("trailers of 64 KiB or more")
         );
         let mut trailers = b"0\r\n".to_vec();
         for _ in 0..=MAX_TRAILER_FIELDS {
@@ -481,6 +546,29 @@ mod tests {
         assert_eq!(
             decode_all(&[&trailers]).unwrap_err(),
             ChunkedError("more than 128 trailer lines")
+        );
+    }
+
+    /// hyper's limit on a trailer section is its `max_header_size`, the head's (16 KiB when it is
+    /// not set): a section, its final CRLF included, of one byte less passes, of the limit fails.
+    #[test]
+    fn a_trailer_section_up_to_the_heads_limit_completes_the_body() {
+        let section = |len: usize| {
+            let mut out = b"1\r\nA\r\n0\r\nx-a: ".to_vec();
+            let start = out.len() - 5;
+            out.resize(start + len - 4, b'b');
+            out.extend_from_slice(b"\r\n\r\n");
+            assert_eq!(out.len() - start, len);
+            out
+        };
+        // Issue 34: a 20 KiB section.
+        for len in [20 * 1024, MAX_TRAILERS - 1] {
+            let (data, done, _) = decode_all(&[&section(len)]).unwrap();
+            assert_eq!((data.as_slice(), done), (&b"A"[..], true), "{len}");
+        }
+        assert_eq!(
+            decode_all(&[&section(MAX_TRAILERS)]).unwrap_err(),
+            ChunkedError("trailers of 64 KiB or more")
         );
     }
 

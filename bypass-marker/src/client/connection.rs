@@ -34,22 +34,38 @@ pub(super) enum Connection {
 }
 
 impl Connection {
-    /// The whole connection, if the request went out whole on it: for the pool. An upload still
-    /// in progress, or one that failed, leaves the connection out of step: `None` (it is closed).
-    pub(super) fn into_reusable(self) -> Option<TcpStream> {
+    /// The whole connection, if the request went out whole on it: for the pool. An upload that
+    /// failed leaves the connection out of step: `None` (it is closed). An upload still in
+    /// progress: `Err`, the connection to wait for ([`Sending::sent`]).
+    pub(super) fn into_reusable(self) -> Result<Option<TcpStream>, Sending> {
         match self {
-            Self::Whole(io) => Some(io),
-            Self::Half(_, None) => None,
+            Self::Whole(io) => Ok(Some(io)),
+            Self::Half(_, None) => Ok(None),
             Self::Half(read, Some(mut upload)) => {
                 if !upload.0.is_finished() {
-                    return None;
+                    return Err(Sending(read, upload));
                 }
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 match Pin::new(&mut upload.0).poll(&mut cx) {
-                    Poll::Ready(Ok((write, Ok(())))) => read.reunite(write).ok(),
-                    _ => None,
+                    Poll::Ready(Ok((write, Ok(())))) => Ok(read.reunite(write).ok()),
+                    _ => Ok(None),
                 }
             }
+        }
+    }
+}
+
+/// A connection whose response is complete while its request body is still being sent.
+#[derive(Debug)]
+pub(super) struct Sending(OwnedReadHalf, Upload);
+
+impl Sending {
+    /// The whole connection once the request body is sent, if it went well.
+    pub(super) async fn sent(self) -> Option<TcpStream> {
+        let Self(read, mut upload) = self;
+        match (&mut upload.0).await {
+            Ok((write, Ok(()))) => read.reunite(write).ok(),
+            _ => None,
         }
     }
 }

@@ -18,6 +18,68 @@ pub(super) const MAX_HEADERS: usize = 128;
 /// The most interim (1xx) responses before the final one.
 pub(super) const MAX_INTERIM: usize = 16;
 
+/// The largest `Content-Length` that frames a body: hyper's (`u64::MAX - 2`; it keeps the two
+/// values above for its own use), so that the proxy's server, hyper, can send what this client
+/// accepted.
+pub(super) const MAX_LENGTH: u64 = u64::MAX - 2;
+
+/// Why a response head was refused: the error the head's `io::Error` carries (what the logs say,
+/// and what the differential test holds against hyper's verdict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A head (one of the interim ones, or the final one) of 64 KiB or more.
+    HeadTooLarge,
+    /// More than [`MAX_INTERIM`] interim responses.
+    TooManyInterim,
+    /// Not a head httparse reads (with more than 128 fields: `httparse::Error::TooManyHeaders`).
+    Malformed(Option<httparse::Error>),
+    /// A status code outside 100 to 999.
+    InvalidStatus,
+    /// 101 Switching Protocols, to a request that asked for no upgrade.
+    SwitchingProtocols,
+    /// A field name `http` does not take.
+    InvalidHeaderName,
+    /// A field value `http` does not take.
+    InvalidHeaderValue,
+    /// A `Content-Length` that is not a number (or list of numbers).
+    InvalidContentLength,
+    /// `Content-Length` values that are not all the same number.
+    ConflictingContentLength,
+    /// A `Content-Length` over [`MAX_LENGTH`] framing a body.
+    ContentLengthTooLarge,
+    /// Both `Transfer-Encoding` and `Content-Length`.
+    TransferEncodingAndContentLength,
+    /// `Transfer-Encoding` in an HTTP/1.0 response.
+    TransferEncodingInHttp10,
+    /// A transfer coding other than one `chunked`.
+    NotChunked,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::HeadTooLarge => "a response head of 64 KiB or more",
+            Self::TooManyInterim => "more than 16 interim responses",
+            Self::Malformed(Some(err)) => {
+                return write!(f, "a malformed response head: {err}");
+            }
+            Self::Malformed(None) => "a malformed response head",
+            Self::InvalidStatus => "an invalid status code",
+            Self::SwitchingProtocols => "101 Switching Protocols to a request that asked for none",
+            Self::InvalidHeaderName => "an invalid header name",
+            Self::InvalidHeaderValue => "an invalid header value",
+            Self::InvalidContentLength => "an invalid Content-Length",
+            Self::ConflictingContentLength => "conflicting Content-Length values",
+            Self::ContentLengthTooLarge => "a Content-Length over 2^64 - 3",
+            Self::TransferEncodingAndContentLength => "both Transfer-Encoding and Content-Length",
+            Self::TransferEncodingInHttp10 => "Transfer-Encoding in an HTTP/1.0 response",
+            Self::NotChunked => "a transfer coding other than chunked",
+        })
+    }
+}
+
+impl std::error::Error for Refusal {}
+
 impl Reading {
     /// Reads the response head (skipping up to `MAX_INTERIM` interim 1xx responses). On
     /// failure, how many bytes had arrived.
@@ -33,7 +95,7 @@ impl Reading {
         // read (quadratic in its length).
         let mut searched: usize = 0;
         // Empty lines before a status line are skipped, as hyper (httparse) does, however they
-        // arrive; they count towards `MAX_HEAD`.
+        // arrive; they count towards the `MAX_HEAD` of the head they precede.
         let mut skipped: usize = 0;
         loop {
             if matches!(self.buf.first(), Some(b'\r' | b'\n')) {
@@ -46,8 +108,9 @@ impl Reading {
             }
             if !has_head_end(&self.buf, searched.saturating_sub(2)) {
                 searched = self.buf.len();
+                // hyper's rule: a head not complete in 64 KiB is refused.
                 if self.buf.len() + skipped >= MAX_HEAD {
-                    return Err((invalid("a response head over 64 KiB"), got));
+                    return Err((invalid(Refusal::HeadTooLarge), got));
                 }
                 let n = std::future::poll_fn(|cx| self.poll_fill(io, cx))
                     .await
@@ -68,15 +131,20 @@ impl Reading {
             let mut parsed = httparse::Response::new(&mut fields);
             match parsed.parse(&self.buf) {
                 Ok(httparse::Status::Complete(len)) => {
+                    // hyper's rule for a head complete in one read: over 64 KiB is refused.
+                    if len + skipped > MAX_HEAD {
+                        return Err((invalid(Refusal::HeadTooLarge), got));
+                    }
                     let code = parsed.code.unwrap_or(0);
                     if (100..200).contains(&code) && code != 101 {
                         // 100 Continue, 103 Early Hints: the final response follows.
                         interim += 1;
                         if interim > MAX_INTERIM {
-                            return Err((invalid("more than 16 interim responses"), got));
+                            return Err((invalid(Refusal::TooManyInterim), got));
                         }
                         self.buf.advance(len);
                         searched = 0;
+                        skipped = 0;
                         continue;
                     }
                     let head = response(&parsed, method).map_err(|err| (err, got))?;
@@ -85,11 +153,9 @@ impl Reading {
                 }
                 // An empty line that httparse does not take for the head's end.
                 Ok(httparse::Status::Partial) => {
-                    return Err((invalid("a malformed response head"), got));
+                    return Err((invalid(Refusal::Malformed(None)), got));
                 }
-                Err(err) => {
-                    return Err((invalid(format!("a malformed response head: {err}")), got))
-                }
+                Err(err) => return Err((invalid(Refusal::Malformed(Some(err))), got)),
             }
         }
     }
@@ -147,18 +213,16 @@ pub(super) fn response(
     method: &Method,
 ) -> io::Result<(Response<()>, Framing)> {
     let code = parsed.code.unwrap_or(0);
-    let status = StatusCode::from_u16(code).map_err(|_| invalid("an invalid status code"))?;
+    let status = StatusCode::from_u16(code).map_err(|_| invalid(Refusal::InvalidStatus))?;
     if code == 101 {
-        return Err(invalid(
-            "101 Switching Protocols to a request that asked for none",
-        ));
+        return Err(invalid(Refusal::SwitchingProtocols));
     }
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| invalid("an invalid header name"))?;
-        let value =
-            HeaderValue::from_bytes(field.value).map_err(|_| invalid("an invalid header value"))?;
+            .map_err(|_| invalid(Refusal::InvalidHeaderName))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| invalid(Refusal::InvalidHeaderValue))?;
         headers.append(name, value);
     }
     let http11 = parsed.version == Some(1);
@@ -176,6 +240,13 @@ pub(super) fn response(
     // Checked on every response, bodiless ones too (a HEAD's says what a GET would get): an
     // invalid or conflicting value is refused, as nginx does, and a list of one number repeated
     // (`2, 2`) goes on as that number (RFC 9110 section 8.6: a proxy must not forward the list).
+    // RFC 9112 section 6.3: both framings is the refusal below, whatever the length says.
+    if !no_body
+        && headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(invalid(Refusal::TransferEncodingAndContentLength));
+    }
     let len = content_length(&headers)?;
     if let Some(len) = len {
         let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
@@ -191,10 +262,10 @@ pub(super) fn response(
         // splitting), and a coding other than chunked would be forwarded still applied. Both are
         // refused rather than guessed at, as is a transfer coding in HTTP/1.0, which has none.
         if headers.contains_key(header::CONTENT_LENGTH) {
-            return Err(invalid("both Transfer-Encoding and Content-Length"));
+            return Err(invalid(Refusal::TransferEncodingAndContentLength));
         }
         if !http11 {
-            return Err(invalid("Transfer-Encoding in an HTTP/1.0 response"));
+            return Err(invalid(Refusal::TransferEncodingInHttp10));
         }
         // Exactly one element, `chunked`, over all the field lines: an empty element
         // (`chunked,`, or a second, empty `Transfer-Encoding:` line) is refused too, since
@@ -210,10 +281,14 @@ pub(super) fn response(
             .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
             && codings.next().is_none();
         if !only_chunked {
-            return Err(invalid("a transfer coding other than chunked"));
+            return Err(invalid(Refusal::NotChunked));
         }
         Kind::Chunked(Decoder::default())
     } else if let Some(len) = len {
+        // hyper's rule, for a length that frames a body (a bodiless response's is only checked).
+        if len > MAX_LENGTH {
+            return Err(invalid(Refusal::ContentLengthTooLarge));
+        }
         Kind::Length(len)
     } else {
         Kind::Close
@@ -244,9 +319,9 @@ pub(super) fn content_length(headers: &HeaderMap) -> io::Result<Option<u64>> {
                 .ok()
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| invalid("an invalid Content-Length"))?;
+                .ok_or_else(|| invalid(Refusal::InvalidContentLength))?;
             if len.is_some_and(|l| l != n) {
-                return Err(invalid("conflicting Content-Length values"));
+                return Err(invalid(Refusal::ConflictingContentLength));
             }
             len = Some(n);
         }

@@ -62,8 +62,10 @@ use tokio::net::TcpStream;
 
 use crate::args::Upstream;
 pub use body::UpstreamResponseBody;
+pub(crate) use chunked::ChunkedError;
 use connection::{Connection, Upload};
 use head::Framing;
+pub use head::Refusal;
 use pool::Pool;
 pub(crate) use reading::before_park;
 use reading::Reading;

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::head::MAX_HEAD;
+use super::head::{Refusal, MAX_HEAD};
 use super::reading::READ_MIN;
 use super::{Client, SendError, UpstreamResponseBody};
 use crate::args::Upstream;
@@ -407,6 +407,79 @@ async fn a_head_that_is_not_http_or_is_ambiguous_fails_before_the_head() {
     }
 }
 
+/// The refusal a response head gets, or `None` when it reaches the client.
+async fn refusal(parts: &http::request::Parts, reply: &'static [u8]) -> Option<Refusal> {
+    let (client, _) = upstream(answering(reply)).await;
+    let sent = client.send(parts, Empty::<Bytes>::new());
+    match tokio::time::timeout(Duration::from_secs(5), sent)
+        .await
+        .expect("an answer")
+    {
+        Ok(_) => None,
+        Err(SendError::BeforeHead(err)) => Some(
+            *err.get_ref()
+                .and_then(|e| e.downcast_ref::<Refusal>())
+                .unwrap_or_else(|| panic!("a refusal: {err:?}")),
+        ),
+        Err(err) => panic!("{err:?}"),
+    }
+}
+
+/// hyper's limits (issue 34), each refused for its own reason: a `Content-Length` of 2^64 - 2 or
+/// more framing a body (hyper keeps those two values for itself), and a head over 64 KiB however
+/// it arrives, complete in one read included.
+#[tokio::test]
+async fn a_length_past_hypers_and_a_head_over_64_kib_are_refused_for_that_reason() {
+    for (len, refused) in [
+        (u64::MAX, true),
+        (u64::MAX - 1, true),
+        (u64::MAX - 2, false),
+    ] {
+        let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\nok");
+        let reply: &'static [u8] = reply.into_bytes().leak();
+        let expected = refused.then_some(Refusal::ContentLengthTooLarge);
+        assert_eq!(refusal(&get("/"), reply).await, expected, "{len}");
+        // A bodiless response's length frames nothing: hyper ignores it, and so does this client.
+        let head = http::Request::head("/").body(()).unwrap().into_parts().0;
+        assert_eq!(refusal(&head, reply).await, None, "HEAD, {len}");
+    }
+    // A head of 64 KiB and one byte, in one write: a read may bring it whole.
+    for extra in [0, 1] {
+        let mut head = b"HTTP/1.1 200 OK\r\nx-filler: ".to_vec();
+        head.resize(MAX_HEAD + extra - 4, b'a');
+        head.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(head.len(), MAX_HEAD + extra);
+        let expected = (extra == 1).then_some(Refusal::HeadTooLarge);
+        assert_eq!(refusal(&get("/"), head.leak()).await, expected, "{extra}");
+    }
+    // The limit is each head's (with the empty lines before it), interim ones included, not the
+    // sum of them.
+    let mut heads = Vec::new();
+    for _ in 0..3 {
+        heads.extend_from_slice(&b"\r\n".repeat(15_000));
+        heads.extend_from_slice(b"HTTP/1.1 103 Early Hints\r\nx-filler: ");
+        heads.resize(heads.len() + 30_000, b'a');
+        heads.extend_from_slice(b"\r\n\r\n");
+    }
+    heads.extend_from_slice(b"\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n");
+    assert_eq!(refusal(&get("/"), heads.leak()).await, None);
+}
+
+/// Both framings are refused as such, whatever the length says (the differential test excuses
+/// the refusal for that reason only).
+#[tokio::test]
+async fn transfer_encoding_with_any_content_length_is_refused_for_both_framings() {
+    for reply in [
+        &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\ncontent-length: abc\r\n\r\n",
+    ] {
+        assert_eq!(
+            refusal(&get("/"), reply).await,
+            Some(Refusal::TransferEncodingAndContentLength)
+        );
+    }
+}
+
 #[tokio::test]
 async fn request_bodies_are_framed_by_length_or_chunked() {
     let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
@@ -749,6 +822,59 @@ async fn an_upstream_that_answers_at_once_and_reads_on_gets_the_whole_body() {
         let body = String::from_utf8(body).unwrap();
         assert!(body.starts_with("data: started\n\ndata: read "), "{body}");
     }
+}
+
+/// hyper's behaviour (issue 34): a response complete while its request body is still being sent
+/// leaves the connection for the pool once the upload ends well; it was closed.
+#[tokio::test]
+async fn a_connection_whose_upload_ends_after_its_response_goes_back_to_the_pool() {
+    let (client, accepted) = upstream(|_, mut io| async move {
+        let mut got = Vec::new();
+        let mut buf = [0; 4096];
+        loop {
+            // Each request's head, answered at once; a POST's chunked body read after that.
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            io.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            if got.starts_with(b"POST") {
+                while !got.ends_with(b"\r\n0\r\n\r\n") {
+                    match io.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            }
+            got.clear();
+        }
+    })
+    .await;
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let first = futures_util::stream::iter([Ok::<_, io::Error>(Frame::data(Bytes::from_static(
+        b"first",
+    )))]);
+    let last = futures_util::stream::once(async move {
+        let _ = gate.await;
+        Ok(Frame::data(Bytes::from_static(b"last")))
+    });
+    let body = StreamBody::new(futures_util::StreamExt::chain(first, last));
+    let res = client.send(&post("/"), body).await.unwrap();
+    assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+    // The response is complete, the upload is not: it ends now.
+    open.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let res = client.send(&get("/"), Empty::<Bytes>::new()).await.unwrap();
+    assert_eq!(frames(res.into_body()).await.unwrap().concat(), b"ok");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one connection for both"
+    );
 }
 
 /// A response body from an upstream that goes silent is cut after the idle timeout: an error

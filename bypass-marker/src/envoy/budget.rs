@@ -2,12 +2,13 @@
 //! shared by every stream (and every thread) of `bypass-marker proxy` or `ext-proc`.
 //!
 //! `--max-body` bounds one request; nothing else bounds their sum: forty clients that each send
-//! all but the last bytes of a 30 MiB body would make the process hold 1.2 GB. A request takes
-//! its bytes from the budget before they are read (its declared `content-length`, or each piece
-//! of a body of unknown length as it arrives) and gives them back when the body has been
-//! forwarded or refused. A request that would take the total past the budget is refused (the
-//! proxy answers 503 with `Retry-After`; the processor fails the stream with
-//! `RESOURCE_EXHAUSTED`) before more of it is read.
+//! all but the last bytes of a 30 MiB body would make the process hold 1.2 GB. The proxy takes a
+//! request's bytes from the budget before they are read (its declared `content-length`, or each
+//! piece of a body of unknown length as it arrives); the processor takes only the bytes it holds,
+//! as they arrive (Envoy holds a buffered body until it sends it, so a declared length reserves
+//! nothing there). Both give them back when the body has been forwarded or refused. A request
+//! that would take the total past the budget is refused with a 503 and `Retry-After` (the
+//! processor's is Envoy's local reply) before more of it is read.
 //!
 //! The last eighth of the budget is kept for small requests: a request whose body is past
 //! [`SMALL_BODY_BYTES`] may fill the budget only to seven eighths, so a few large uploads that
@@ -74,6 +75,13 @@ impl BodyBudget {
         self.0.held.load(Ordering::Acquire)
     }
 
+    /// Whether a body of `n` bytes could be held at all, alone in the budget (the cap
+    /// [`Charge::take`] applies to it: seven eighths of the budget once it is over
+    /// [`SMALL_BODY_BYTES`]).
+    pub fn fits(&self, n: u64) -> bool {
+        n <= cap(self.0.limit, n)
+    }
+
     /// Requests refused so far.
     pub fn refused(&self) -> u64 {
         self.0.refused.load(Ordering::Relaxed)
@@ -132,11 +140,7 @@ impl Charge {
         }
         let shared = &self.budget.0;
         let mine = self.held.saturating_add(n);
-        let cap = if mine <= SMALL_BODY_BYTES {
-            shared.limit
-        } else {
-            shared.limit - shared.limit / 8
-        };
+        let cap = cap(shared.limit, mine);
         let taken = shared
             .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -146,6 +150,20 @@ impl Charge {
             self.held = mine;
         }
         taken.is_ok()
+    }
+
+    /// Brings this body's bytes to `n`: takes what it lacks, as [`take`](Self::take) does (`false`
+    /// and nothing taken past the budget), or gives back what it holds beyond `n` (always `true`).
+    pub fn set(&mut self, n: u64) -> bool {
+        match n.checked_sub(self.held) {
+            Some(more) => self.take(more),
+            None => {
+                let less = self.held - n;
+                self.held = n;
+                self.budget.0.held.fetch_sub(less, Ordering::AcqRel);
+                true
+            }
+        }
     }
 
     /// The bytes this body holds.
@@ -164,6 +182,16 @@ impl Charge {
         if held > 0 {
             self.budget.0.held.fetch_sub(held, Ordering::AcqRel);
         }
+    }
+}
+
+/// The most bytes the budget may hold once a body holds `mine`: all of it while the body is
+/// small, seven eighths after.
+fn cap(limit: u64, mine: u64) -> u64 {
+    if mine <= SMALL_BODY_BYTES {
+        limit
+    } else {
+        limit - limit / 8
     }
 }
 
@@ -204,6 +232,27 @@ mod tests {
         let mut c = tiny.charge();
         assert!(c.take(800));
         assert!(!tiny.charge().take(1));
+    }
+
+    /// `set` takes what a body lacks and gives back what it holds beyond the new size; `fits`
+    /// says whether a body could ever be held.
+    #[test]
+    fn set_moves_a_charge_to_a_size_either_way() {
+        let budget = BodyBudget::new(8 * SMALL_BODY_BYTES);
+        let mut a = budget.charge();
+        assert!(a.set(3 * SMALL_BODY_BYTES));
+        assert!(a.set(SMALL_BODY_BYTES));
+        assert_eq!(
+            (a.held(), budget.held()),
+            (SMALL_BODY_BYTES, SMALL_BODY_BYTES)
+        );
+        assert!(!a.set(8 * SMALL_BODY_BYTES), "past seven eighths");
+        assert_eq!(a.held(), SMALL_BODY_BYTES, "nothing taken");
+        assert!(a.set(0));
+        assert_eq!(budget.held(), 0);
+        assert!(budget.fits(7 * SMALL_BODY_BYTES));
+        assert!(!budget.fits(7 * SMALL_BODY_BYTES + 1));
+        assert!(BodyBudget::new(800).fits(800));
     }
 
     /// Refusals are logged once a minute, with the count since the last line.

@@ -31,8 +31,16 @@ pub(crate) struct Exchange {
     announced: bool,
     /// What to forward for the response chunk at hand; reused.
     edit: ChunkEdit,
-    /// The request body's share of the processor's budget, while it is being judged.
+    /// The request body bytes this stream holds, as a share of the processor's budget: those
+    /// still arriving ([`receiving`](Self::receiving)), the full-duplex chunks held, a buffered
+    /// body while it is judged. Never a declared length: Envoy holds a buffered body until it
+    /// sends it.
     charge: Charge,
+    /// The guard reads the request body and has not judged it yet: its bytes are charged as they
+    /// arrive. A body the guard does not read passes uncharged.
+    reading: bool,
+    /// Bytes of the next message that the transport holds, not yet complete, while `reading`.
+    incoming: u64,
     /// `FULL_DUPLEX_STREAMED` request body the guard reads: the chunks so far, held until the
     /// body ends (nothing of it goes upstream before the guard has judged all of it).
     held: Option<Vec<Bytes>>,
@@ -62,6 +70,8 @@ impl Exchange {
             announced: false,
             edit: ChunkEdit::new(),
             charge,
+            reading: false,
+            incoming: 0,
             held: None,
             held_len: 0,
             request_body_seen: false,
@@ -69,23 +79,75 @@ impl Exchange {
         }
     }
 
-    /// Takes the body's `len` bytes (beyond what it holds) from the budget, or fails the stream.
-    fn hold(&mut self, len: u64) -> Result<(), Status> {
-        let held = self.charge.held();
-        if len <= held || self.charge.take(len - held) {
-            return Ok(());
+    /// The request body bytes this stream holds now, with `judging` more (a buffered body being
+    /// judged): the incoming bytes of a body being read and the full-duplex chunks held.
+    fn holding(&self, judging: u64) -> u64 {
+        let incoming = if self.reading { self.incoming } else { 0 };
+        let held = if self.held.is_some() {
+            self.held_len as u64
+        } else {
+            0
+        };
+        incoming.saturating_add(held).saturating_add(judging)
+    }
+
+    /// Brings the stream's charge to what it holds with `judging` more; `false` (the charge left
+    /// as it was) when that would take the bodies held past the budget.
+    fn hold(&mut self, judging: u64) -> bool {
+        self.charge.set(self.holding(judging))
+    }
+
+    /// Gives back what the stream no longer holds (never takes more).
+    fn settle(&mut self) {
+        let now = self.holding(0);
+        if now < self.charge.held() {
+            self.charge.set(now);
         }
+    }
+
+    /// The request body is refused for the budget: nothing of it is held any more, the refusal
+    /// is counted (and logged at most once a minute), and the client gets the 503 with
+    /// `Retry-After`, as from the sidecar.
+    fn over_budget(&mut self) -> Response {
+        self.reading = false;
+        self.incoming = 0;
+        self.held = None;
+        self.held_len = 0;
+        self.charge.release();
         let budget = self.charge.budget();
         if let Some(n) = budget.refusal() {
             tracing::warn!(
-                "{n} request(s) refused since the last line: the request bodies held would pass \
-                 the processor's budget ({} bytes)",
+                "503: {n} request(s) refused since the last line: the request bodies held would \
+                 pass the processor's budget ({} bytes, --max-buffered-bytes)",
                 budget.limit()
             );
         }
-        Err(Status::resource_exhausted(
-            "the request bodies held would pass the processor's budget (--max-buffered-bytes)",
-        ))
+        Response::ImmediateResponse(proto::over_budget())
+    }
+
+    /// The transport holds `n` bytes of a message that is not complete yet. While the guard reads
+    /// the request body they are charged to the budget (the message is that body, or a chunk of
+    /// it); past the budget the answer to send at once is the 503 (the transport then drops the
+    /// rest of the message as it comes, unread). Other messages are not charged.
+    pub(crate) fn receiving(&mut self, n: usize) -> Option<ProcessingResponse> {
+        if !self.reading {
+            return None;
+        }
+        self.incoming = n as u64;
+        if self.hold(0) {
+            return None;
+        }
+        Some(ProcessingResponse {
+            response: Some(self.over_budget()),
+            ..ProcessingResponse::default()
+        })
+    }
+
+    /// A message is complete and about to be [`answer`](Self::answer)ed; the transport holds
+    /// `remaining` bytes of the next one. The charge stays until the answer: the message's
+    /// bytes have moved into it, and the answer charges what it holds.
+    pub(crate) fn received(&mut self, remaining: usize) {
+        self.incoming = remaining as u64;
     }
 
     /// The next answer owed for the last message, after the one [`answer`](Self::answer)
@@ -127,7 +189,9 @@ impl Exchange {
                  work: turn it off",
             ));
         }
-        self.on_message(msg)
+        let answer = self.on_message(msg);
+        self.settle();
+        answer
     }
 
     fn on_message(&mut self, msg: ProcessingRequest) -> Result<Option<ProcessingResponse>, Status> {
@@ -232,14 +296,18 @@ impl Exchange {
                         proto::mode_name(self.request_body_mode)
                     )));
                 }
-                // A declared length is taken before Envoy sends the body (one over the guard's
-                // cap is refused with 413 when it comes, unread).
+                // The body's bytes are charged as they arrive, not when they are declared: Envoy
+                // holds a buffered body, not the processor, and a client that declares a length
+                // and sends nothing must not keep anyone else's body out. Only a declared length
+                // the budget could never hold is refused at once, before Envoy buffers it (one
+                // over the guard's cap gets the 413 when it comes, unread).
                 let declared = headers
                     .get(http::header::CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                     .filter(|&n| n <= self.exchange.max_request_body() as u64);
-                if let Some(n) = declared {
-                    self.hold(n)?;
+                self.reading = true;
+                if declared.is_some_and(|n| !self.charge.budget().fits(n)) {
+                    return Ok((self.over_budget(), None));
                 }
                 Ok((Response::RequestHeaders(proto::identity_encoding()), None))
             }
@@ -254,9 +322,14 @@ impl Exchange {
         // 413.
         let whole =
             b.end_of_stream || (self.announced && self.request_body_mode == proto::BODY_BUFFERED);
-        self.hold(b.body.len() as u64)?;
+        // Only a body the guard reads is charged: one it forwards unread (Envoy sends it when
+        // no mode override could stop it) goes back at once.
+        if self.reading && !self.hold(b.body.len() as u64) {
+            return Ok(self.over_budget());
+        }
         let step = self.exchange.request_body(Bytes::from(b.body), whole);
         // Judged: the body (and the spliced one) are let go when this message is answered.
+        self.reading = false;
         self.charge.release();
         match step.map_err(status)? {
             BodyStep::Forward => Ok(Response::RequestBody(proto::unchanged_body())),
@@ -310,6 +383,7 @@ impl Exchange {
         let max = self.exchange.max_request_body();
         if self.held_len > max {
             self.held = None;
+            self.reading = false;
             self.charge.release();
             self.queue(refuse(&Refusal::too_large(max)));
             return Ok(());
@@ -318,7 +392,11 @@ impl Exchange {
             held.push(Bytes::from(b.body));
         }
         // The chunks held so far count against the processor's budget, as a buffered body does.
-        self.hold(self.held_len as u64)?;
+        if !self.hold(0) {
+            let refusal = self.over_budget();
+            self.queue(refusal);
+            return Ok(());
+        }
         if b.end_of_stream {
             self.duplex_request_end(true)?;
         }
@@ -332,6 +410,7 @@ impl Exchange {
         let Some(chunks) = self.held.take() else {
             return Ok(());
         };
+        self.reading = false;
         let body = match chunks.len() {
             1 => chunks.into_iter().next().expect("one chunk"),
             _ => {

@@ -152,6 +152,10 @@
 //!   (Envoy answers 500, or resets a response in flight) rather than let a byte through unjudged:
 //!   a request body before its headers or a response body before its headers
 //!   (`request_header_mode` or `response_header_mode` set to `SKIP`), a second headers message.
+//! - **Request bodies past the budget** ([`ExtProc::body_budget`]): a body whose bytes, as they
+//!   arrive, would take the bodies every stream holds past it gets a 503 with `retry-after: 1`
+//!   as Envoy's local reply (`request_bodies_over_budget`), as from the sidecar; never a failed
+//!   stream, which Envoy would answer with a 500.
 //! - **A headers message with more than 16,384 headers** (Envoy forwards 100 by default,
 //!   `max_headers_count`) fails the gRPC stream with `RESOURCE_EXHAUSTED` (Envoy answers 500).
 //! - **Response trailers**: in `STREAMED` mode Envoy does not tell the processor that a body
@@ -188,7 +192,7 @@ mod service;
 mod stream;
 
 pub use budget::{BodyBudget, Charge, SMALL_BODY_BYTES};
-pub use processor::ExtProc;
+pub use processor::{AnswerTimes, ExtProc, MessageKind};
 pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;
 pub use stream::ProcessStream;

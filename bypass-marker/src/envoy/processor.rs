@@ -1,9 +1,11 @@
 use std::fmt;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    external_processor_server::ExternalProcessor, ProcessingRequest,
+    external_processor_server::ExternalProcessor, processing_request, ProcessingRequest,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -17,6 +19,12 @@ use tower_bypass_marker::BypassMarkerLayer;
 
 /// Room for the headers and attributes that come with a request body in one message.
 const MESSAGE_OVERHEAD: usize = 1 << 20;
+
+/// The largest response body chunk the processor takes in one message, whatever the guard's
+/// limit: Envoy streams a response in chunks of what it read, and with a client slower than the
+/// upstream they reach its buffer limit (1 MiB by default), so a small `--max-body` must not cut
+/// them (tonic's own default limit).
+const RESPONSE_CHUNK_ROOM: usize = 4 << 20;
 
 /// An Envoy external processor (`envoy.service.ext_proc.v3.ExternalProcessor`) that applies a
 /// [`BypassMarkerLayer`]'s JSON guard to requests and its filter to responses.
@@ -32,6 +40,156 @@ pub struct ExtProc {
     /// Whether the observability-mode error was logged, for streams that come on a connection
     /// [`serve`](super::serve) did not accept (shared by the clones).
     observability_logged: Arc<AtomicBool>,
+    /// Hears how long each message took to answer ([`ExtProc::answer_times`]).
+    answer_times: Option<Arc<dyn AnswerTimes>>,
+}
+
+/// Hears how long the processor took to answer each message ([`ExtProc::answer_times`]);
+/// `bypass-marker ext-proc` makes a histogram of it.
+pub trait AnswerTimes: Send + Sync + 'static {
+    /// A message of kind `message` was answered `elapsed` after its last bytes reached the
+    /// stream (see [`ExtProc::answer_times`] for what the span covers).
+    fn answered(&self, message: MessageKind, elapsed: Duration);
+}
+
+/// The kind of message Envoy sent: the part of the HTTP exchange it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageKind {
+    /// The request's headers.
+    RequestHeaders,
+    /// The request's body (whole in `BUFFERED`, a chunk in `FULL_DUPLEX_STREAMED`).
+    RequestBody,
+    /// The request's trailers.
+    RequestTrailers,
+    /// The response's headers.
+    ResponseHeaders,
+    /// A chunk of the response's body.
+    ResponseBody,
+    /// The response's trailers.
+    ResponseTrailers,
+}
+
+impl MessageKind {
+    /// Every kind, in the order of an exchange.
+    pub const ALL: [MessageKind; 6] = [
+        Self::RequestHeaders,
+        Self::RequestBody,
+        Self::RequestTrailers,
+        Self::ResponseHeaders,
+        Self::ResponseBody,
+        Self::ResponseTrailers,
+    ];
+
+    /// The kind's name, as ext_proc's `ProcessingRequest` spells its field: `request_headers`,
+    /// `request_body`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RequestHeaders => "request_headers",
+            Self::RequestBody => "request_body",
+            Self::RequestTrailers => "request_trailers",
+            Self::ResponseHeaders => "response_headers",
+            Self::ResponseBody => "response_body",
+            Self::ResponseTrailers => "response_trailers",
+        }
+    }
+
+    /// The kind of `msg`; `None` for a message that carries no HTTP part.
+    pub(crate) fn of(msg: &ProcessingRequest) -> Option<Self> {
+        use processing_request::Request;
+        Some(match msg.request.as_ref()? {
+            Request::RequestHeaders(_) => Self::RequestHeaders,
+            Request::RequestBody(_) => Self::RequestBody,
+            Request::RequestTrailers(_) => Self::RequestTrailers,
+            Request::ResponseHeaders(_) => Self::ResponseHeaders,
+            Request::ResponseBody(_) => Self::ResponseBody,
+            Request::ResponseTrailers(_) => Self::ResponseTrailers,
+        })
+    }
+}
+
+/// Times one stream's answers for an [`AnswerTimes`]: the stream's inbound side is polled with
+/// a waker of its own, which notes when the HTTP/2 connection woke the stream with new bytes
+/// before it wakes the stream's task; a message is timed from the wake that brought the bytes
+/// the poll read (so the wait for the task to run counts, as it does for Envoy).
+pub(crate) struct AnswerClock {
+    times: Arc<dyn AnswerTimes>,
+    woken: Arc<Woken>,
+    waker: Waker,
+    /// The wake that led to the poll running now (at first, when the stream began).
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Woken {
+    inner: Mutex<(Option<Instant>, Option<Waker>)>,
+}
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let waker = {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner.0.get_or_insert_with(Instant::now);
+            inner.1.clone()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl AnswerClock {
+    fn new(times: Arc<dyn AnswerTimes>) -> Self {
+        let woken = Arc::new(Woken::default());
+        Self {
+            times,
+            waker: Waker::from(woken.clone()),
+            woken,
+            // Made when the stream's headers arrived: the first message, which comes with them,
+            // is timed from then (no wake comes before the stream's first poll).
+            since: Instant::now(),
+        }
+    }
+
+    /// A poll of the stream begins: the first wake since the last poll is what the messages it
+    /// reads are timed from. A poll no wake led to (the one after an answer was handed over)
+    /// reads bytes that came since the last wake at the latest: they keep its time.
+    pub(crate) fn polled(clock: Option<&mut Self>) {
+        let Some(clock) = clock else { return };
+        let mut inner = clock.woken.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = inner.0.take() {
+            clock.since = at;
+        }
+    }
+
+    /// Polls the inbound side, with the clock's waker (which wakes `cx`'s) if there is a clock.
+    pub(crate) fn poll<T>(
+        clock: Option<&mut Self>,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let Some(clock) = clock else {
+            return poll(cx);
+        };
+        {
+            let mut inner = clock.woken.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !inner.1.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                inner.1 = Some(cx.waker().clone());
+            }
+        }
+        poll(&mut Context::from_waker(&clock.waker))
+    }
+
+    /// A message of kind `kind` was answered now.
+    pub(crate) fn answered(clock: Option<&Self>, kind: Option<MessageKind>) {
+        if let (Some(clock), Some(kind)) = (clock, kind) {
+            clock.times.answered(kind, clock.since.elapsed());
+        }
+    }
 }
 
 impl ExtProc {
@@ -43,7 +201,28 @@ impl ExtProc {
             budget: BodyBudget::unlimited(),
             layer,
             observability_logged: Arc::new(AtomicBool::new(false)),
+            answer_times: None,
         }
+    }
+
+    /// Tells `times` how long each message took to answer: from the moment the HTTP/2
+    /// connection handed the stream the message's last bytes (it woke the stream's task) to the
+    /// moment the answer was handed back to it, so the wait for the serving thread counts as
+    /// well as the work. Not counted: the time in the sockets and in Envoy, and the HTTP/2
+    /// connection's own turn to read and to write. Messages the processor answers with a
+    /// failed stream are not timed. Off by default (it costs a clock read and a lock per
+    /// wake); `bypass-marker ext-proc` makes the histogram
+    /// `bypass_marker_ext_proc_answer_seconds{message}` of it, to size Envoy's
+    /// `message_timeout` by (docs/envoy.md).
+    #[must_use]
+    pub fn answer_times(mut self, times: Arc<dyn AnswerTimes>) -> Self {
+        self.answer_times = Some(times);
+        self
+    }
+
+    /// A clock for one stream's answers, if they are timed.
+    pub(crate) fn answer_clock(&self) -> Option<AnswerClock> {
+        self.answer_times.clone().map(AnswerClock::new)
     }
 
     /// Caps the request body the guard reads (default 32 MiB). A larger body is refused with
@@ -55,14 +234,20 @@ impl ExtProc {
         self
     }
 
-    /// Shares `budget` between the request bodies of every stream (unlimited by default): a
-    /// stream whose request body would take the bytes held past it fails with
-    /// `RESOURCE_EXHAUSTED` (Envoy answers 500) before the body message is judged. A declared
-    /// `content-length` is taken from the budget when the request headers arrive, so a body
-    /// that cannot fit fails its stream before Envoy sends it; a body of unknown length (the
-    /// client's was chunked) is taken when its message has arrived. The bytes are given back
-    /// once the body has been judged, or the stream ends. Envoy's own buffers are bounded by
-    /// Envoy (see docs/envoy.md).
+    /// Shares `budget` between the request bodies of every stream (unlimited by default). A body
+    /// the guard reads is charged with the bytes the processor holds of it: a buffered body's
+    /// message as its bytes arrive and while it is judged, a `FULL_DUPLEX_STREAMED` body's
+    /// chunks until its end. A declared `content-length` reserves nothing (Envoy, not the
+    /// processor, holds a buffered body until it sends it), and a body the guard does not read
+    /// passes uncharged. A body that would take the bytes held past the budget gets a 503 with
+    /// `retry-after: 1` (an immediate response: Envoy's local reply, as the sidecar's answer),
+    /// at once, before the rest of it is read; so does a declared length the budget could
+    /// never hold, at the request headers. The bytes are given back once the body has been
+    /// judged, or the stream ends. Envoy's own buffers are bounded by Envoy (see
+    /// docs/envoy.md).
+    ///
+    /// In the tonic-generated `ExternalProcessorServer<ExtProc>`, tonic holds a message until
+    /// it is complete: its bytes are charged once it is, not as they arrive.
     ///
     /// `bypass-marker ext-proc` sets it from `--max-buffered-bytes`.
     #[must_use]
@@ -72,11 +257,16 @@ impl ExtProc {
     }
 
     /// The largest gRPC message the processor accepts: a whole request body (the guard's
-    /// limit) plus 1 MiB for the headers that come with it. Envoy's response chunks are far
-    /// smaller. For `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
+    /// limit) or a response chunk of up to 4 MiB, whichever is larger, plus 1 MiB for the
+    /// headers that come with it. (With a slow client, Envoy's response chunks grow to its
+    /// buffer limit, 1 MiB by default, whatever the guard's limit.) For
+    /// `ExternalProcessorServer::new(processor).max_decoding_message_size(..)`;
     /// [`into_service`](Self::into_service) applies it itself.
     pub fn max_message_bytes(&self) -> usize {
-        self.guard.max_body().saturating_add(MESSAGE_OVERHEAD)
+        self.guard
+            .max_body()
+            .max(RESPONSE_CHUNK_ROOM)
+            .saturating_add(MESSAGE_OVERHEAD)
     }
 
     /// The processor as a tonic service, for a `tonic::transport::Server` of your own (add
@@ -116,6 +306,7 @@ impl ExternalProcessor for ExtProc {
             request.into_inner(),
             self.exchange(),
             origin,
+            self.answer_clock(),
         )))
     }
 }

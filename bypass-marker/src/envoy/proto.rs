@@ -191,6 +191,36 @@ pub(crate) fn immediate(refusal: &Refusal) -> ImmediateResponse {
     }
 }
 
+/// The 503 for a request body that would take the bodies the processor holds past its budget
+/// (`--max-buffered-bytes`), as Envoy's local reply: `retry-after: 1` and an OpenAI-shaped error
+/// (`type: server_error`, code `request_bodies_over_budget`), as the sidecar answers.
+pub(crate) fn over_budget() -> ImmediateResponse {
+    let body = serde_json::json!({
+        "error": {
+            "message": "the processor holds as many request bodies as it may; retry shortly",
+            "type": "server_error",
+            "param": null,
+            "code": OVER_BUDGET,
+        }
+    });
+    ImmediateResponse {
+        status: Some(HttpStatus { code: 503 }),
+        headers: Some(HeaderMutation {
+            set_headers: vec![
+                set_header("content-type", b"application/json"),
+                set_header("retry-after", b"1"),
+            ],
+            remove_headers: Vec::new(),
+        }),
+        body: body.to_string().into_bytes(),
+        grpc_status: None,
+        details: format!("bypass_marker_{OVER_BUDGET}"),
+    }
+}
+
+/// The error code of [`over_budget`].
+const OVER_BUDGET: &str = "request_bodies_over_budget";
+
 /// Envoy's `BodySendMode` values, as the protocol carries them.
 pub(crate) const BODY_NONE: i32 = BodySendMode::None as i32;
 pub(crate) const BODY_STREAMED: i32 = BodySendMode::Streamed as i32;

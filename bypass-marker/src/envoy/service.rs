@@ -15,6 +15,7 @@ use tonic::Status;
 
 use super::connection::Origin;
 use super::exchange::Exchange;
+use super::processor::{AnswerClock, MessageKind};
 use super::{proto, ExtProc};
 
 /// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.
@@ -111,6 +112,8 @@ where
             exchange: self.processor.exchange(),
             max_message: self.processor.max_message_bytes(),
             pending: BytesMut::new(),
+            skip: 0,
+            clock: self.processor.answer_clock(),
             done: false,
         };
         let mut response = http::Response::new(tonic::body::Body::new(answers));
@@ -142,6 +145,10 @@ pin_project! {
         max_message: usize,
         // Bytes of messages not yet complete.
         pending: BytesMut,
+        // Bytes still to come of a message refused before it was complete, dropped as they come.
+        skip: usize,
+        // Times the answers, if the processor's are timed.
+        clock: Option<AnswerClock>,
         done: bool,
     }
 }
@@ -182,6 +189,19 @@ fn next_message(pending: &mut BytesMut, max: usize) -> Result<Next, Status> {
         *pending = BytesMut::from(&pending[..]);
     }
     Ok(Next::Message(message))
+}
+
+/// The bytes still to come of the message that starts `pending`: 0 until its prefix is in, and
+/// for a message over `max` (which [`next_message`] refuses).
+fn rest_of_message(pending: &BytesMut, max: usize) -> usize {
+    if pending.len() < PREFIX {
+        return 0;
+    }
+    let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize;
+    if len > max {
+        return 0;
+    }
+    (PREFIX + len).saturating_sub(pending.len())
 }
 
 fn framed(answer: &ProcessingResponse) -> Result<Bytes, Status> {
@@ -225,22 +245,47 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let mut this = self.project();
+        AnswerClock::polled(this.clock.as_mut());
         loop {
             if *this.done {
                 return Poll::Ready(None);
             }
+            // A request body the guard reads, arriving: its bytes are charged as they come; past
+            // the budget the 503 goes at once, and the rest of the message is dropped as it comes.
+            let rest = rest_of_message(this.pending, *this.max_message);
+            if rest > 0 {
+                if let Some(refusal) = this.exchange.receiving(this.pending.len()) {
+                    *this.skip = rest;
+                    *this.pending = BytesMut::new();
+                    return match framed(&refusal) {
+                        Ok(bytes) => {
+                            AnswerClock::answered(
+                                this.clock.as_ref(),
+                                Some(MessageKind::RequestBody),
+                            );
+                            Poll::Ready(Some(Ok(Frame::data(bytes))))
+                        }
+                        Err(status) => end(this.done, &status),
+                    };
+                }
+            }
             let message = match next_message(this.pending, *this.max_message) {
                 Ok(Next::Message(message)) => message,
-                Ok(Next::Incomplete) => match this.inbound.as_mut().poll_frame(cx) {
+                Ok(Next::Incomplete) => match AnswerClock::poll(this.clock.as_mut(), cx, |cx| {
+                    this.inbound.as_mut().poll_frame(cx)
+                }) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let Ok(data) = frame.into_data() {
+                        if let Ok(mut data) = frame.into_data() {
+                            let dropped = data.len().min(*this.skip);
+                            *this.skip -= dropped;
+                            data.advance(dropped);
                             this.pending.extend_from_slice(&data);
                         }
                         continue;
                     }
                     // Envoy closed its side: the HTTP stream is over.
-                    Poll::Ready(None) if this.pending.is_empty() => {
+                    Poll::Ready(None) if this.pending.is_empty() && *this.skip == 0 => {
                         return end(this.done, &Status::ok(""))
                     }
                     Poll::Ready(None) => {
@@ -259,6 +304,7 @@ where
                 },
                 Err(status) => return end(this.done, &status),
             };
+            this.exchange.received(this.pending.len());
             let msg = match ProcessingRequest::decode(message) {
                 Ok(msg) => msg,
                 Err(err) => {
@@ -268,6 +314,7 @@ where
             };
             // The exchange fails every message in observability mode.
             let observed = msg.observability_mode;
+            let kind = MessageKind::of(&msg);
             let answer = proto::admit(&msg)
                 .and_then(|()| this.exchange.answer(msg))
                 .and_then(|answer| answer.map(|answer| framed(&answer)).transpose())
@@ -285,7 +332,10 @@ where
                     (first, _) => Ok(first),
                 });
             match answer {
-                Ok(Some(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Ok(Some(bytes)) => {
+                    AnswerClock::answered(this.clock.as_ref(), kind);
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
                 Ok(None) => {}
                 Err(status) => {
                     if observed {

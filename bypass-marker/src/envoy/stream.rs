@@ -8,6 +8,7 @@ use tonic::{Status, Streaming};
 
 use super::connection::Origin;
 use super::exchange::Exchange;
+use super::processor::{AnswerClock, MessageKind};
 use super::proto;
 
 /// The processor's side of one `Process` call: one response for each message Envoy sends, in
@@ -20,6 +21,7 @@ pub struct ProcessStream {
     inbound: Streaming<ProcessingRequest>,
     exchange: Exchange,
     origin: Origin,
+    clock: Option<AnswerClock>,
     done: bool,
 }
 
@@ -28,11 +30,13 @@ impl ProcessStream {
         inbound: Streaming<ProcessingRequest>,
         exchange: Exchange,
         origin: Origin,
+        clock: Option<AnswerClock>,
     ) -> Self {
         Self {
             inbound,
             exchange,
             origin,
+            clock,
             done: false,
         }
     }
@@ -43,6 +47,7 @@ impl Stream for ProcessStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        AnswerClock::polled(this.clock.as_mut());
         loop {
             if this.done {
                 return Poll::Ready(None);
@@ -51,7 +56,11 @@ impl Stream for ProcessStream {
             if let Some(answer) = this.exchange.queued() {
                 return Poll::Ready(Some(Ok(answer)));
             }
-            match ready!(Pin::new(&mut this.inbound).poll_next(cx)) {
+            let inbound = &mut this.inbound;
+            let next = AnswerClock::poll(this.clock.as_mut(), cx, |cx| {
+                Pin::new(inbound).poll_next(cx)
+            });
+            match ready!(next) {
                 // Envoy closed its side (the HTTP stream is over): nothing more to answer.
                 None => {
                     this.done = true;
@@ -66,6 +75,7 @@ impl Stream for ProcessStream {
                 Some(Ok(msg)) => {
                     // The exchange fails every message in observability mode.
                     let observed = msg.observability_mode;
+                    let kind = MessageKind::of(&msg);
                     match proto::admit(&msg).and_then(|()| this.exchange.answer(msg)) {
                         Err(status) => {
                             if observed {
@@ -74,7 +84,10 @@ impl Stream for ProcessStream {
                             this.done = true;
                             return Poll::Ready(Some(Err(status)));
                         }
-                        Ok(Some(response)) => return Poll::Ready(Some(Ok(response))),
+                        Ok(Some(response)) => {
+                            AnswerClock::answered(this.clock.as_ref(), kind);
+                            return Poll::Ready(Some(Ok(response)));
+                        }
                         Ok(None) => {}
                     }
                 }

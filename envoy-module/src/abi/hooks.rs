@@ -69,10 +69,33 @@ thread_local! {
 }
 
 #[cfg(test)]
+thread_local! {
+    /// The next filter freed on this thread panics in its `Drop` (the tests check that both ways
+    /// of freeing catch it).
+    pub(super) static PANIC_ON_FREE: Cell<bool> = const { Cell::new(false) };
+}
+
+#[cfg(test)]
 impl Drop for Filter {
     fn drop(&mut self) {
         FREED.with(|freed| freed.set(freed.get() + 1));
+        if PANIC_ON_FREE.with(|panic| panic.replace(false)) {
+            panic!("a filter's Drop panicked");
+        }
     }
+}
+
+/// Frees a filter, the one way both `on_http_filter_destroy` and a hook that outlived it (rule
+/// 3) do: a panic in its `Drop` is caught, never unwound into Envoy (which would abort it).
+///
+/// # Safety
+///
+/// `raw` is a pointer `on_http_filter_new` returned, given back once, and no reference to the
+/// filter is live or used after this call.
+unsafe fn free(raw: *const Filter) {
+    // SAFETY: the caller's: the pointer is a leaked `Box<Filter>` and nothing else refers to it.
+    let filter = unsafe { Box::from_raw(raw.cast_mut()) };
+    let _ = catch_unwind(AssertUnwindSafe(|| drop(filter)));
 }
 
 /// What a hook does when Envoy calls it from inside another hook of the stream.
@@ -139,7 +162,7 @@ fn on_stream<R>(
     if depth == 0 && filter.destroy_pending.get() {
         // SAFETY: Envoy destroyed the filter from inside this hook (rule 3); this is the
         // outermost hook, `filter` is not used after this line and no other reference exists.
-        drop(unsafe { Box::from_raw(raw.cast_mut()) });
+        unsafe { free(raw) };
     }
     status
 }
@@ -270,8 +293,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModu
         }
     }
     // SAFETY: given back once, and no hook of the stream runs, so no reference to it is live.
-    let filter = unsafe { Box::from_raw(raw.cast_mut()) };
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(filter)));
+    unsafe { free(raw) };
 }
 
 fn headers_status(status: HeadersStatus) -> i32 {

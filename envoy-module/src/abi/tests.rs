@@ -523,6 +523,45 @@ fn a_stream_completed_and_destroyed_from_inside_its_reset_is_freed_after_the_hoo
     envoy_dynamic_module_on_http_filter_config_destroy(config);
 }
 
+/// Issue 34, item 4: a filter freed after the hook that outlived its `destroy` (rule 3) is freed
+/// as `destroy` frees one, inside `catch_unwind`: a panic in its `Drop` never unwinds into
+/// Envoy (here it would abort the test binary), on either path.
+#[test]
+fn a_panic_freeing_a_filter_is_caught_on_both_destroy_paths() {
+    let config = config(br#"{"preset":"dynamo"}"#);
+    // destroy when no hook runs.
+    let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
+    let freed_before = FREED.with(Cell::get);
+    PANIC_ON_FREE.with(|panic| panic.set(true));
+    envoy_dynamic_module_on_http_filter_destroy(filter);
+    assert_eq!(FREED.with(Cell::get), freed_before + 1);
+    // destroy from inside the hook's reset_stream: freed by the hook once it is done.
+    let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
+    with(|envoy| {
+        *envoy = FakeEnvoy::default();
+        envoy.request_headers = vec![(b":method".to_vec(), b"GET".to_vec())];
+        envoy.response_headers = vec![
+            (b":status".to_vec(), b"200".to_vec()),
+            (b"content-type".to_vec(), b"text/event-stream".to_vec()),
+        ];
+        envoy.reenter_on_reset = Some(filter as usize);
+    });
+    envoy_dynamic_module_on_http_filter_request_headers(STREAM, filter, true);
+    envoy_dynamic_module_on_http_filter_response_headers(STREAM, filter, false);
+    let body = vec![b'x'; 2 << 20];
+    with(|envoy| envoy.bodies[RECEIVED_RESPONSE_BODY as usize] = body);
+    let freed_before = FREED.with(Cell::get);
+    PANIC_ON_FREE.with(|panic| panic.set(true));
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_response_body(STREAM, filter, false),
+        BODY_STOP_ITERATION_NO_BUFFER
+    );
+    assert_eq!(with(|envoy| envoy.resets.clone()), ["bypass_marker"]);
+    assert_eq!(FREED.with(Cell::get), freed_before + 1);
+    assert!(!PANIC_ON_FREE.with(Cell::get), "the panicking Drop ran");
+    envoy_dynamic_module_on_http_filter_config_destroy(config);
+}
+
 /// Issue 27, item 3: the filter's local reply may be encoded through its own response hooks
 /// from inside `send_response`; they pass it without touching the filter the outer hook holds.
 #[test]

@@ -1,0 +1,133 @@
+//! The proxy-wasm plugin's body path (`bypass-marker-wasm`'s `Stream`), driven through its fake of
+//! Envoy's proxy-wasm host in the hook orders Envoy produces, and compared with the tower body for
+//! the same layer, opt-in and chunks, as the `module` target compares the dynamic module.
+//!
+//! Where the plugin differs from the module: Envoy hands a proxy-wasm hook one contiguous buffer
+//! (no slices); the request head goes on before the body; and bytes held for a frame still open
+//! when trailers arrive cannot go out in the trailers hook, so the stream is reset instead (its
+//! output then a strict prefix of the body's).
+
+use bypass_marker::config::Config;
+use bypass_marker_wasm::fake::Simulated;
+use proxy_wasm::types::Action;
+use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
+
+use crate::case::Case;
+use crate::filter::{body_seen, response_head};
+use crate::oracle::esc;
+
+pub fn check_wasm(case: &Case) {
+    let config = Config::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
+    let want = body_seen(case, config.layer());
+    let mut stream = Simulated::new(&config);
+
+    // The request: the client's opt-in in `nvext.annotations`, its body in two pieces; the head
+    // goes on at once, the body is held until its end.
+    let body = serde_json::json!({"stream": true, "nvext": {"annotations": case.requested}})
+        .to_string()
+        .into_bytes();
+    assert_eq!(
+        stream.request("POST", &[("content-type", "application/json")], false),
+        Action::Continue
+    );
+    let (a, b) = body.split_at(body.len() / 2);
+    assert_eq!(stream.request_chunk(a, false), Action::Pause);
+    let forwarded = if case.body.trailers {
+        stream.request_chunk(b, false) == Action::Pause
+            && stream.request_trailers() == Action::Continue
+    } else {
+        stream.request_chunk(b, true) == Action::Continue
+    };
+    assert!(
+        forwarded,
+        "the request was not forwarded: {:?}",
+        stream.fake().sent
+    );
+
+    // The response.
+    let head = response_head(case);
+    let mut headers: Vec<(&str, &str)> = vec![(":status", "200")];
+    for (name, value) in &head {
+        headers.push((name.as_str(), value.to_str().unwrap()));
+    }
+    if stream.response(&headers, false) == Action::Pause {
+        // An encoded event stream with something to remove: the 502, never a byte of it.
+        assert_eq!(stream.fake().sent.as_ref().map(|s| s.0), Some(502));
+        for chunk in case.chunks() {
+            assert_eq!(stream.response_chunk(chunk, false), Action::Pause);
+        }
+        assert!(stream.fake().client.is_empty());
+        return;
+    }
+    let trailers = case.body.trailers;
+    let empty_last = !trailers && case.input.len() % 2 == 1;
+    let chunks = case.chunks();
+    let mut after = Vec::new();
+    let mut reset = false;
+    for (i, chunk) in chunks.iter().enumerate() {
+        if case.body.empty_chunks {
+            assert_eq!(stream.response_chunk(&[], false), Action::Continue);
+        }
+        let last = i + 1 == chunks.len() && !trailers && !empty_last;
+        if stream.response_chunk(chunk, last) == Action::Pause {
+            reset = true;
+            break;
+        }
+        after.push(stream.fake().client.len());
+    }
+    let mut reset_at_trailers = false;
+    if !reset {
+        if trailers {
+            reset_at_trailers = stream.response_trailers() != Action::Continue;
+            reset = reset_at_trailers;
+        } else if empty_last {
+            reset = stream.response_chunk(&[], true) != Action::Continue;
+        }
+    }
+    stream.done();
+
+    let got = esc(&stream.fake().client);
+    assert_eq!(reset, stream.fake().reset);
+    if reset_at_trailers {
+        // Held bytes at trailers: the plugin resets where the module would append them.
+        assert!(want.too_large.is_none());
+        assert!(
+            want.out.starts_with(&got) && got != want.out,
+            "reset at trailers with nothing held: {got:?} against {:?}",
+            want.out
+        );
+        return;
+    }
+    assert_eq!(
+        want.too_large.is_some(),
+        reset,
+        "body failed: {:?}, plugin reset: {reset} ({:?})",
+        want.too_large,
+        stream.fake().logs
+    );
+    if reset {
+        assert!(
+            want.out.starts_with(&got),
+            "reset: {got:?} is no prefix of {:?}",
+            want.out
+        );
+    } else {
+        assert_eq!(
+            got, want.out,
+            "the plugin and the tower body differ; requested {:?}",
+            case.requested
+        );
+    }
+    if !reset && !chunks.is_empty() {
+        let mut n = after.len();
+        if !trailers && !empty_last {
+            n -= 1;
+        }
+        assert_eq!(
+            after[..n],
+            want.after[..n],
+            "output after each chunk: {:?}",
+            case.body
+        );
+    }
+}

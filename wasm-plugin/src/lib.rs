@@ -1,0 +1,65 @@
+//! `tower-bypass-marker` as a proxy-wasm plugin: the JSON request guard and the event-stream
+//! filter inside any Envoy with a Wasm runtime (Istio's `WasmPlugin`, Envoy Gateway's
+//! `EnvoyExtensionPolicy.spec.wasm`, a bootstrap of your own), in Envoy's V8.
+//!
+//! Built with `bash wasm-plugin/build.sh` into `target/wasm32-wasip1/release/bypass_marker.wasm`:
+//!
+//! ```yaml
+//! - name: envoy.filters.http.wasm
+//!   typed_config:
+//!     "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+//!     config:
+//!       name: bypass_marker
+//!       failure_policy: FAIL_RELOAD      # a trapped plugin fails its streams, then reloads
+//!       configuration:
+//!         "@type": type.googleapis.com/google.protobuf.StringValue
+//!         value: '{"preset": "dynamo"}'
+//!       vm_config:
+//!         runtime: envoy.wasm.runtime.v8
+//!         code: {local: {filename: bypass_marker.wasm}}
+//! ```
+//!
+//! The `configuration` is the dynamic module's `filter_config`, read by the same parser
+//! ([`bypass_marker::config`]); a bad one stops the plugin from starting, with a log line that
+//! names the key. Each stream drives the module's per-stream adapter
+//! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::json::Exchange`), so
+//! the plugin, the module and `bypass-marker ext-proc` answer the same input with the same bytes.
+//! The layers: [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes
+//! them on Envoy); [`host`] implements the module's `Host` with them; [`stream::Stream`] maps
+//! proxy-wasm's hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts. Everything but
+//! the entry point is safe Rust, and everything but [`plugin`] runs on a fake of
+//! [`proxy::Proxy`] in the tests ([`fake`]).
+//!
+//! A panic cannot be caught on `wasm32-wasip1` (panics abort): it traps the plugin's VM, and Envoy
+//! fails every stream of that VM (a 503 before the response, a reset after its head), never
+//! passing one on unfiltered, unless the configuration sets `fail_open` or `FAIL_OPEN`.
+
+#![warn(missing_docs, unreachable_pub)]
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+pub mod host;
+pub mod metrics;
+pub mod plugin;
+pub mod proxy;
+pub mod stream;
+#[cfg(test)]
+mod tests;
+
+// The reactor's entry point: proxy-wasm's `main!` exports `_initialize`, which runs the static
+// constructors and registers the root context.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod entry {
+    use proxy_wasm::traits::RootContext;
+    use proxy_wasm::types::LogLevel;
+
+    // SAFETY: `_initialize` is exported once, as the WASI reactor ABI expects, and Envoy calls it
+    // once before any other export; `__wasm_call_ctors` runs there and nowhere else.
+    proxy_wasm::main! {{
+        proxy_wasm::set_log_level(LogLevel::Info);
+        proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+            Box::new(crate::plugin::Root::default())
+        });
+    }}
+}

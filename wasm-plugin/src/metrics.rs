@@ -1,0 +1,54 @@
+//! The counters, as proxy-wasm metrics: the module's names, with their one label carried in the
+//! name the way Istio's stats are (`annotation=.=x-bypass-remote-prefill;.;bypass_marker_frames_removed`),
+//! since proxy-wasm metrics have no labels. Envoy's tag extraction turns each back into a label
+//! (`stats_config.stats_tags` with the regexes of [`STATS_TAGS`]; in Istio,
+//! `meshConfig.defaultConfig.extraStatTags`), and `/stats/prometheus` shows
+//! `bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use bypass_marker::metrics::Counter;
+
+use crate::proxy::Proxy;
+
+/// The `stats_tags` an Envoy bootstrap needs for the labels: (tag name, regex).
+pub const STATS_TAGS: [(&str, &str); 3] = [
+    ("annotation", r"(annotation=\.=(.*?);\.;)"),
+    ("status", r"(status=\.=(.*?);\.;)"),
+    ("coding", r"(coding=\.=(.*?);\.;)"),
+];
+
+/// The proxy-wasm metric name of a counter's series with this label.
+pub fn metric_name(counter: Counter, label: &str) -> String {
+    format!("{}=.={label};.;{}", counter.label(), counter.name())
+}
+
+thread_local! {
+    /// The ids of the series defined so far, by counter and label (a plugin's VM runs on one
+    /// thread; a VM reloaded after a failure starts with none).
+    static SERIES: RefCell<HashMap<(usize, String), u32>> = RefCell::new(HashMap::new());
+}
+
+/// Adds `value` to a counter's series, defining the series the first time.
+pub fn increment(proxy: &mut impl Proxy, counter: Counter, label: &str, value: u64) {
+    let known = SERIES.with(|series| {
+        series
+            .borrow()
+            .get(&(counter as usize, label.to_owned()))
+            .copied()
+    });
+    let id = match known {
+        Some(id) => id,
+        None => {
+            let id = proxy.define_counter(&metric_name(counter, label));
+            SERIES.with(|series| {
+                series
+                    .borrow_mut()
+                    .insert((counter as usize, label.to_owned()), id)
+            });
+            id
+        }
+    };
+    proxy.increment(id, value);
+}
