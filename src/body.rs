@@ -233,7 +233,7 @@ where
                 return Poll::Ready(frame.map(|r| r.map(into_bytes_frame).map_err(Into::into)));
             }
             Mode::Filter(filter) => filter,
-            Mode::Refused(json) => return Poll::Ready(json.take().map(|j| Ok(Frame::data(j)))),
+            Mode::Refused(json) => return refused_frame(json),
         };
         #[cfg(feature = "tracing")]
         {
@@ -275,6 +275,14 @@ where
         }
         hint
     }
+}
+
+/// The next frame of a refused body: its error body, then the end. Out of line, so that the
+/// two paths taken on every poll (pass and filter) stay short.
+#[cold]
+#[inline(never)]
+fn refused_frame(json: &mut Option<Bytes>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    Poll::Ready(json.take().map(|j| Ok(Frame::data(j))))
 }
 
 /// `data` itself when the inner body's data type is `Bytes` (the common case: hyper, axum, tonic),
