@@ -28,7 +28,7 @@
 //! them on Envoy); [`host`] implements the module's `Host` with them; [`stream::Stream`] maps
 //! proxy-wasm's hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts. Everything but
 //! the entry point is safe Rust, and everything but [`plugin`] runs on a fake of
-//! [`proxy::Proxy`] in the tests ([`fake`]).
+//! [`proxy::Proxy`] in the tests (`fake`, with the feature of that name).
 //!
 //! A panic cannot be caught on `wasm32-wasip1` (panics abort): it traps the plugin's VM, and Envoy
 //! fails every stream of that VM (a 503 before the response, a reset after its head), never

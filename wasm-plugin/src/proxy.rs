@@ -1,6 +1,6 @@
 //! The few proxy-wasm operations the plugin uses, as a trait: [`Hostcalls`] makes them on Envoy
 //! through the `proxy-wasm` crate, and the tests and the fuzz target make them on a fake stream
-//! ([`crate::fake`]) that keeps Envoy's buffer semantics.
+//! (`fake`, with the feature of that name) that keeps Envoy's buffer semantics.
 
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 

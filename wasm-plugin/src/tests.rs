@@ -1,5 +1,5 @@
 //! The plugin without Envoy: [`Stream`](crate::stream::Stream) on a fake of proxy-wasm's host
-//! that keeps Envoy's buffer semantics ([`crate::fake`]), through every hook order Envoy makes.
+//! that keeps Envoy's buffer semantics (`fake`, with the feature of that name), through every hook order Envoy makes.
 
 use bypass_marker::config::Config;
 use bypass_marker::metrics::Counter;

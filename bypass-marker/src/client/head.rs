@@ -29,7 +29,7 @@ pub(super) const MAX_LENGTH: u64 = u64::MAX - 2;
 pub enum Refusal {
     /// A head (one of the interim ones, or the final one) of 64 KiB or more.
     HeadTooLarge,
-    /// More than [`MAX_INTERIM`] interim responses.
+    /// More than 16 interim responses (`MAX_INTERIM`).
     TooManyInterim,
     /// Not a head httparse reads (with more than 128 fields: `httparse::Error::TooManyHeaders`).
     Malformed(Option<httparse::Error>),
@@ -45,7 +45,7 @@ pub enum Refusal {
     InvalidContentLength,
     /// `Content-Length` values that are not all the same number.
     ConflictingContentLength,
-    /// A `Content-Length` over [`MAX_LENGTH`] framing a body.
+    /// A `Content-Length` over `MAX_LENGTH` (hyper's limit, `u64::MAX - 2`) framing a body.
     ContentLengthTooLarge,
     /// Both `Transfer-Encoding` and `Content-Length`.
     TransferEncodingAndContentLength,
