@@ -45,11 +45,14 @@
 # with `cargo build --release -p bypass-marker`), DYNAMO_ENVOY=0 (leave Envoy out).
 set -euo pipefail
 
+SUITE=dynamo
+# Every process started here stops by itself after this long, even if this script is killed
+# without its trap.
+LIFETIME=600
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
 cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
-sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
-python="${PYTHON:-python3}"
 
 DYNAMO=1.6.1
 # ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside
@@ -67,20 +70,8 @@ DYNAMO_DEPS=(
 # than the checks take (under a minute), and the suite stops the holder when they are done.
 HOLD_WORDS=1000
 PREFILL_SPEEDUP=0.00025
-# Every process started here stops by itself after this long, even if this script is killed
-# without its trap.
-LIFETIME=600
-
-log() { printf 'dynamo: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
 
 mkdir -p "$cache" "$sdk_cache"
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-dynamo.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$here/../support/procs.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Installs
@@ -120,7 +111,7 @@ log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python opena
 log "building the bypass-marker binary"
 t=$SECONDS
 (cd "$root" && cargo build --quiet --release -p bypass-marker)
-proxy_bin="${CARGO_TARGET_DIR:-$root/target}/release/bypass-marker"
+proxy_bin="$target/release/bypass-marker"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
 
@@ -210,8 +201,7 @@ envoy=
 if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   ext_proc_port="$(free_port)"
   start processor "$ext_proc_bin" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
-  accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$ext_proc_port") 2>/dev/null; }
-  wait_for "$last_group" 100 accepts || die "the processor does not listen on 127.0.0.1:$ext_proc_port: $(cat "$work/processor.log")"
+  wait_for "$last_group" 100 accepts "$ext_proc_port" || die "the processor does not listen on 127.0.0.1:$ext_proc_port: $(cat "$work/processor.log")"
   envoy_port="$(free_port)"
   envoy_admin="$(free_port)"
   render_bootstrap "$root/examples/envoy/ext-proc.yaml" LISTEN_PORT="$envoy_port" ADMIN_PORT="$envoy_admin" \
@@ -259,8 +249,6 @@ fi
 
 # Clients get 120 s each.
 CLIENT_TIMEOUT=120
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 
 replies="$work/replies.json"
 run_client "raw client, direct" "$python" "$here/client.py" direct --url "$dynamo" --replies "$replies"
@@ -307,39 +295,7 @@ ok=0
 kill -0 "$holder_group" 2>/dev/null && bypassing && ok=1
 count $ok "every request above ran while Dynamo bypassed remote prefill (the holder is still in flight, a probe still gets the marker first)"
 
-# Every listening socket of every process started here is on 127.0.0.1.
-listeners="$("$python" - "${groups[@]}" <<'EOF'
-import os, sys
-groups = {int(g) for g in sys.argv[1:]}
-inodes = {}
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-        if int(stat[stat.rindex(")") + 2 :].split()[2]) not in groups:
-            continue
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if link.startswith("socket:["):
-                inodes[link[8:-1]] = pid
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        continue
-for table in ("tcp", "tcp6"):
-    for line in open(f"/proc/net/{table}").read().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-            addr, port = fields[1].split(":")
-            raw = bytes.fromhex(addr)
-            if table == "tcp":
-                host = ".".join(str(b) for b in raw[::-1])
-            else:
-                words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
-                host = ":".join(b"".join(words).hex()[i : i + 4] for i in range(0, 32, 4))
-            print(f"{host}:{int(port, 16)}")
-EOF
-)"
-ok=0
-[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
-count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+only_loopback
 
 # Nothing is left behind. A worker's orphaned child is re-parented to PID 1, and on some machines
 # (a CI sandbox whose PID 1 is not an init) nobody reaps it: zombies are not counted.

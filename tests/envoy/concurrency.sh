@@ -26,59 +26,35 @@
 #   CONCURRENCY_MAX_STREAMS   render.sh --max-streams (default: as shipped)
 #   CONCURRENCY_FRONT   module (default) or ext-proc
 #   CONCURRENCY_MESSAGE_TIMEOUT   ext-proc: Envoy's message_timeout (default: as shipped, 2s)
-#   BYPASS_MARKER_BIN   ext-proc: the binary (default: built with --release --features cli)
+#   BYPASS_MARKER_BIN   ext-proc: the binary (default: built with `cargo build --release -p bypass-marker`)
 #   ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR
 # Needs 2 x N + 200 open files per process (ulimit -n; raised to the hard limit here).
 # Ends with `envoy concurrency: N passed, M failed`; exits non-zero if anything failed.
 set -euo pipefail
 
+SUITE="envoy concurrency"
+LIFETIME=900
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-python="${PYTHON:-python3}"
-target="${CARGO_TARGET_DIR:-$root/target}"
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
 streams="${CONCURRENCY_STREAMS:-5000}"
 events="${CONCURRENCY_EVENTS:-100}"
 interval="${CONCURRENCY_INTERVAL_MS:-20}"
 front="${CONCURRENCY_FRONT:-module}"
-[[ "$front" == module || "$front" == ext-proc ]] || { echo "CONCURRENCY_FRONT: module or ext-proc, not $front" >&2; exit 2; }
-LIFETIME=900
-
-log() { printf 'envoy concurrency: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
-
-hard_limit="$(ulimit -Hn)"
-[[ "$hard_limit" == unlimited ]] && hard_limit=1048576
-ulimit -n "$hard_limit" 2>/dev/null || true
-if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
-  die "$streams concurrent streams need $((2 * streams + 200)) open files, the limit is $(ulimit -n)"
-fi
+[[ "$front" == module || "$front" == ext-proc ]] || die "CONCURRENCY_FRONT: module or ext-proc, not $front"
+raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/install.sh
 source "$here/install.sh"
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-concurrency.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$here/../support/procs.sh"
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
-accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 started=$SECONDS
 install_envoy || die "cannot install Envoy $ENVOY_VERSION"
 if [[ "$front" == module ]]; then
-  log "building the module (cargo build --release -p bypass-marker-envoy-module)"
-  (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) || die "cannot build the module"
-  [[ -f "$target/release/libbypass_marker.so" ]] || die "no $target/release/libbypass_marker.so"
-elif [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
-  bin="$BYPASS_MARKER_BIN"
+  build_module
 else
-  log "building bypass-marker (cargo build --release --features cli --bin bypass-marker)"
-  (cd "$root" && cargo build --quiet --release --features cli --bin bypass-marker) || die "cannot build bypass-marker"
-  bin="$target/release/bypass-marker"
+  build_bypass_marker
 fi
 
 start upstream "$python" "$here/concurrency.py" upstream --streams "$streams" --events "$events" \

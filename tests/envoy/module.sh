@@ -42,40 +42,19 @@
 #   ENVOY_OLDER         the older Envoys that must load the module (default "1.38.3 1.39.3")
 set -euo pipefail
 
+SUITE="envoy module"
+LIFETIME=900
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-python="${PYTHON:-python3}"
-sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
-target="${CARGO_TARGET_DIR:-$root/target}"
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 older="${ENVOY_OLDER:-1.38.3 1.39.3}"
-LIFETIME=900
-
-hard_limit="$(ulimit -Hn)"
-[[ "$hard_limit" == unlimited ]] && hard_limit=65536
-ulimit -n "$hard_limit" 2>/dev/null || true
-if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
-  printf 'envoy module: error: %s concurrent streams need %s open files, the limit is %s\n' \
-    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
-  exit 1
-fi
-
-log() { printf 'envoy module: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
+raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/install.sh
 source "$here/install.sh"
 # shellcheck source=tests/envoy/render.sh
 source "$here/render.sh"
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-module.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$here/../support/procs.sh"
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 
@@ -96,10 +75,8 @@ source "$root/tests/sdk/sdks.sh"
 install_sdks
 log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
-log "building the module (cargo build --release -p bypass-marker-envoy-module)"
-(cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) || die "cannot build the module"
+build_module
 modules="$target/release"
-[[ -f "$modules/libbypass_marker.so" ]] || die "no $modules/libbypass_marker.so"
 log "building the module with feature test-panic (its own target directory)"
 (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module --features test-panic \
   --target-dir "$target/test-panic") || die "cannot build the test-panic module"
@@ -139,10 +116,7 @@ log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $ro
 # ---------------------------------------------------------------------------------------------
 # The checks
 
-listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
-ok=0
-[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
-count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+only_loopback
 
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-upstream.log" && ok=1

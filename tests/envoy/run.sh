@@ -46,48 +46,26 @@
 #   ENVOY_STREAMS       concurrent streams (default 1000)
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
-python="${PYTHON:-python3}"
-target="${CARGO_TARGET_DIR:-$root/target}"
-streams="${ENVOY_STREAMS:-1000}"
-# Envoy's message timeout here: short, so the stalled-processor checks are quick.
-MESSAGE_TIMEOUT=1
+SUITE=envoy
 # Every process started here stops by itself after this long, even if this script is killed
 # without its trap.
 LIFETIME=900
-
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
+streams="${ENVOY_STREAMS:-1000}"
+# Envoy's message timeout here: short, so the stalled-processor checks are quick.
+MESSAGE_TIMEOUT=1
 # Envoy holds two descriptors per concurrent stream (client, upstream), the clients and the
-# upstream one each: raise the soft limit for everything started here.
-hard_limit="$(ulimit -Hn)"
-[[ "$hard_limit" == unlimited ]] && hard_limit=65536
-ulimit -n "$hard_limit" 2>/dev/null || true
-if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
-  printf 'envoy: error: %s concurrent streams need %s open files, the limit is %s\n' \
-    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
-  exit 1
-fi
-
-log() { printf 'envoy: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
+# upstream one each.
+raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/install.sh
 source "$here/install.sh"
 # shellcheck source=tests/envoy/render.sh
 source "$here/render.sh"
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-envoy.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$here/../support/procs.sh"
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
-accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # ---------------------------------------------------------------------------------------------
 # Installs and builds
@@ -101,15 +79,7 @@ source "$root/tests/sdk/sdks.sh"
 install_sdks
 log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
-if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
-  bin="$BYPASS_MARKER_BIN"
-else
-  log "building bypass-marker (cargo build --release -p bypass-marker)"
-  (cd "$root" && cargo build --quiet --release -p bypass-marker) ||
-    die "cannot build the bypass-marker binary in $root; set BYPASS_MARKER_BIN to one"
-  bin="$target/release/bypass-marker"
-fi
-[[ -x "$bin" ]] || die "no bypass-marker binary at $bin"
+build_bypass_marker
 if ! "$bin" ext-proc --help >"$work/ext-proc-help" 2>&1; then
   die "$bin has no working \`ext-proc\` subcommand (\`$bin ext-proc --help\` failed: $(head -c 300 "$work/ext-proc-help")); the Envoy processor is not wired into the binary yet"
 fi
@@ -197,10 +167,7 @@ log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $ro
 # The checks
 
 
-listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
-ok=0
-[[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
-count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+only_loopback
 
 # Envoy's gRPC health check (grpc.health.v1) of the processor: healthy, and failed where nothing
 # listens.

@@ -1,10 +1,6 @@
 # What the Envoy suites (tests/envoy/run.sh, tests/envoy/module.sh) share: the upstreams they put
-# behind Envoy, and the SDK clients they run through it. Source tests/support/procs.sh and
-# tests/support/checks.sh first; the sourcing script sets `root`, `here`, `work`, `python`,
-# `target`, `LIFETIME`, `log` and `die`.
-
-# Sets `url` from the `listening on http://...` line of $work/$1.log.
-listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
+# behind Envoy, and the SDK clients they run through it. Source tests/support/preamble.sh first;
+# the sourcing script also sets `here` (tests/envoy).
 
 # Whether the Envoy whose admin listens on port $1 says it is LIVE.
 envoy_ready() {

@@ -34,40 +34,19 @@
 #   WASM_ENVOYS         the Envoys (default "1.40.0 1.39.3 1.36.4")
 set -euo pipefail
 
+SUITE="envoy wasm"
+LIFETIME=1800
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-python="${PYTHON:-python3}"
-sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
-target="${CARGO_TARGET_DIR:-$root/target}"
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 versions="${WASM_ENVOYS:-1.40.0 1.39.3 1.36.4}"
-LIFETIME=1800
-
-hard_limit="$(ulimit -Hn)"
-[[ "$hard_limit" == unlimited ]] && hard_limit=65536
-ulimit -n "$hard_limit" 2>/dev/null || true
-if [[ "$(ulimit -n)" != unlimited ]] && (($(ulimit -n) < 2 * streams + 200)); then
-  printf 'envoy wasm: error: %s concurrent streams need %s open files, the limit is %s\n' \
-    "$streams" "$((2 * streams + 200))" "$(ulimit -n)" >&2
-  exit 1
-fi
-
-log() { printf 'envoy wasm: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
+raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/install.sh
 source "$here/install.sh"
 # shellcheck source=tests/envoy/render.sh
 source "$here/render.sh"
-
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-wasm.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$here/../support/procs.sh"
-# shellcheck source=tests/support/checks.sh
-source "$here/../support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 
@@ -206,10 +185,7 @@ for version in $versions; do
   router_group="$last_group"
 
   if [[ "$version" == "${versions%% *}" ]]; then
-    listeners="$("$python" "$here/listeners.py" "${groups[@]}")"
-    ok=0
-    [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
-    count $ok "every process listens on 127.0.0.1 only: $(tr '\n' ' ' <<<"$listeners")"
+    only_loopback
   fi
 
   run_client "$v: request side, pass-through, opt-ins" "${client[@]}" checks --front wasm \

@@ -37,10 +37,8 @@
 #   ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR
 set -euo pipefail
 
+SUITE=soak
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-python="${PYTHON:-python3}"
-target="${CARGO_TARGET_DIR:-$root/target}"
 secs="${BYPASS_MARKER_SOAK_SECS:-300}"
 warmup="${BYPASS_MARKER_SOAK_WARMUP:-30}"
 concurrency="${BYPASS_MARKER_SOAK_CONCURRENCY:-4}"
@@ -49,38 +47,15 @@ MAX_BODY=65536 # as driver.py's MAX_BODY
 # Every process started here stops by itself after this long, even if this script is killed
 # without its trap.
 LIFETIME=$((${secs%.*} + ${warmup%.*} + 600))
-
-log() { printf 'soak: %s\n' "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
-
-# The bypass-marker binary (the sidecar and the processor): the one place that knows how it is
-# built. Sets `bin`.
-build_bypass_marker() {
-  if [[ -n "${BYPASS_MARKER_BIN:-}" ]]; then
-    bin="$BYPASS_MARKER_BIN"
-    return
-  fi
-  log "building bypass-marker"
-  (cd "$root" && cargo build --quiet --release -p bypass-marker) ||
-    die "cannot build the bypass-marker binary; set BYPASS_MARKER_BIN to one"
-  bin="$target/release/bypass-marker"
-}
+# shellcheck source=tests/support/preamble.sh
+source "$here/../support/preamble.sh"
 
 # shellcheck source=tests/envoy/install.sh
 source "$root/tests/envoy/install.sh"
 # shellcheck source=tests/envoy/render.sh
 source "$root/tests/envoy/render.sh"
-work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-soak.XXXXXX")"
-# shellcheck source=tests/support/procs.sh
-source "$root/tests/support/procs.sh"
-# shellcheck source=tests/support/checks.sh
-source "$root/tests/support/checks.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$root/tests/envoy/servers.sh"
-accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # The pid of the process a group leader (`timeout`, see start) runs.
 child_of() { awk '{print $1}' "/proc/$1/task/$1/children" 2>/dev/null; }
 
@@ -90,12 +65,8 @@ child_of() { awk '{print $1}' "/proc/$1/task/$1/children" 2>/dev/null; }
 started=$SECONDS
 install_envoy || die "cannot install Envoy $ENVOY_VERSION"
 build_bypass_marker
-[[ -x "$bin" ]] || die "no bypass-marker binary at $bin"
-log "building the dynamic module (cargo build --release -p bypass-marker-envoy-module)"
-(cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) ||
-  die "cannot build the dynamic module"
+build_module
 module_dir="$target/release"
-[[ -f "$module_dir/libbypass_marker.so" ]] || die "no $module_dir/libbypass_marker.so"
 log "installs and builds ready in $((SECONDS - started)) s"
 
 # ---------------------------------------------------------------------------------------------

@@ -59,3 +59,13 @@ leftovers() {
   ps -eo pid=,pgid=,stat=,args= | awk -v groups=" ${groups[*]} ${clients[*]} " -v work="$work" \
     '$3 !~ /^Z/ && (index(groups, " " $2 " ") || index($0, work))' | grep -v -e awk -e grep || true
 }
+
+# Counts whether every listening socket of the process groups "$@" (default: every server started
+# here) is on 127.0.0.1; $also_listening, if set, names the others in the check.
+only_loopback() {
+  local listeners ok=0
+  (($#)) || set -- "${groups[@]}"
+  listeners="$("$python" "$root/tests/support/listeners.py" "$@")"
+  [[ -n "$listeners" ]] && ! grep -qv '^127\.0\.0\.1:' <<<"$listeners" && ok=1
+  count $ok "every process listens on 127.0.0.1 only${also_listening:+ ($also_listening)}: $(tr '\n' ' ' <<<"$listeners")"
+}

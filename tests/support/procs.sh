@@ -1,6 +1,6 @@
-# Process handling shared by the end-to-end suites (tests/envoy/run.sh, tests/dynamo/run.sh).
-# The sourcing script sets `work` (a scratch directory, removed at exit), `LIFETIME` (seconds
-# any process it starts may live) and `python`. Every process runs in a group of its own, led by
+# Process handling shared by the end-to-end suites, sourced by tests/support/preamble.sh, which
+# sets `work` (a scratch directory, removed at exit), `LIFETIME` (seconds any process it starts
+# may live) and `python`. Every process runs in a group of its own, led by
 # `timeout`, so that the exit trap stops all of them, on success and on failure.
 
 # Process groups started here, each led by its own `timeout`: servers, and clients.
@@ -57,3 +57,9 @@ wait_for() {
 free_port() {
   "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
+
+# Sets `url` from the `listening on http://...` line of $work/$1.log.
+listening() { url="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/$1.log")" && [[ -n "$url" ]]; }
+
+# Whether something accepts connections on 127.0.0.1:$1.
+accepts() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
