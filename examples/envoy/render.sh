@@ -13,6 +13,8 @@
 #   --admin HOST:PORT       Envoy's admin interface: keep it on 127.0.0.1, it can shut Envoy down
 #   --max-streams N         the circuit breakers: concurrent streams this Envoy may carry
 #                           (docs/envoy.md, "Concurrent streams"; default 16384)
+#   --plugin PATH           the proxy-wasm plugin's file, as Envoy will find it (wasm.yaml only;
+#                           the file's default is relative to Envoy's working directory)
 # IPv6 addresses go in brackets: --listen [::]:8080.
 #
 # Fails (and prints nothing on stdout) on a malformed value, or if the bootstrap has no line to
@@ -20,7 +22,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,19s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,21s/^# \{0,1\}//p' "$0" >&2
   exit 2
 }
 fail() {
@@ -84,6 +86,11 @@ while [[ $# -gt 0 ]]; do
   --max-streams)
     [[ "$value" =~ ^[1-9][0-9]{0,9}$ ]] || fail "--max-streams $value: expected a whole number"
     edit MAX_STREAMS "s#: [0-9]+( +\# template:)#: $value\\1#"
+    ;;
+  --plugin)
+    [[ -n "$value" && "$value" != *[\"\\\#\&\|]* && "$value" != *$'\n'* ]] ||
+      fail "--plugin $value: expected a file path without quotes, backslashes, #, & or |"
+    edit WASM_FILE "s#filename: [^ ]+#filename: \"$value\"#"
     ;;
   *) fail "unknown option $option (see the top of $0)" ;;
   esac
