@@ -46,18 +46,14 @@ struct Server {
     task: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
+/// `processor` served by `envoy::serve` on 127.0.0.1, as the binary serves it.
 async fn start(processor: ExtProc) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(envoy::serve(listener, processor, async {
-        let _ = stopped.await;
-    }));
-    Server {
-        addr,
-        stop: Some(stop),
-        task,
-    }
+    serve_on(|listener, stopped| {
+        envoy::serve(listener, processor, async {
+            let _ = stopped.await;
+        })
+    })
+    .await
 }
 
 /// `service` alone in a tonic server of its own (no health), as a user would add it.
@@ -74,10 +70,7 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(
+    serve_on(|listener, stopped| {
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming_shutdown(
@@ -85,13 +78,33 @@ where
                 async {
                     let _ = stopped.await;
                 },
-            ),
-    );
+            )
+    })
+    .await
+}
+
+/// What `serve` makes of a listener on a free 127.0.0.1 port and the signal to stop, spawned.
+async fn serve_on<F, Fut>(serve: F) -> Server
+where
+    F: FnOnce(tokio::net::TcpListener, oneshot::Receiver<()>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, stopped));
     Server {
         addr,
         stop: Some(stop),
         task,
     }
+}
+
+/// `processor` served on 127.0.0.1, and a client connected to it.
+async fn connected(processor: ExtProc) -> (Server, ExternalProcessorClient<Channel>) {
+    let server = start(processor).await;
+    let client = server.client().await;
+    (server, client)
 }
 
 impl Server {
@@ -122,29 +135,27 @@ struct Stream {
 
 impl Stream {
     async fn open(client: &mut ExternalProcessorClient<Channel>) -> Stream {
-        let (tx, rx) = mpsc::channel(4);
-        let rx = tokio::time::timeout(PATIENCE, client.process(ReceiverStream::new(rx)))
-            .await
-            .unwrap()
-            .unwrap()
-            .into_inner();
+        let (tx, rx) = process(client, 4).await;
         Stream { tx, rx, sent: 0 }
+    }
+
+    /// A stream on which Envoy has sent a GET's headers and a 200 response's headers with
+    /// `content_type`, each answered: the response body comes next.
+    async fn response(client: &mut ExternalProcessorClient<Channel>, content_type: &str) -> Stream {
+        let mut stream = Stream::open(client).await;
+        stream.call(get_request()).await.unwrap();
+        stream.call(response_headers(content_type)).await.unwrap();
+        stream
     }
 
     /// Sends one message and waits for its answer (Envoy waits for each in the documented modes).
     async fn call(&mut self, request: Msg) -> Result<ProcessingResponse, Status> {
-        let mut msg = ProcessingRequest {
-            request: Some(request),
-            ..ProcessingRequest::default()
-        };
-        if self.sent == 0 {
+        let msg = if self.sent == 0 {
             // Envoy announces its body modes in the first message.
-            msg.protocol_config = Some(ProtocolConfiguration {
-                request_body_mode: BodySendMode::Buffered as i32,
-                response_body_mode: BodySendMode::Streamed as i32,
-                send_body_without_waiting_for_header_response: false,
-            });
-        }
+            with_modes(request, BodySendMode::Buffered, BodySendMode::Streamed)
+        } else {
+            msg(request)
+        };
         self.send(msg).await
     }
 
@@ -161,6 +172,51 @@ impl Stream {
             Err(status) => Err(status),
         }
     }
+
+    /// Sends (a piece of) the request body: the processor's answer to it (`None`: the body goes
+    /// on as it is).
+    async fn request_body(&mut self, body: &[u8], end: bool) -> Option<CommonResponse> {
+        let answer = self.call(request_body(body, end)).await.unwrap();
+        let Some(Answer::RequestBody(b)) = answer.response else {
+            panic!("unexpected answer to the request body: {answer:?}");
+        };
+        b.response
+    }
+
+    /// Sends a response chunk: the processor's answer to it (`None`: the chunk goes on as it is).
+    async fn response_body(&mut self, chunk: &[u8], end: bool) -> Option<CommonResponse> {
+        let answer = self.call(response_body(chunk, end)).await.unwrap();
+        let Some(Answer::ResponseBody(b)) = answer.response else {
+            panic!("unexpected answer to a response chunk: {answer:?}");
+        };
+        b.response
+    }
+
+    /// Ends Envoy's side (a client gone, an upstream reset): what the processor sends next
+    /// (`Ok(None)` when it ends its side too).
+    async fn close(self) -> Result<Option<ProcessingResponse>, Status> {
+        let Stream { tx, mut rx, .. } = self;
+        drop(tx);
+        tokio::time::timeout(PATIENCE, rx.message()).await.unwrap()
+    }
+}
+
+/// Opens a `Process` call: the sender of Envoy's messages (`buffer` of them may wait) and the
+/// processor's answers.
+async fn process(
+    client: &mut ExternalProcessorClient<Channel>,
+    buffer: usize,
+) -> (
+    mpsc::Sender<ProcessingRequest>,
+    Streaming<ProcessingResponse>,
+) {
+    let (tx, rx) = mpsc::channel(buffer);
+    let rx = tokio::time::timeout(PATIENCE, client.process(ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    (tx, rx)
 }
 
 /// Headers as Envoy sends them: `raw_value` bytes (the default), or `value` strings.
@@ -220,6 +276,74 @@ fn body_msg(body: &[u8], end_of_stream: bool) -> HttpBody {
         end_of_stream,
         ..HttpBody::default()
     }
+}
+
+/// `request` as Envoy sends it in observability mode (it does not wait for the answers).
+fn observed(request: Msg) -> ProcessingRequest {
+    ProcessingRequest {
+        observability_mode: true,
+        ..msg(request)
+    }
+}
+
+/// A GET's request headers: no body follows.
+fn get_request() -> Msg {
+    Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true))
+}
+
+/// A POST's request headers with `content_type`: a body follows.
+fn post_request(content_type: &str) -> Msg {
+    Msg::RequestHeaders(headers_msg(
+        &[
+            (":method", b"POST"),
+            ("content-type", content_type.as_bytes()),
+        ],
+        false,
+        true,
+    ))
+}
+
+/// A 200 response's headers with `content_type`: a body follows.
+fn response_headers(content_type: &str) -> Msg {
+    Msg::ResponseHeaders(headers_msg(
+        &[
+            (":status", b"200"),
+            ("content-type", content_type.as_bytes()),
+        ],
+        false,
+        true,
+    ))
+}
+
+/// The request body (buffered: all of it), or a piece of it; `end` on the last.
+fn request_body(body: &[u8], end: bool) -> Msg {
+    Msg::RequestBody(body_msg(body, end))
+}
+
+/// A piece of the response body; `end` on the last.
+fn response_body(chunk: &[u8], end: bool) -> Msg {
+    Msg::ResponseBody(body_msg(chunk, end))
+}
+
+/// `pseudo` headers, then `headers`: a list Envoy's header mutations edit.
+fn header_list(
+    pseudo: &[(&str, &[u8])],
+    headers: &[(&'static str, Vec<u8>)],
+) -> Vec<(String, Vec<u8>)> {
+    pseudo
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+        .chain(headers.iter().map(|(k, v)| ((*k).to_owned(), v.clone())))
+        .collect()
+}
+
+/// [`headers_msg`] of a header list.
+fn list_msg(headers: &[(String, Vec<u8>)], end_of_stream: bool, raw: bool) -> HttpHeaders {
+    let pairs: Vec<(&str, &[u8])> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    headers_msg(&pairs, end_of_stream, raw)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,28 +421,16 @@ async fn through_envoy(
 ) -> (Seen, usize) {
     let raw = !ex.string_values;
     let mut stream = Stream::open(client).await;
-    let mut request_headers: Vec<(String, Vec<u8>)> = vec![
-        (":method".into(), ex.method.as_bytes().to_vec()),
-        (":path".into(), b"/v1/chat/completions".to_vec()),
-        (":authority".into(), b"gateway".to_vec()),
-    ];
-    request_headers.extend(
-        ex.request_headers
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone())),
+    let mut request_headers = header_list(
+        &[
+            (":method", ex.method.as_bytes()),
+            (":path", b"/v1/chat/completions"),
+            (":authority", b"gateway"),
+        ],
+        &ex.request_headers,
     );
-    let pairs: Vec<(&str, &[u8])> = request_headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
-        .collect();
-    let answer = stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &pairs,
-            ex.request_body.is_none(),
-            raw,
-        )))
-        .await
-        .unwrap();
+    let head = list_msg(&request_headers, ex.request_body.is_none(), raw);
+    let answer = stream.call(Msg::RequestHeaders(head)).await.unwrap();
     let mut request_body_mode = BodySendMode::Buffered as i32;
     let mut response_body_mode = BodySendMode::Streamed as i32;
     if let Some(mode) = &answer.mode_override {
@@ -334,10 +446,7 @@ async fn through_envoy(
     let mut upstream_body = ex.request_body.clone();
     if let Some(body) = &ex.request_body {
         if request_body_mode == BodySendMode::Buffered as i32 {
-            let answer = stream
-                .call(Msg::RequestBody(body_msg(body, true)))
-                .await
-                .unwrap();
+            let answer = stream.call(request_body(body, true)).await.unwrap();
             assert!(answer.mode_override.is_none());
             let common = match answer.response.unwrap() {
                 Answer::RequestBody(b) => b.response,
@@ -358,25 +467,10 @@ async fn through_envoy(
         .map(|(_, v)| v.clone());
 
     // The response.
-    let mut response_headers: Vec<(String, Vec<u8>)> =
-        vec![(":status".into(), ex.status.to_string().into_bytes())];
-    response_headers.extend(
-        ex.response_headers
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone())),
-    );
-    let pairs: Vec<(&str, &[u8])> = response_headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
-        .collect();
-    let answer = stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &pairs,
-            ex.chunks.is_empty(),
-            raw,
-        )))
-        .await
-        .unwrap();
+    let status = ex.status.to_string();
+    let mut response_headers = header_list(&[(":status", status.as_bytes())], &ex.response_headers);
+    let head = list_msg(&response_headers, ex.chunks.is_empty(), raw);
+    let answer = stream.call(Msg::ResponseHeaders(head)).await.unwrap();
     if let Some(mode) = &answer.mode_override {
         response_body_mode = mode.response_body_mode;
     }
@@ -427,15 +521,9 @@ async fn through_envoy(
     (seen, stream.sent)
 }
 
+/// Sends a response chunk and adds to `client_body` what the client gets of it.
 async fn forward_chunk(stream: &mut Stream, chunk: &Bytes, end: bool, client_body: &mut Vec<u8>) {
-    let answer = stream
-        .call(Msg::ResponseBody(body_msg(chunk, end)))
-        .await
-        .unwrap();
-    let Some(Answer::ResponseBody(b)) = answer.response else {
-        panic!("unexpected answer to a response chunk: {answer:?}");
-    };
-    match replaced(b.response.as_ref()) {
+    match replaced(stream.response_body(chunk, end).await.as_ref()) {
         Some(new) => client_body.extend_from_slice(&new),
         None => client_body.extend_from_slice(chunk),
     }
@@ -606,8 +694,7 @@ fn one(s: &str) -> Vec<Bytes> {
 #[tokio::test]
 async fn headers_only_request_and_a_json_response_cost_one_message_each_way() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     // GET /v1/models: no request body, a JSON response whose body Envoy must not send.
     let ex = Exchange {
         method: "GET",
@@ -639,8 +726,7 @@ impl tower_bypass_marker::FrameObserver for EncodedRefusals {
 async fn an_encoded_event_stream_gets_an_immediate_502_as_from_the_layer() {
     let refusals = std::sync::Arc::new(EncodedRefusals::default());
     let layer = BypassMarkerLayer::new().observe(refusals.clone());
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let gzipped = |body: &str| Exchange {
         response_headers: vec![
             ("content-type", b"text/event-stream".to_vec()),
@@ -676,17 +762,9 @@ async fn an_encoded_event_stream_gets_an_immediate_502_as_from_the_layer() {
 #[tokio::test]
 async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let mut stream = Stream::open(&mut client).await;
-    let answer = stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
+    let answer = stream.call(get_request()).await.unwrap();
     assert!(
         answer.mode_override.is_none(),
         "nothing to override for a request without body"
@@ -752,8 +830,7 @@ async fn the_mode_override_for_a_passed_through_response_stops_its_body() {
 #[tokio::test]
 async fn a_stream_in_one_chunk_and_in_many_chunks_matches_the_tower_layer() {
     let layer = BypassMarkerLayer::new().opt_in("request_id");
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let stream = format!("{STREAM}event: request_id\n: \"r\"\n\n: keep-alive\n\n");
     let (seen, messages) = same(&mut client, &layer, &Exchange::chat(CHAT, &one(&stream))).await;
     assert_eq!(client_body(&seen), &format!("{FILTERED}: keep-alive\n\n"));
@@ -772,8 +849,7 @@ async fn a_stream_in_one_chunk_and_in_many_chunks_matches_the_tower_layer() {
 #[tokio::test]
 async fn the_marker_split_at_every_offset_across_two_chunks_matches_the_tower_layer() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     // The marker in the middle, with CRLF line ends: the split falls inside it, on its line
     // ends and in the frames around it.
     let body = "data: {\"id\":1}\r\n\r\nevent: x-bypass-remote-prefill\r\n: true\r\n\r\ndata: [DONE]\r\n\r\n";
@@ -795,8 +871,7 @@ async fn the_marker_split_at_every_offset_across_two_chunks_matches_the_tower_la
 #[tokio::test]
 async fn random_chunkings_of_a_dynamo_stream_match_the_tower_layer() {
     let layer = BypassMarkerLayer::dynamo().sdk_safe(true);
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let body = format!(
         "\u{FEFF}{MARKER}event: request_id\n: \"r-1\"\n\nid: 7\n\ndata: {{\"a\":1}}\r\rdata: b\n\nevent: llm_metrics\ndata: {{}}\n\n: c\n\ndata: [DONE]\n\nevent: x-bypass-remote-prefill"
     );
@@ -820,8 +895,7 @@ async fn random_chunkings_of_a_dynamo_stream_match_the_tower_layer() {
 #[tokio::test]
 async fn a_frame_still_open_at_the_end_is_judged_as_it_stands() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     for (body, expected) in [
         (
             "data: 1\n\nevent: x-bypass-remote-prefill\n: true",
@@ -856,25 +930,8 @@ async fn a_frame_still_open_at_the_end_is_judged_as_it_stands() {
 #[tokio::test]
 async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
-    let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
-    stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
+    let mut stream = Stream::response(&mut client, "text/event-stream").await;
     let mut held = Vec::new();
     for (chunk, unchanged) in [
         ("data: 1\n\ndata: 2\n\n", true),
@@ -886,17 +943,10 @@ async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
         ("\n\n", false),               // and released with its end
         ("data: 6\n\n", true),
     ] {
-        let answer = stream
-            .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), false)))
-            .await
-            .unwrap();
-        let Some(Answer::ResponseBody(b)) = answer.response else {
-            panic!()
-        };
-        assert_eq!(b.response.is_none(), unchanged, "{chunk:?}");
+        let answer = stream.response_body(chunk.as_bytes(), false).await;
+        assert_eq!(answer.is_none(), unchanged, "{chunk:?}");
         held.push(
-            replaced(b.response.as_ref())
-                .unwrap_or_else(|| Bytes::copy_from_slice(chunk.as_bytes())),
+            replaced(answer.as_ref()).unwrap_or_else(|| Bytes::copy_from_slice(chunk.as_bytes())),
         );
     }
     assert_eq!(
@@ -905,14 +955,7 @@ async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
     );
     assert_eq!(held[2], "data: 4\n\n");
     assert_eq!(held[3], "data: 5\n\n");
-    let answer = stream
-        .call(Msg::ResponseBody(body_msg(b"", true)))
-        .await
-        .unwrap();
-    let Some(Answer::ResponseBody(b)) = answer.response else {
-        panic!()
-    };
-    assert!(b.response.is_none());
+    assert!(stream.response_body(b"", true).await.is_none());
     drop(stream); // graceful shutdown waits for streams in flight
     server.stop().await;
 }
@@ -923,38 +966,17 @@ async fn a_chunk_the_filter_keeps_whole_goes_back_without_a_body_mutation() {
 /// was reset).
 #[tokio::test]
 async fn a_response_chunk_of_envoys_buffer_limit_passes_under_a_small_max_body() {
-    let server = start(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(64 * 1024)).await;
-    let mut client = server.client().await;
-    let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
-    stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    let (server, mut client) =
+        connected(ExtProc::new(BypassMarkerLayer::new()).max_body_bytes(64 * 1024)).await;
+    let mut stream = Stream::response(&mut client, "text/event-stream").await;
     let event = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
     let mut chunk = String::from("event: x-bypass-remote-prefill\n: true\n\n");
     while chunk.len() < 2 << 20 {
         chunk.push_str(event);
     }
-    let answer = stream
-        .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), true)))
-        .await
-        .expect("a 2 MiB response chunk is answered");
-    let Some(Answer::ResponseBody(b)) = answer.response else {
-        panic!("not a body answer: {answer:?}")
-    };
-    let body = replaced(b.response.as_ref()).expect("the marker removed");
+    // A 2 MiB response chunk is answered, with the marker removed.
+    let answer = stream.response_body(chunk.as_bytes(), true).await;
+    let body = replaced(answer.as_ref()).expect("the marker removed");
     assert_eq!(
         body,
         chunk["event: x-bypass-remote-prefill\n: true\n\n".len()..]
@@ -969,8 +991,7 @@ async fn a_response_chunk_of_envoys_buffer_limit_passes_under_a_small_max_body()
 #[tokio::test]
 async fn refusals_are_immediate_responses_with_the_guards_status_and_body() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let stream = one(STREAM);
     let cases: Vec<(Exchange, u16)> = vec![
         (Exchange::chat(r#"{"model":"m","#, &stream), 400),
@@ -1013,8 +1034,7 @@ async fn refusals_are_immediate_responses_with_the_guards_status_and_body() {
 #[tokio::test]
 async fn a_body_over_the_limit_is_refused_with_413() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone()).max_body_bytes(64)).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone()).max_body_bytes(64)).await;
     let body = format!(r#"{{"model":"m","pad":"{}"}}"#, "x".repeat(100));
     let ex = Exchange::chat(&body, &one(STREAM));
     let (envoy, _) = through_envoy(&mut client, &ex).await;
@@ -1030,8 +1050,7 @@ async fn a_body_over_the_limit_is_refused_with_413() {
 #[tokio::test]
 async fn a_router_owned_name_is_spliced_out_of_the_body_and_content_length_updated() {
     let layer = BypassMarkerLayer::new().opt_in("request_id");
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let body = r#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill:true","request_id"]},"stream":true}"#;
     let response = vec![Bytes::from(format!(
         "{MARKER}event: request_id\n: \"r\"\n\ndata: 1\n\n"
@@ -1070,8 +1089,7 @@ async fn a_router_owned_name_is_spliced_out_of_the_body_and_content_length_updat
 #[tokio::test]
 async fn an_opt_in_granted_by_the_request_lets_the_marker_through() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     for sizes in [&[4096usize][..], &[1], &[9, 2]] {
         let ex = Exchange::chat(OPTED_IN, &common::chunked(STREAM.as_bytes(), sizes));
         let (seen, messages) = same(&mut client, &layer, &ex).await;
@@ -1085,8 +1103,7 @@ async fn an_opt_in_granted_by_the_request_lets_the_marker_through() {
 #[tokio::test]
 async fn a_request_the_guard_does_not_read_is_not_buffered_by_envoy() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let ex = Exchange {
         request_headers: vec![("content-type", b"multipart/form-data; boundary=x".to_vec())],
         ..Exchange::chat("--x--", &one(STREAM))
@@ -1101,31 +1118,19 @@ async fn a_request_the_guard_does_not_read_is_not_buffered_by_envoy() {
 #[tokio::test]
 async fn a_buffered_body_followed_by_trailers_is_still_judged_whole() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"POST"), ("content-type", b"application/json")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    stream.call(post_request("application/json")).await.unwrap();
     // With request trailers, an Envoy that announced BUFFERED (Stream::call announces it in
     // the first message) sends the buffered body with end_of_stream false.
     let answer = stream
-        .call(Msg::RequestBody(body_msg(
+        .request_body(
             br#"{"nvext":{"annotations":["x-bypass-remote-prefill:true"]}}"#,
             false,
-        )))
-        .await
-        .unwrap();
-    let Some(Answer::RequestBody(b)) = answer.response else {
-        panic!()
-    };
+        )
+        .await;
     assert_eq!(
-        replaced(b.response.as_ref()).unwrap(),
+        replaced(answer.as_ref()).unwrap(),
         r#"{"nvext":{"annotations":[]}}"#
     );
     drop(stream); // graceful shutdown waits for streams in flight
@@ -1140,32 +1145,11 @@ async fn a_frame_too_large_fails_the_grpc_stream() {
     let layer = BypassMarkerLayer::new()
         .max_frame_bytes(64)
         .on_overflow(Overflow::Error);
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
-    let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
-    stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
-    let answer = stream
-        .call(Msg::ResponseBody(body_msg(b"data: 1\n\ndata: ", false)))
-        .await
-        .unwrap();
-    assert!(matches!(answer.response, Some(Answer::ResponseBody(_))));
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
+    let mut stream = Stream::response(&mut client, "text/event-stream").await;
+    stream.response_body(b"data: 1\n\ndata: ", false).await;
     let err = stream
-        .call(Msg::ResponseBody(body_msg(&[b'x'; 100], false)))
+        .call(response_body(&[b'x'; 100], false))
         .await
         .expect_err("the stream must fail");
     assert_eq!(err.code(), Code::ResourceExhausted);
@@ -1200,14 +1184,9 @@ async fn a_frame_too_large_fails_the_grpc_stream() {
 #[tokio::test]
 async fn a_json_request_under_a_streamed_request_body_mode_fails_closed() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer)).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer)).await;
     let mut stream = Stream::open(&mut client).await;
-    let headers = Msg::RequestHeaders(headers_msg(
-        &[(":method", b"POST"), ("content-type", b"application/json")],
-        false,
-        true,
-    ));
+    let headers = post_request("application/json");
     let err = stream
         .send(with_modes(
             headers,
@@ -1256,14 +1235,7 @@ async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
     // A stream in flight when shutdown starts is answered to its end.
     let mut client = ExternalProcessorClient::new(channel);
     let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
+    stream.call(get_request()).await.unwrap();
     let Server { stop, task, .. } = server;
     stop.unwrap().send(()).unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -1272,22 +1244,12 @@ async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
         "the server must wait for the stream in flight"
     );
     let answer = stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
+        .call(response_headers("text/event-stream"))
         .await
         .unwrap();
     assert!(answer.mode_override.is_some());
-    let answer = stream
-        .call(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))
-        .await
-        .unwrap();
-    let Some(Answer::ResponseBody(b)) = answer.response else {
-        panic!()
-    };
-    assert_eq!(replaced(b.response.as_ref()).unwrap(), "");
+    let answer = stream.response_body(MARKER.as_bytes(), true).await;
+    assert_eq!(replaced(answer.as_ref()).unwrap(), "");
     drop(stream);
     tokio::time::timeout(PATIENCE, task)
         .await
@@ -1299,8 +1261,7 @@ async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
 #[tokio::test]
 async fn a_status_that_has_no_content_is_passed_through() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let mut ex = Exchange::chat(CHAT, &[]);
     ex.status = 204;
     let (seen, messages) = same(&mut client, &layer, &ex).await;
@@ -1315,17 +1276,11 @@ async fn a_status_that_has_no_content_is_passed_through() {
 #[tokio::test]
 async fn a_filtered_response_under_a_body_mode_of_none_asks_for_its_body() {
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer)).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer)).await;
     let mut stream = Stream::open(&mut client).await;
     // A GET with no body (answered first), then the response, under a response body mode of none.
-    let get = Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true));
-    stream.send(msg(get)).await.unwrap();
-    let head = Msg::ResponseHeaders(headers_msg(
-        &[(":status", b"200"), ("content-type", b"text/event-stream")],
-        false,
-        true,
-    ));
+    stream.send(msg(get_request())).await.unwrap();
+    let head = response_headers("text/event-stream");
     let answer = stream
         .send(with_modes(head, BodySendMode::Buffered, BodySendMode::None))
         .await
@@ -1343,28 +1298,11 @@ async fn memory_per_stream_is_bounded_by_max_frame_bytes() {
     // it received (Overflow::Forward: a frame past the cap is data and goes on unfiltered).
     let cap = 1024;
     let layer = BypassMarkerLayer::new().max_frame_bytes(cap);
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let mut frame = b"data: ".to_vec();
     frame.resize(1 << 20, b'x');
     let chunks = common::chunked(&frame, &[4096]);
-    let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
-    stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    let mut stream = Stream::response(&mut client, "text/event-stream").await;
     let (mut received, mut forwarded) = (0, Vec::new());
     for (i, chunk) in chunks.iter().enumerate() {
         let end = i + 1 == chunks.len();
@@ -1391,39 +1329,13 @@ async fn memory_per_stream_is_bounded_by_max_frame_bytes() {
 async fn the_processor_ends_its_side_when_envoy_closes_the_stream() {
     // A client that disconnects (or an upstream that resets) makes Envoy close the gRPC stream
     // in the middle of a response; the processor ends its side at once, held bytes dropped.
-    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
-    let mut client = server.client().await;
-    let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await
-        .unwrap();
-    stream
-        .call(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    let (server, mut client) = connected(ExtProc::new(BypassMarkerLayer::new())).await;
+    let mut stream = Stream::response(&mut client, "text/event-stream").await;
     let answer = stream
-        .call(Msg::ResponseBody(body_msg(
-            b"data: 1\n\nevent: x-bypass-remote",
-            false,
-        )))
-        .await
-        .unwrap();
-    let Some(Answer::ResponseBody(b)) = answer.response else {
-        panic!()
-    };
-    assert_eq!(replaced(b.response.as_ref()).unwrap(), "data: 1\n\n");
-    let Stream { tx, mut rx, .. } = stream;
-    drop(tx);
-    let end = tokio::time::timeout(PATIENCE, rx.message()).await.unwrap();
+        .response_body(b"data: 1\n\nevent: x-bypass-remote", false)
+        .await;
+    assert_eq!(replaced(answer.as_ref()).unwrap(), "data: 1\n\n");
+    let end = stream.close().await;
     assert!(matches!(end, Ok(None)), "{end:?}");
     server.stop().await;
 }
@@ -1442,8 +1354,7 @@ async fn into_service_serves_in_a_server_of_your_own() {
 async fn a_request_body_larger_than_grpcs_default_message_limit_is_judged() {
     // tonic refuses messages over 4 MiB by default; a buffered body comes in one message.
     let layer = BypassMarkerLayer::new();
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let body = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}],"nvext":{{"annotations":["x-bypass-remote-prefill:true"]}}}}"#,
         "x".repeat(8 << 20)
@@ -1463,57 +1374,23 @@ async fn a_request_body_larger_than_grpcs_default_message_limit_is_judged() {
 async fn messages_that_need_no_answer_get_none() {
     // A message without an HTTP part is not answered: the next answer on the stream is the one
     // for the next real message.
-    let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
-    let mut client = server.client().await;
-    let (tx, rx) = mpsc::channel(4);
-    let mut inbound = client
-        .process(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    tx.send(ProcessingRequest::default()).await.unwrap();
-    tx.send(ProcessingRequest {
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let answer = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let (server, mut client) = connected(ExtProc::new(BypassMarkerLayer::new())).await;
+    let mut stream = Stream::open(&mut client).await;
+    stream.tx.send(ProcessingRequest::default()).await.unwrap();
+    let answer = stream.send(msg(get_request())).await.unwrap();
     assert!(
         matches!(answer.response, Some(Answer::RequestHeaders(_))),
         "{answer:?}"
     );
-    tx.send(ProcessingRequest {
-        request: Some(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"application/json")],
-            false,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    })
-    .await
-    .unwrap();
-    let answer = tokio::time::timeout(PATIENCE, inbound.message())
+    let answer = stream
+        .send(msg(response_headers("application/json")))
         .await
-        .unwrap()
-        .unwrap()
         .unwrap();
     assert!(
         matches!(answer.response, Some(Answer::ResponseHeaders(_))),
         "{answer:?}"
     );
-    drop(tx);
-    let end = tokio::time::timeout(PATIENCE, inbound.message())
-        .await
-        .unwrap();
+    let end = stream.close().await;
     assert!(matches!(end, Ok(None)), "{end:?}");
     server.stop().await;
 }
@@ -1526,80 +1403,55 @@ async fn messages_that_need_no_answer_get_none() {
 #[tokio::test]
 async fn sequences_that_cannot_be_judged_fail_the_stream() {
     let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
-    let request_headers = || {
-        Msg::RequestHeaders(headers_msg(
-            &[(":method", b"POST"), ("content-type", b"application/json")],
-            false,
-            true,
-        ))
-    };
-    let response_headers = || {
-        Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        ))
-    };
-    let request_headers_get =
-        || Msg::RequestHeaders(headers_msg(&[(":method", b"GET")], true, true));
-    let observed = ProcessingRequest {
-        observability_mode: true,
-        request: Some(request_headers()),
-        ..ProcessingRequest::default()
-    };
+    let json_request = || msg(post_request("application/json"));
+    let event_stream = || msg(response_headers("text/event-stream"));
     let cases: Vec<(&str, Vec<ProcessingRequest>)> = vec![
-        ("observability mode", vec![observed]),
+        (
+            "observability mode",
+            vec![observed(post_request("application/json"))],
+        ),
         (
             "request body first",
-            vec![msg(Msg::RequestBody(body_msg(
+            vec![msg(request_body(
                 br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#,
                 true,
-            )))],
+            ))],
         ),
         (
             "response body first",
-            vec![msg(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))],
+            vec![msg(response_body(MARKER.as_bytes(), true))],
         ),
         (
             "request headers twice",
-            vec![msg(request_headers()), msg(request_headers())],
+            vec![json_request(), json_request()],
         ),
         (
             "response headers twice",
-            vec![
-                msg(request_headers_get()),
-                msg(response_headers()),
-                msg(response_headers()),
-            ],
+            vec![msg(get_request()), event_stream(), event_stream()],
         ),
         // request_header_mode: SKIP: the guard never ran, so clients could reach the router
         // with its own names; the response must not look healthy.
         (
             "response headers without request headers",
-            vec![msg(response_headers())],
+            vec![event_stream()],
         ),
         // No protocol_config (so BUFFERED is assumed) while Envoy streams the body: its first
         // piece must not be judged as the whole body.
         (
             "a request body in pieces",
             vec![
-                msg(request_headers()),
-                msg(Msg::RequestBody(body_msg(b"", false))),
-                msg(Msg::RequestBody(body_msg(
+                json_request(),
+                msg(request_body(b"", false)),
+                msg(request_body(
                     br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#,
                     true,
-                ))),
+                )),
             ],
         ),
     ];
     for (case, messages) in cases {
         let mut client = server.client().await;
-        let (tx, rx) = mpsc::channel(4);
-        let mut inbound = client
-            .process(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        let (tx, mut inbound) = process(&mut client, 4).await;
         for m in messages {
             tx.send(m).await.unwrap();
         }
@@ -1632,16 +1484,8 @@ mod observability_log {
     /// Opens a stream in observability mode on `client` and waits for its status.
     async fn observed_stream(client: &mut ExternalProcessorClient<Channel>) -> Status {
         let mut stream = Stream::open(client).await;
-        let observed = ProcessingRequest {
-            observability_mode: true,
-            request: Some(Msg::RequestHeaders(headers_msg(
-                &[(":method", b"POST"), ("content-type", b"application/json")],
-                false,
-                true,
-            ))),
-            ..ProcessingRequest::default()
-        };
-        stream.tx.send(observed).await.unwrap();
+        let request = observed(post_request("application/json"));
+        stream.tx.send(request).await.unwrap();
         match tokio::time::timeout(PATIENCE, stream.rx.message())
             .await
             .unwrap()
@@ -1811,8 +1655,7 @@ async fn the_layers_observer_counts_the_processors_frames() {
     }
     let count = Arc::new(Count::default());
     let layer = BypassMarkerLayer::new().observe(count.clone());
-    let server = start(ExtProc::new(layer.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let chunks = common::chunked(STREAM.as_bytes(), &[7]);
     through_envoy(&mut client, &Exchange::chat(CHAT, &chunks)).await;
     assert_eq!(count.0.load(Ordering::SeqCst), 1);
@@ -1841,8 +1684,7 @@ async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
     )
     .await;
     let mut generated = own.client().await;
-    let server = start(processor).await;
-    let mut lean = server.client().await;
+    let (server, mut lean) = connected(processor).await;
     let body = format!("\u{FEFF}{MARKER}event: request_id\n: \"r-1\"\n\ndata: {{\"a\":1}}\r\rdata: [DONE]\n\nevent: x-bypass-remote-prefill");
     let large = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}],"nvext":{{"annotations":["x-bypass-remote-prefill:true"]}}}}"#,
@@ -1947,33 +1789,15 @@ async fn messages_in_one_data_frame_or_split_across_frames_are_each_answered() {
     use prost::Message;
 
     let server = start(ExtProc::new(BypassMarkerLayer::new())).await;
-    let msg = |part: Msg| {
-        prefixed(
-            0,
-            &ProcessingRequest {
-                request: Some(part),
-                ..ProcessingRequest::default()
-            }
-            .encode_to_vec(),
-        )
-    };
-    let message = msg(Msg::RequestHeaders(headers_msg(
-        &[(":method", b"GET")],
-        true,
-        true,
-    )));
+    let message = encoded(get_request(), false);
     // Three messages back to back in one DATA frame: three answers, then a clean end.
     let three = [
         message.clone(),
-        msg(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
+        encoded(response_headers("text/event-stream"), false),
+        encoded(
+            response_body(format!("{MARKER}data: 1\n\n").as_bytes(), true),
             false,
-            true,
-        ))),
-        msg(Msg::ResponseBody(body_msg(
-            format!("{MARKER}data: 1\n\n").as_bytes(),
-            true,
-        ))),
+        ),
     ]
     .concat();
     let (bytes, status) = raw_call(server.addr, PROCESS, &[], &three).await;
@@ -2042,15 +1866,7 @@ async fn calls_the_processor_cannot_read_fail_with_a_status_not_a_clean_end() {
     let limit = ExtProc::new(BypassMarkerLayer::new())
         .max_body_bytes(1024)
         .max_message_bytes();
-    let headers = ProcessingRequest {
-        request: Some(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        ))),
-        ..ProcessingRequest::default()
-    }
-    .encode_to_vec();
+    let headers = msg(get_request()).encode_to_vec();
     // A compressed message (Envoy sends none), by its flag or by the call's header.
     let (_, status) = raw_call(server.addr, PROCESS, &[], &prefixed(1, &headers)).await;
     assert_eq!(status, (Code::Unimplemented as i32).to_string());
@@ -2103,20 +1919,13 @@ async fn the_generated_server_fails_a_call_whose_message_it_cannot_read() {
         start_own(ExternalProcessorServer::new(processor).max_decoding_message_size(1024)).await;
     let mut client = own.client().await;
     let mut stream = Stream::open(&mut client).await;
-    stream
-        .call(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"POST"), ("content-type", b"application/json")],
-            false,
-            true,
-        )))
-        .await
-        .unwrap();
+    stream.call(post_request("application/json")).await.unwrap();
     let body = format!(
         r#"{{"model":"m","nvext":{{"annotations":["x-bypass-remote-prefill"]}},"pad":"{}"}}"#,
         "x".repeat(4096)
     );
     let err = stream
-        .call(Msg::RequestBody(body_msg(body.as_bytes(), true)))
+        .call(request_body(body.as_bytes(), true))
         .await
         .expect_err("the call must fail");
     assert_ne!(err.code(), Code::Ok);
@@ -2208,6 +2017,13 @@ async fn serve_advertises_a_max_concurrent_streams() {
     server.stop().await;
 }
 
+/// A processor with the default layer, a `--max-body` of `max_body` and `budget` shared.
+fn budgeted(max_body: usize, budget: &envoy::BodyBudget) -> ExtProc {
+    ExtProc::new(BypassMarkerLayer::new())
+        .max_body_bytes(max_body)
+        .body_budget(budget.clone())
+}
+
 /// A JSON request's headers, with a declared length or none (the client's body was chunked).
 fn json_headers(length: Option<usize>) -> Msg {
     let length = length.map(|n| n.to_string());
@@ -2263,13 +2079,7 @@ fn assert_over_budget(answer: &ProcessingResponse) {
 #[tokio::test]
 async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
     let budget = envoy::BodyBudget::new(2_000_000);
-    let server = start(
-        ExtProc::new(BypassMarkerLayer::new())
-            .max_body_bytes(1_000_000)
-            .body_budget(budget.clone()),
-    )
-    .await;
-    let mut client = server.client().await;
+    let (server, mut client) = connected(budgeted(1_000_000, &budget)).await;
     let mut heads = Vec::new();
     for _ in 0..2 {
         let mut head_only = Stream::open(&mut client).await;
@@ -2282,7 +2092,7 @@ async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
         let mut whole = Stream::open(&mut client).await;
         whole.call(json_headers(length)).await.unwrap();
         let answer = whole
-            .call(Msg::RequestBody(body_msg(&json_body(950_000), true)))
+            .call(request_body(&json_body(950_000), true))
             .await
             .unwrap();
         assert!(
@@ -2295,13 +2105,7 @@ async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
     assert_eq!(budget.refused(), 0);
     // A declared length the budget could never hold is refused at once, before Envoy buffers it.
     let tight = envoy::BodyBudget::new(1_000_000);
-    let small = start(
-        ExtProc::new(BypassMarkerLayer::new())
-            .max_body_bytes(1_000_000)
-            .body_budget(tight.clone()),
-    )
-    .await;
-    let mut small_client = small.client().await;
+    let (small, mut small_client) = connected(budgeted(1_000_000, &tight)).await;
     let mut never = Stream::open(&mut small_client).await;
     assert_over_budget(&never.call(json_headers(Some(900_000))).await.unwrap());
     assert_eq!((tight.held(), tight.refused()), (0, 1));
@@ -2316,8 +2120,8 @@ async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
 #[tokio::test]
 async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
     let budget = envoy::BodyBudget::new(1 << 20);
-    let server = start(ExtProc::new(BypassMarkerLayer::new()).body_budget(budget.clone())).await;
-    let mut client = server.client().await;
+    let (server, mut client) =
+        connected(ExtProc::new(BypassMarkerLayer::new()).body_budget(budget.clone())).await;
     // A body held mid-message: the first 700,000 bytes of an 800,000-byte body message.
     let mut first = RawCall::open(server.addr).await;
     first
@@ -2327,24 +2131,20 @@ async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
         first.answer().await.response,
         Some(Answer::RequestHeaders(_))
     ));
-    let body = encoded(Msg::RequestBody(body_msg(&json_body(800_000), true)), false);
+    let body = encoded(request_body(&json_body(800_000), true), false);
     first.send(&body[..700_000]).await;
     held_at_least(&budget, 690_000).await;
     let mut other = Stream::open(&mut client).await;
     other.call(json_headers(None)).await.unwrap();
     let answer = other
-        .call(Msg::RequestBody(body_msg(&json_body(300_000), true)))
+        .call(request_body(&json_body(300_000), true))
         .await
         .expect("an answer, not a failed stream");
     assert_over_budget(&answer);
     // A small request still fits in the last eighth.
     let mut small = Stream::open(&mut client).await;
     small.call(json_headers(Some(1000))).await.unwrap();
-    let answer = small
-        .call(Msg::RequestBody(body_msg(&json_body(1000), true)))
-        .await
-        .unwrap();
-    assert!(matches!(answer.response, Some(Answer::RequestBody(_))));
+    small.request_body(&json_body(1000), true).await;
     // The first body judged: its bytes are given back.
     first.send(&body[700_000..]).await;
     assert!(matches!(
@@ -2363,16 +2163,11 @@ async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
 #[tokio::test]
 async fn a_body_passing_the_budget_as_it_arrives_gets_the_503_before_its_end() {
     let budget = envoy::BodyBudget::new(1 << 20);
-    let server = start(
-        ExtProc::new(BypassMarkerLayer::new())
-            .max_body_bytes(4 << 20)
-            .body_budget(budget.clone()),
-    )
-    .await;
+    let server = start(budgeted(4 << 20, &budget)).await;
     let mut call = RawCall::open(server.addr).await;
     call.send(&encoded(json_headers(None), true)).await;
     call.answer().await;
-    let body = encoded(Msg::RequestBody(body_msg(&json_body(2 << 20), true)), false);
+    let body = encoded(request_body(&json_body(2 << 20), true), false);
     call.send(&body[..1 << 20]).await;
     assert_over_budget(&call.answer().await);
     assert_eq!(budget.held(), 0);
@@ -2389,12 +2184,7 @@ async fn a_body_passing_the_budget_as_it_arrives_gets_the_503_before_its_end() {
 #[tokio::test]
 async fn a_body_the_guard_does_not_read_passes_uncharged() {
     let budget = envoy::BodyBudget::new(2_000_000);
-    let server = start(
-        ExtProc::new(BypassMarkerLayer::new())
-            .max_body_bytes(1_000_000)
-            .body_budget(budget.clone()),
-    )
-    .await;
+    let server = start(budgeted(1_000_000, &budget)).await;
     let upload = Msg::RequestHeaders(headers_msg(
         &[
             (":method", b"POST"),
@@ -2407,18 +2197,12 @@ async fn a_body_the_guard_does_not_read_passes_uncharged() {
     let mut client = server.client().await;
     let mut stream = Stream::open(&mut client).await;
     stream.call(upload.clone()).await.unwrap();
-    let answer = stream
-        .call(Msg::RequestBody(body_msg(&vec![7; 1_900_000], true)))
-        .await
-        .expect("an answer");
-    let Some(Answer::RequestBody(b)) = answer.response else {
-        panic!("{answer:?}")
-    };
-    assert_eq!(replaced(b.response.as_ref()), None, "forwarded unchanged");
+    let answer = stream.request_body(&vec![7; 1_900_000], true).await;
+    assert_eq!(replaced(answer.as_ref()), None, "forwarded unchanged");
     let mut call = RawCall::open(server.addr).await;
     call.send(&encoded(upload, true)).await;
     call.answer().await;
-    let body = encoded(Msg::RequestBody(body_msg(&vec![7; 1_900_000], true)), false);
+    let body = encoded(request_body(&vec![7; 1_900_000], true), false);
     call.send(&body[..1_800_000]).await;
     call.send(&body[1_800_000..]).await;
     assert!(matches!(
@@ -2445,14 +2229,11 @@ async fn held_at_least(budget: &envoy::BodyBudget, n: u64) {
 /// `first`.
 fn encoded(request: Msg, first: bool) -> Vec<u8> {
     use prost::Message;
-    let mut msg = msg(request);
-    if first {
-        msg.protocol_config = Some(ProtocolConfiguration {
-            request_body_mode: BodySendMode::Buffered as i32,
-            response_body_mode: BodySendMode::Streamed as i32,
-            send_body_without_waiting_for_header_response: false,
-        });
-    }
+    let msg = if first {
+        with_modes(request, BodySendMode::Buffered, BodySendMode::Streamed)
+    } else {
+        msg(request)
+    };
     prefixed(0, &msg.encode_to_vec())
 }
 
@@ -2583,12 +2364,7 @@ mod full_duplex {
             request_mode: BodySendMode,
             response_mode: BodySendMode,
         ) -> Duplex {
-            let (tx, rx) = mpsc::channel(64);
-            let rx = tokio::time::timeout(PATIENCE, client.process(ReceiverStream::new(rx)))
-                .await
-                .unwrap()
-                .unwrap()
-                .into_inner();
+            let (tx, rx) = process(client, 64).await;
             Duplex {
                 tx,
                 rx,
@@ -2598,21 +2374,44 @@ mod full_duplex {
             }
         }
 
+        /// A stream on which Envoy has sent a POST's headers with `content_type`, answered: the
+        /// request body comes next.
+        async fn request(
+            client: &mut ExternalProcessorClient<Channel>,
+            content_type: &str,
+        ) -> Duplex {
+            let mut s = Duplex::open(client).await;
+            s.request_headers(content_type).await;
+            s
+        }
+
+        /// A stream on which Envoy has sent a GET's headers and a 200 response's headers with
+        /// `content_type`, each answered: the response body comes next.
+        async fn response(
+            client: &mut ExternalProcessorClient<Channel>,
+            content_type: &str,
+        ) -> Duplex {
+            let mut s = Duplex::open(client).await;
+            s.send(get_request()).await;
+            let answer = s.recv().await.unwrap();
+            assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
+            s.send(response_headers(content_type)).await;
+            let answer = s.recv().await.unwrap();
+            assert!(matches!(answer.response, Some(Answer::ResponseHeaders(_))));
+            s
+        }
+
+        /// Sends one message without waiting (the first announces the stream's body modes).
         async fn send(&mut self, request: Msg) {
-            let mut msg = ProcessingRequest {
-                request: Some(request),
-                ..ProcessingRequest::default()
+            let msg = if std::mem::take(&mut self.first) {
+                with_modes(request, self.request_mode, self.response_mode)
+            } else {
+                msg(request)
             };
-            if std::mem::take(&mut self.first) {
-                msg.protocol_config = Some(ProtocolConfiguration {
-                    request_body_mode: self.request_mode as i32,
-                    response_body_mode: self.response_mode as i32,
-                    send_body_without_waiting_for_header_response: false,
-                });
-            }
             self.tx.send(msg).await.unwrap();
         }
 
+        /// The next answer (never with a mode override).
         async fn recv(&mut self) -> Result<ProcessingResponse, Status> {
             match tokio::time::timeout(PATIENCE, self.rx.message())
                 .await
@@ -2659,13 +2458,9 @@ mod full_duplex {
             }
         }
 
-        async fn request_headers(&mut self, content_type: &[u8]) {
-            self.send(Msg::RequestHeaders(headers_msg(
-                &[(":method", b"POST"), ("content-type", content_type)],
-                false,
-                true,
-            )))
-            .await;
+        /// Sends a POST's headers with `content_type` and checks their answer.
+        async fn request_headers(&mut self, content_type: &str) {
+            self.send(post_request(content_type)).await;
             let answer = self.recv().await.unwrap();
             assert!(matches!(answer.response, Some(Answer::RequestHeaders(_))));
         }
@@ -2689,19 +2484,16 @@ mod full_duplex {
     #[tokio::test]
     async fn held_full_duplex_chunks_count_against_the_processors_budget() {
         let budget = envoy::BodyBudget::new(1 << 20);
-        let server = start(
+        let (server, mut client) = connected(
             ExtProc::new(BypassMarkerLayer::dynamo())
                 .max_body_bytes(4 << 20)
                 .body_budget(budget.clone()),
         )
         .await;
-        let mut client = server.client().await;
 
         // Judged whole: the budget is given back once the body has been answered.
-        let mut s = Duplex::open(&mut client).await;
-        s.request_headers(b"application/json").await;
-        s.send(Msg::RequestBody(body_msg(ROUTER_OWNED.as_bytes(), true)))
-            .await;
+        let mut s = Duplex::request(&mut client, "application/json").await;
+        s.send(request_body(ROUTER_OWNED.as_bytes(), true)).await;
         let (body, _, end) = s.streamed(true, None).await;
         assert!(end);
         assert_eq!(body, STRIPPED.as_bytes());
@@ -2709,11 +2501,10 @@ mod full_duplex {
         drop(s);
 
         // Of unknown length, larger than the budget: refused while its chunks arrive.
-        let mut s = Duplex::open(&mut client).await;
-        s.request_headers(b"application/json").await;
+        let mut s = Duplex::request(&mut client, "application/json").await;
         let chunk = vec![b' '; 256 << 10];
         for _ in 0..8 {
-            s.send(Msg::RequestBody(body_msg(&chunk, false))).await;
+            s.send(request_body(&chunk, false)).await;
         }
         // Nothing of the body is answered before its end: the first answer is the refusal.
         assert_over_budget(&s.recv().await.expect("an answer, not a failed stream"));
@@ -2727,17 +2518,14 @@ mod full_duplex {
         for server in servers().await {
             let mut client = server.client().await;
             for (cuts, trailers) in [(vec![], false), (vec![1, 30, 31], false), (vec![50], true)] {
-                let mut s = Duplex::open(&mut client).await;
-                s.request_headers(b"application/json").await;
+                let mut s = Duplex::request(&mut client, "application/json").await;
                 let body = ROUTER_OWNED.as_bytes();
                 let mut start = 0;
                 for &cut in &cuts {
-                    s.send(Msg::RequestBody(body_msg(&body[start..cut], false)))
-                        .await;
+                    s.send(request_body(&body[start..cut], false)).await;
                     start = cut;
                 }
-                s.send(Msg::RequestBody(body_msg(&body[start..], !trailers)))
-                    .await;
+                s.send(request_body(&body[start..], !trailers)).await;
                 if trailers {
                     s.send(Msg::RequestTrailers(HttpTrailers::default())).await;
                 }
@@ -2778,11 +2566,10 @@ mod full_duplex {
         let body =
             format!(r#"{{"pad":"{pad}","nvext":{{"annotations":["x-bypass-remote-prefill"]}}}}"#);
         let want = format!(r#"{{"pad":"{pad}","nvext":{{"annotations":[]}}}}"#);
-        let mut s = Duplex::open(&mut client).await;
-        s.request_headers(b"application/json").await;
+        let mut s = Duplex::request(&mut client, "application/json").await;
         for (i, piece) in body.as_bytes().chunks(16 << 10).enumerate() {
             let last = (i + 1) * (16 << 10) >= body.len();
-            s.send(Msg::RequestBody(body_msg(piece, last))).await;
+            s.send(request_body(piece, last)).await;
         }
         let (got, n, ended) = s.streamed(true, None).await;
         assert!(ended);
@@ -2794,12 +2581,9 @@ mod full_duplex {
     async fn a_held_body_over_the_cap_is_refused_with_413_before_its_end() {
         let server = &servers().await[0];
         let mut client = server.client().await;
-        let mut s = Duplex::open(&mut client).await;
-        s.request_headers(b"application/json").await;
-        s.send(Msg::RequestBody(body_msg(&[b' '; 200 << 10], false)))
-            .await;
-        s.send(Msg::RequestBody(body_msg(&[b' '; 100 << 10], false)))
-            .await;
+        let mut s = Duplex::request(&mut client, "application/json").await;
+        s.send(request_body(&[b' '; 200 << 10], false)).await;
+        s.send(request_body(&[b' '; 100 << 10], false)).await;
         let answer = s.recv().await.unwrap();
         let Some(Answer::ImmediateResponse(i)) = answer.response else {
             panic!("{answer:?}")
@@ -2811,10 +2595,9 @@ mod full_duplex {
     async fn a_body_the_guard_does_not_read_goes_back_chunk_by_chunk() {
         let server = &servers().await[0];
         let mut client = server.client().await;
-        let mut s = Duplex::open(&mut client).await;
-        s.request_headers(b"text/plain").await;
+        let mut s = Duplex::request(&mut client, "text/plain").await;
         for (piece, end) in [(&b"one "[..], false), (ROUTER_OWNED.as_bytes(), true)] {
-            s.send(Msg::RequestBody(body_msg(piece, end))).await;
+            s.send(request_body(piece, end)).await;
             let (got, n, ended) = s.streamed(true, Some(1)).await;
             assert_eq!((got.as_slice(), n, ended), (piece, 1, end));
         }
@@ -2825,24 +2608,7 @@ mod full_duplex {
         for server in servers().await {
             let mut client = server.client().await;
             for trailers in [false, true] {
-                let mut s = Duplex::open(&mut client).await;
-                s.send(Msg::RequestHeaders(headers_msg(
-                    &[(":method", b"GET")],
-                    true,
-                    true,
-                )))
-                .await;
-                s.recv().await.unwrap();
-                s.send(Msg::ResponseHeaders(headers_msg(
-                    &[(":status", b"200"), ("content-type", b"text/event-stream")],
-                    false,
-                    true,
-                )))
-                .await;
-                assert!(matches!(
-                    s.recv().await.unwrap().response,
-                    Some(Answer::ResponseHeaders(_))
-                ));
+                let mut s = Duplex::response(&mut client, "text/event-stream").await;
                 // The marker, a frame cut in two, and (before trailers) a frame left open.
                 let chunks: [&[u8]; 3] = [
                     b"event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\ndata: ",
@@ -2852,7 +2618,7 @@ mod full_duplex {
                 let mut got = Vec::new();
                 for (i, chunk) in chunks.iter().enumerate() {
                     let end = i == 2 && !trailers;
-                    s.send(Msg::ResponseBody(body_msg(chunk, end))).await;
+                    s.send(response_body(chunk, end)).await;
                     let (out, _, ended) = s.streamed(false, Some(1)).await;
                     assert_eq!(ended, end);
                     got.push(String::from_utf8(out).unwrap());
@@ -2879,23 +2645,8 @@ mod full_duplex {
     async fn a_response_passed_through_is_answered_chunk_by_chunk_with_itself() {
         let server = &servers().await[0];
         let mut client = server.client().await;
-        let mut s = Duplex::open(&mut client).await;
-        s.send(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await;
-        s.recv().await.unwrap();
-        s.send(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"application/json")],
-            false,
-            true,
-        )))
-        .await;
-        s.recv().await.unwrap();
-        s.send(Msg::ResponseBody(body_msg(MARKER.as_bytes(), true)))
-            .await;
+        let mut s = Duplex::response(&mut client, "application/json").await;
+        s.send(response_body(MARKER.as_bytes(), true)).await;
         let (out, _, ended) = s.streamed(false, Some(1)).await;
         assert!(ended);
         assert_eq!(out, MARKER.as_bytes());
@@ -2909,24 +2660,14 @@ mod full_duplex {
         // gRPC messages instead of bytes.
         let grpc = BodySendMode::try_from(5).unwrap();
         let mut s = Duplex::with_modes(&mut client, grpc, BodySendMode::FullDuplexStreamed).await;
-        s.send(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await;
+        s.send(get_request()).await;
         let err = s.recv().await.unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition);
         assert!(err.message().contains("request_body_mode GRPC"), "{err:?}");
         // A JSON request in pieces that are answered one by one: it cannot be judged whole.
         for mode in [BodySendMode::Streamed, BodySendMode::BufferedPartial] {
             let mut s = Duplex::with_modes(&mut client, mode, BodySendMode::Streamed).await;
-            s.send(Msg::RequestHeaders(headers_msg(
-                &[(":method", b"POST"), ("content-type", b"application/json")],
-                false,
-                true,
-            )))
-            .await;
+            s.send(post_request("application/json")).await;
             let err = s.recv().await.unwrap_err();
             assert_eq!(err.code(), Code::FailedPrecondition);
             assert!(
@@ -2942,19 +2683,9 @@ mod full_duplex {
             BodySendMode::None,
         )
         .await;
-        s.send(Msg::RequestHeaders(headers_msg(
-            &[(":method", b"GET")],
-            true,
-            true,
-        )))
-        .await;
+        s.send(get_request()).await;
         s.recv().await.unwrap();
-        s.send(Msg::ResponseHeaders(headers_msg(
-            &[(":status", b"200"), ("content-type", b"text/event-stream")],
-            false,
-            true,
-        )))
-        .await;
+        s.send(response_headers("text/event-stream")).await;
         let err = s.recv().await.unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition);
         assert!(err.message().contains("response_body_mode NONE"), "{err:?}");
@@ -2997,21 +2728,17 @@ async fn both_front_doors_time_every_answer_by_kind() {
         let mut stream = Stream::open(&mut client).await;
         stream.call(json_headers(Some(13))).await.unwrap();
         stream
-            .call(Msg::RequestBody(body_msg(br#"{"model":"m"}"#, true)))
+            .call(request_body(br#"{"model":"m"}"#, true))
             .await
             .unwrap();
         stream
-            .call(Msg::ResponseHeaders(headers_msg(
-                &[(":status", b"200"), ("content-type", b"text/event-stream")],
-                false,
-                true,
-            )))
+            .call(response_headers("text/event-stream"))
             .await
             .unwrap();
         for end in [false, true] {
             let chunk = format!("{MARKER}data: 1\n\n");
             stream
-                .call(Msg::ResponseBody(body_msg(chunk.as_bytes(), end)))
+                .call(response_body(chunk.as_bytes(), end))
                 .await
                 .unwrap();
         }
