@@ -48,7 +48,8 @@ clean end of a response from a broken one.
       chunked: each reaches the upstream once, as sent (the marker stripped)
   client.py trailers --envoy URL --upstream URL --streams N
       (an Envoy with enable_trailers both ways) N scripted streams that end in a trailer section:
-      each byte for byte what its opt-in allows, then its trailer
+      each byte for byte what its opt-in allows, then its trailer; chunked requests that end in a
+      trailer section: the body judged whole (a router-owned name stripped), then the trailer
   client.py curl --envoy URL --upstream URL --streams N
       N scripted streams through curl, over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for
       byte what its opt-in allows
@@ -94,10 +95,11 @@ class Response:
 
 
 async def request(url, path, body=None, headers=None, method=None, on_data=None, timeout=30,
-                  chunked=False):
+                  chunked=False, trailers=None):
     """One request on a new connection. `on_data(response)` is called after each read of the
     body; returning True stops reading (the connection is closed, as a client going away).
-    `chunked`: send the body in chunked encoding (no content-length)."""
+    `chunked`: send the body in chunked encoding (no content-length), with the trailer section
+    `trailers` (a dict) if given."""
     parts = urlsplit(url)
     res = Response()
     started = time.monotonic()
@@ -108,7 +110,8 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
     content_type = extra.pop("content-type", "application/json")
     if body is not None and chunked:
         head += [f"content-type: {content_type}", "transfer-encoding: chunked"]
-        data = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
+        end = b"0\r\n" + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in (trailers or {}).items())
+        data = (b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + end + b"\r\n"
     elif body is not None:
         head += [f"content-type: {content_type}", f"content-length: {len(data)}"]
     head += [f"{k}: {v}" for k, v in extra.items()]
@@ -708,6 +711,32 @@ async def run_trailers(args):
         "its trailer",
         "; ".join(bad[:3]),
     )
+    # Requests that end in trailers: the guard judges the body held until them, the upstream gets
+    # it with the router-owned name stripped, then the trailer section as sent.
+    ids = Ids("request-trailers")
+    cases = [
+        ("a body naming a router-owned marker: the marker stripped",
+         chat(False, ["x-bypass-remote-prefill", "request_id"]),
+         chat(False, ["request_id"])),
+        ("a body naming nothing router-owned: as sent", chat(False, ["request_id"]), chat(False, ["request_id"])),
+        ("a streamed request naming a router-owned marker: the marker stripped",
+         chat(True, ["x-bypass-remote-prefill"], {"kind": "script", "id": 0, "largest": 300}),
+         chat(True, [], {"kind": "script", "id": 0, "largest": 300})),
+    ]
+    for what, body, want in cases:
+        test_id = ids()
+        trailer = {"x-request-end": test_id}
+        res = await request(args.envoy, "/v1/chat/completions", body, headers={"x-test-id": test_id},
+                            chunked=True, trailers=trailer, timeout=60)
+        entry = await seen(args.upstream, test_id)
+        got = entry and entry["body"]
+        got_trailers = entry and entry.get("trailers")
+        report(
+            res.status == 200 and res.clean_end and got == want and got_trailers == trailer,
+            f"a chunked request ending in a trailer section: {what}, then its trailer (status {res.status})",
+            f"status {res.status}, error {res.error}, body {show(res.body)}, upstream got {got!r} "
+            f"and trailers {got_trailers!r}",
+        )
 
 
 async def run_curl(args):

@@ -33,7 +33,8 @@
   GET  /seen?test_id=X          what the upstream received for the request whose header
                                 `x-test-id` was X: {"body": <the JSON body as received>,
                                 "outcome": "complete" | "cancelled" | "reset" | "open",
-                                "accept_encoding", "content_type": those request headers}; 404 if
+                                "accept_encoding", "content_type": those request headers,
+                                "trailers": the request's trailer section, {} if none}; 404 if
                                 no such request arrived
 
 Requests without `x-test-id` are served but not recorded. The server stops by itself after
@@ -89,7 +90,7 @@ def record(test_id, body):
 
 
 async def read_request(reader):
-    """(method, target, headers, body) or None at the end of the connection."""
+    """(method, target, headers, body, trailers) or None at the end of the connection."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
@@ -99,19 +100,22 @@ async def read_request(reader):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
     body = b""
+    trailers = {}
     if headers.get("transfer-encoding", "").lower() == "chunked":
         parts = []
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:
-                await reader.readuntil(b"\r\n")  # no trailers expected
+                while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                    name, _, value = line.decode("latin-1").partition(":")
+                    trailers[name.strip().lower()] = value.strip()
                 break
             parts.append(await reader.readexactly(size))
             await reader.readexactly(2)
         body = b"".join(parts)
     elif "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
-    return method, target, headers, body
+    return method, target, headers, body, trailers
 
 
 def simple(status, content_type, body):
@@ -202,7 +206,7 @@ async def handle(reader, writer):
                 request = await read_request(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
-            method, target, headers, body = request
+            method, target, headers, body, trailers = request
             url = urlsplit(target)
             test_id = headers.get("x-test-id")
             if method == "GET" and url.path == "/v1/models":
@@ -227,6 +231,7 @@ async def handle(reader, writer):
                 if entry is not None:
                     entry["accept_encoding"] = headers.get("accept-encoding")
                     entry["content_type"] = headers.get("content-type")
+                    entry["trailers"] = trailers
                 if not isinstance(request_json, dict):  # JSON, not a chat request (`1`)
                     writer.write(simple(200, "application/json", COMPLETION))
                     if entry:
