@@ -11,7 +11,8 @@
 #   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy and fail straight
 #     to the router (the control); a raw client's bytes, opted in or not;
 #   - streams the upstream writes 1 to 9 bytes at a time; 1,000 concurrent streams intact;
-#     curl over HTTP/1.1 and HTTP/2; streams that end in trailers (enable_trailers both ways);
+#     curl over HTTP/1.1 and HTTP/2; streams and chunked JSON requests that end in trailers
+#     (enable_trailers both ways: the request judged whole, its trailer after it);
 #   - a client that goes away, an upstream that resets;
 #   - a panic in a hook (the test-panic build): a 503 or a broken stream, never the marker, and
 #     the next request is served by a reloaded VM (failure_policy: FAIL_RELOAD); a stream in
