@@ -98,6 +98,23 @@ pub enum Command {
     ExtProc(ExtProcArgs),
 }
 
+impl Command {
+    /// Parses `args`, the flags of `subcommand` (without the program and subcommand names), as
+    /// the binary would (environment variables included), and checks the names: the error is the
+    /// message the binary would print.
+    fn from_args<I, S>(subcommand: &str, args: I) -> Result<Self, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString> + Clone,
+    {
+        let argv = ["bypass-marker".into(), subcommand.into()]
+            .into_iter()
+            .chain(args.into_iter().map(Into::into));
+        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
+        Ok(cli.command)
+    }
+}
+
 /// The preset a layer starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[non_exhaustive]
@@ -422,11 +439,7 @@ impl ProxyArgs {
         I: IntoIterator<Item = S>,
         S: Into<std::ffi::OsString> + Clone,
     {
-        let argv = ["bypass-marker".into(), "proxy".into()]
-            .into_iter()
-            .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
-        let Command::Proxy(args) = cli.command else {
+        let Command::Proxy(args) = Command::from_args("proxy", args)? else {
             unreachable!("parsed as the proxy subcommand")
         };
         Ok(args)
@@ -490,11 +503,7 @@ impl ExtProcArgs {
         I: IntoIterator<Item = S>,
         S: Into<std::ffi::OsString> + Clone,
     {
-        let argv = ["bypass-marker".into(), "ext-proc".into()]
-            .into_iter()
-            .chain(args.into_iter().map(Into::into));
-        let cli = Cli::try_from_args(argv).map_err(|err| err.to_string())?;
-        let Command::ExtProc(args) = cli.command else {
+        let Command::ExtProc(args) = Command::from_args("ext-proc", args)? else {
             unreachable!("parsed as the ext-proc subcommand")
         };
         Ok(args)

@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use bypass_marker_cli::{self as cli, Cli, Command, ExtProcArgs, Metrics, ProxyArgs};
+use bypass_marker_cli::{self as cli, Cli, Command, ExtProcArgs, Metrics, NameError, ProxyArgs};
 use clap::CommandFactory as _;
 use tokio::sync::watch;
 
@@ -50,12 +50,7 @@ fn main() -> ExitCode {
 }
 
 async fn ext_proc(args: ExtProcArgs) -> ExitCode {
-    let metrics = match cli::ext_proc::metrics_for(&args) {
-        Ok(metrics) => metrics,
-        Err(err) => Cli::command()
-            .error(clap::error::ErrorKind::ValueValidation, err)
-            .exit(),
-    };
+    let metrics = cli::ext_proc::metrics_for(&args).unwrap_or_else(|err| usage_error(err));
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
@@ -72,17 +67,9 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     if let Ok(names) = args.naming.names_in_force() {
         tracing::info!("names in force: {names}");
     }
-    let signalled = match shutdown_signal() {
-        Ok(signalled) => signalled,
-        Err(err) => {
-            eprintln!("bypass-marker: cannot handle signals: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    tokio::spawn(async move {
-        signalled.await;
-        let _ = stop.send(true);
-    });
+    if let Err(code) = stop_on_signal(stop) {
+        return code;
+    }
     say(format_args!("ext_proc listening on {addr} (gRPC)"));
     let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
     stopped_with(served, metrics_server).await
@@ -110,6 +97,31 @@ async fn stopped_with<E: std::fmt::Display>(
             ExitCode::FAILURE
         }
     }
+}
+
+/// An invalid annotation name, reported as clap reports its own usage errors: the message and
+/// the usage on stderr, then exit code 2.
+fn usage_error(err: NameError) -> ! {
+    Cli::command()
+        .error(clap::error::ErrorKind::ValueValidation, err)
+        .exit()
+}
+
+/// Sends `true` on `stop` at Ctrl-C or SIGTERM, with the handlers installed before it returns;
+/// the exit code when they cannot be.
+fn stop_on_signal(stop: watch::Sender<bool>) -> Result<(), ExitCode> {
+    let signalled = match shutdown_signal() {
+        Ok(signalled) => signalled,
+        Err(err) => {
+            eprintln!("bypass-marker: cannot handle signals: {err}");
+            return Err(ExitCode::FAILURE);
+        }
+    };
+    tokio::spawn(async move {
+        signalled.await;
+        let _ = stop.send(true);
+    });
+    Ok(())
 }
 
 /// Completes once `stop` has been sent `true`.
@@ -144,13 +156,7 @@ fn serve_metrics(
 }
 
 async fn proxy(args: ProxyArgs) -> ExitCode {
-    let metrics = match cli::proxy::metrics_for(&args) {
-        Ok(metrics) => metrics,
-        // A usage error, reported as clap reports its own (exit code 2).
-        Err(err) => Cli::command()
-            .error(clap::error::ErrorKind::ValueValidation, err)
-            .exit(),
-    };
+    let metrics = cli::proxy::metrics_for(&args).unwrap_or_else(|err| usage_error(err));
     let threads = args.threads.get();
     let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
         Ok(listeners) => listeners,
@@ -177,17 +183,9 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         }
         _ => tracing::info!(upstream = %args.upstream, "--no-layer: forwarding untouched"),
     }
-    let signalled = match shutdown_signal() {
-        Ok(signalled) => signalled,
-        Err(err) => {
-            eprintln!("bypass-marker: cannot handle signals: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    tokio::spawn(async move {
-        signalled.await;
-        let _ = stop.send(true);
-    });
+    if let Err(code) = stop_on_signal(stop) {
+        return code;
+    }
     let plural = if threads == 1 { "" } else { "s" };
     tracing::info!("serving on {threads} thread{plural}");
     say(format_args!("listening on http://{addr}"));

@@ -6,30 +6,25 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use tokio::net::TcpListener;
 
 mod support;
-use support::{sigterm, start_proxy, stderr_lines, Announced, BIN, PATIENCE};
+use support::{
+    fetch, serve_upstream, sigterm, sigterm_and_output, sigterm_and_wait, start_proxy,
+    stderr_lines, Announced, BoxError, PATIENCE,
+};
 
 /// Runs the binary with `args` and no `BYPASS_MARKER_*` variables but those in `env`.
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(BIN);
-    command.args(args).env_remove("RUST_LOG");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("BYPASS_MARKER_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(env.iter().copied());
+    let mut command = support::std_command();
+    command.args(args).envs(env.iter().copied());
     command.output().expect("the binary runs")
 }
 
@@ -189,11 +184,7 @@ async fn an_unreachable_upstream_is_detailed_in_the_log_not_to_the_client() {
     let message = json["error"]["message"].as_str().unwrap();
     assert!(!message.contains(&upstream.port().to_string()), "{json}");
     assert!(!message.contains("os error"), "{json}");
-    sigterm(&child);
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = sigterm_and_output(child).await;
     let stderr = text(&out.stderr);
     let line = stderr
         .lines()
@@ -238,25 +229,44 @@ async fn slow_stream() -> impl IntoResponse {
     )
 }
 
+/// An upstream that serves [`slow_stream`] at `/stream`.
 async fn spawn_upstream() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().route("/stream", axum::routing::get(slow_stream));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    serve_upstream(axum::Router::new().route("/stream", axum::routing::get(slow_stream))).await
 }
 
+/// The naming flags under which a proxy removes exactly the `x-custom` frames of
+/// [`slow_stream`] (`expected_stream` is what is left).
+const X_CUSTOM: [&str; 4] = ["--preset", "none", "--opt-in", "x-custom"];
+
+/// What a client of [`slow_stream`] gets once its `x-custom` frames have been removed.
 fn expected_stream() -> String {
     (0..20).map(|i| format!("data: {i}\n\n")).collect()
 }
 
-async fn get(url: String) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// The body of a GET of `url` (whatever the status), however long it takes.
+async fn get(url: String) -> Result<Bytes, BoxError> {
     let req = http::Request::get(url)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let res = client.request(req).await?;
-    Ok(res.into_body().collect().await?.to_bytes())
+    Ok(fetch(req).await?.body)
+}
+
+/// The bodies of `/stream` from the proxy at `addr`, asked by `clients` clients at once, each on
+/// a connection of its own (a fresh hyper client per request); each must come within `patience`.
+async fn streams_at_once(addr: &str, clients: usize, patience: Duration) -> Vec<Bytes> {
+    let streams: Vec<_> = (0..clients)
+        .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
+        .collect();
+    let mut bodies = Vec::new();
+    for stream in streams {
+        let body = tokio::time::timeout(patience, stream)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        bodies.push(body);
+    }
+    bodies
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,11 +367,7 @@ async fn text_logs_and_rust_log_filtering() {
             .await
             .unwrap();
         assert!(body.is_empty());
-        sigterm(&child);
-        let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
+        let out = sigterm_and_output(child).await;
         assert!(out.status.success());
         let stderr = text(&out.stderr);
         let line = stderr.lines().find(|l| l.contains("bypass_marker::access"));
@@ -461,11 +467,7 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
         "no budget gauge in:\n{text}"
     );
 
-    sigterm(&child);
-    let status = tokio::time::timeout(PATIENCE, child.wait())
-        .await
-        .expect("the processor exits")
-        .unwrap();
+    let status = sigterm_and_wait(&mut child, "the processor exits").await;
     assert!(status.success(), "{status}");
     assert!(std::net::TcpStream::connect(&grpc).is_err());
 }
@@ -547,28 +549,12 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
         (&[][..], &[("BYPASS_MARKER_THREADS", "2")][..], 2),
         (&["--threads", "1"][..], &[][..], 1),
     ] {
-        let mut all = vec![
-            "--upstream",
-            &upstream,
-            "--listen",
-            "127.0.0.1:0",
-            "--preset",
-            "none",
-            "--opt-in",
-            "x-custom",
-        ];
+        let mut all = vec!["--upstream", &upstream, "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(&X_CUSTOM);
         all.extend_from_slice(args);
         let (mut child, addr) = spawn_proxy(&all, env).await;
         // Enough connections at once that more than one thread accepts some.
-        let streams: Vec<_> = (0..12)
-            .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
-            .collect();
-        for stream in streams {
-            let body = tokio::time::timeout(PATIENCE, stream)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+        for body in streams_at_once(&addr, 12, PATIENCE).await {
             assert_eq!(body, expected_stream(), "{args:?} {env:?}");
         }
         let pid = child.id().unwrap() as libc::pid_t;
@@ -579,11 +565,7 @@ async fn threads_share_one_port_and_each_filters_and_stops() {
             .filter(|name| name.starts_with("bypass-marker-"))
             .count();
         assert_eq!(serving, threads, "{args:?} {env:?}");
-        sigterm(&child);
-        let status = tokio::time::timeout(PATIENCE, child.wait())
-            .await
-            .expect("every thread stops")
-            .unwrap();
+        let status = sigterm_and_wait(&mut child, "every thread stops").await;
         assert!(status.success(), "{args:?} {env:?}: {status}");
         assert!(std::net::TcpStream::connect(&addr).is_err());
     }
@@ -612,15 +594,8 @@ async fn exits(args: &[&str]) -> Output {
 async fn a_second_proxy_on_an_address_in_use_fails_to_start_whatever_the_threads() {
     let upstream = format!("http://{}", spawn_upstream().await);
     for (first, second) in [("2", "2"), ("1", "2"), ("2", "1"), ("3", "3")] {
-        let base = [
-            "--upstream",
-            &upstream,
-            "--preset",
-            "none",
-            "--opt-in",
-            "x-custom",
-        ];
-        let mut args = base.to_vec();
+        let base = [&["--upstream", &upstream][..], &X_CUSTOM].concat();
+        let mut args = base.clone();
         args.extend_from_slice(&["--listen", "127.0.0.1:0", "--threads", first]);
         let (_child, addr) = spawn_proxy(&args, &[]).await;
         let mut args = vec!["proxy"];
@@ -638,15 +613,7 @@ async fn a_second_proxy_on_an_address_in_use_fails_to_start_whatever_the_threads
             "{first} then {second}: {stderr}"
         );
         // Every client still reaches the first proxy, which filters.
-        let streams: Vec<_> = (0..12)
-            .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
-            .collect();
-        for stream in streams {
-            let body = tokio::time::timeout(PATIENCE, stream)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+        for body in streams_at_once(&addr, 12, PATIENCE).await {
             assert_eq!(body, expected_stream(), "{first} then {second}");
         }
     }
@@ -684,7 +651,7 @@ async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
     let mut command = support::command();
     command
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
-        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .args(X_CUSTOM)
         .env("RUST_LOG", "warn");
     // SAFETY: setrlimit is async-signal-safe, and only changes the child's own limit.
     #[allow(unsafe_code)]
@@ -703,16 +670,7 @@ async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
     }
     let mut child = command.spawn().unwrap();
     let addr = Announced::of(&mut child).next("listening on http://").await;
-    // Each client on a connection of its own (a fresh hyper client per request).
-    let streams: Vec<_> = (0..40)
-        .map(|_| tokio::spawn(get(format!("http://{addr}/stream"))))
-        .collect();
-    for stream in streams {
-        let body = tokio::time::timeout(PATIENCE * 2, stream)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+    for body in streams_at_once(&addr, 40, PATIENCE * 2).await {
         assert_eq!(
             String::from_utf8_lossy(&body),
             expected_stream(),
@@ -723,18 +681,13 @@ async fn out_of_descriptors_every_accepted_request_reaches_the_upstream() {
 }
 
 /// A hyper POST of `body` as JSON to `url`: the status and the body.
-async fn post_json(
-    url: String,
-    body: &'static str,
-) -> Result<(http::StatusCode, Bytes), Box<dyn std::error::Error + Send + Sync>> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+async fn post_json(url: String, body: &'static str) -> Result<(http::StatusCode, Bytes), BoxError> {
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from_static(body.as_bytes())))
         .unwrap();
-    let res = client.request(req).await?;
-    let status = res.status();
-    Ok((status, res.into_body().collect().await?.to_bytes()))
+    let reply = fetch(req).await?;
+    Ok((reply.status, reply.body))
 }
 
 /// The peak resident set of process `pid` (`VmHWM`), in bytes.
@@ -759,37 +712,29 @@ async fn forty_large_bodies_keep_the_peak_rss_within_the_buffered_bytes_budget()
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     const BUDGET: u64 = 256 << 20;
     const BODY: usize = 30 << 20;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = format!("http://{}", listener.local_addr().unwrap());
     let app = axum::Router::new()
         .route("/stream", axum::routing::get(slow_stream))
         .route(
             "/v1/chat/completions",
             axum::routing::post(|| async { "{\"ok\":true}" }),
         );
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let upstream = format!("http://{}", serve_upstream(app).await);
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_addr = metrics.local_addr().unwrap().to_string();
     drop(metrics);
     let budget = BUDGET.to_string();
-    let (child, addr) = spawn_proxy(
+    let args = [
+        &["--upstream", &upstream, "--listen", "127.0.0.1:0"][..],
+        &X_CUSTOM,
         &[
-            "--upstream",
-            &upstream,
-            "--listen",
-            "127.0.0.1:0",
-            "--preset",
-            "none",
-            "--opt-in",
-            "x-custom",
             "--metrics-listen",
             &metrics_addr,
             "--max-buffered-bytes",
             &budget,
         ],
-        &[],
-    )
-    .await;
+    ]
+    .concat();
+    let (child, addr) = spawn_proxy(&args, &[]).await;
     let pid = child.id().unwrap();
     let stream = tokio::spawn(get(format!("http://{addr}/stream")));
 
@@ -925,7 +870,7 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
         .to_string();
     let mut child = command
         .args(["proxy", "--listen", &listen, "--upstream", &upstream])
-        .args(["--preset", "none", "--opt-in", "x-custom"])
+        .args(X_CUSTOM)
         .args(["--metrics-listen", &metrics])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::from(write))
@@ -947,10 +892,6 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
     .await
     .expect("the proxy serves");
     assert_eq!(body, expected_stream());
-    sigterm(&child);
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = sigterm_and_output(child).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }

@@ -191,21 +191,30 @@ fn the_disagreements_issue_28_fixed_reach_hypers_verdict_unlisted() {
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-a: 1\r\n x-fold\r\n\r\n", End::Cut),
     ];
     for (response, end) in cases {
-        for cuts in [&[][..], &[24], &[60, 90, 120]] {
-            let data = raw(false, cuts, response);
-            let case = decode(&data);
-            let (hyper, ours, agree) = run(&data);
-            let what = String::from_utf8_lossy(response);
-            assert!(
-                STRICTER
-                    .iter()
-                    .all(|(_, applies, _)| !applies(&case, &hyper)),
-                "{what}: no entry applies"
-            );
-            assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
-            assert_eq!((hyper.end, ours.end), (*end, *end), "{what}");
-        }
+        assert_agree_unlisted(response, *end, &String::from_utf8_lossy(response));
     }
+}
+
+/// Runs `response` whole, then cut at one place, then at three, and checks each time that no
+/// entry of `STRICTER` applies, that the two verdicts agree and that both end as `end`; `what`
+/// names the case in a failure. Returns this client's verdict of each run.
+fn assert_agree_unlisted(response: &[u8], end: End, what: &str) -> Vec<differential::Verdict> {
+    let mut verdicts = Vec::new();
+    for cuts in [&[][..], &[24], &[60, 90, 120]] {
+        let data = raw(false, cuts, response);
+        let case = decode(&data);
+        let (hyper, ours, agree) = run(&data);
+        assert!(
+            STRICTER
+                .iter()
+                .all(|(_, applies, _)| !applies(&case, &hyper)),
+            "{what}: no entry applies"
+        );
+        assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
+        assert_eq!((hyper.end, ours.end), (end, end), "{what}");
+        verdicts.push(ours);
+    }
+    verdicts
 }
 
 /// Item 6: a repeated length (`2, 2`) reaches the client as the one number, where hyper hands
@@ -285,19 +294,8 @@ fn the_four_disagreements_of_issue_34_reach_hypers_verdict_unlisted() {
         (&trailers, End::Complete, None),
     ];
     for (response, end, reason) in cases {
-        for cuts in [&[][..], &[24], &[60, 90, 120]] {
-            let data = raw(false, cuts, response);
-            let case = decode(&data);
-            let (hyper, ours, agree) = run(&data);
-            let what = String::from_utf8_lossy(&response[..response.len().min(80)]);
-            assert!(
-                STRICTER
-                    .iter()
-                    .all(|(_, applies, _)| !applies(&case, &hyper)),
-                "{what}: no entry applies"
-            );
-            assert_eq!(agree, Ok(()), "{what}\n{hyper:?}\n{ours:?}");
-            assert_eq!((hyper.end, ours.end), (*end, *end), "{what}");
+        let what = String::from_utf8_lossy(&response[..response.len().min(80)]);
+        for ours in assert_agree_unlisted(response, *end, &what) {
             assert_eq!(ours.reason, *reason, "{what}");
         }
     }

@@ -5,36 +5,17 @@
 //! Its own test binary, because it lowers the process's limit on open files.
 #![cfg(target_os = "linux")]
 
+mod support;
+
 use std::time::Duration;
 
 use bypass_marker_cli::envoy::{self, ExtProc};
+use support::{starve, PATIENCE};
 use tokio::net::TcpListener;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tower_bypass_marker::BypassMarkerLayer;
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-fn open_files() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-fn set_open_files_limit(soft: u64) -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write the struct we pass, nothing else.
-    #[allow(unsafe_code)]
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        let old = limit.rlim_cur;
-        limit.rlim_cur = soft;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
-        old
-    }
-}
 
 /// CPU time this process has used (user and system); `getrusage` needs no file descriptor.
 fn cpu_time() -> Duration {
@@ -76,25 +57,9 @@ async fn running_out_of_file_descriptors_neither_stops_nor_spins_accepting() {
     ));
     assert!(serving(addr).await);
 
-    // Sockets made while descriptors are free, connected once they are gone: their connections
-    // wait in the accept queue while every `accept` fails with EMFILE.
-    let sockets: Vec<tokio::net::TcpSocket> = (0..4)
-        .map(|_| tokio::net::TcpSocket::new_v4().unwrap())
-        .collect();
-    let original = set_open_files_limit(open_files() as u64 + 64);
-    let mut filler = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(file) => filler.push(file),
-            Err(err) if err.raw_os_error() == Some(libc::EMFILE) => break,
-            Err(err) => panic!("open failed: {err}"),
-        }
-        assert!(filler.len() < 1000, "the limit on open files had no effect");
-    }
-    let mut waiting = Vec::new();
-    for socket in sockets {
-        waiting.push(socket.connect(addr).await.unwrap());
-    }
+    // Out of descriptors, with connections waiting in the accept queue: every `accept` fails
+    // with EMFILE.
+    let (starved, waiting) = starve(addr, 4).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A loop that retried at once would keep a core busy for the whole second.
     let before = cpu_time();
@@ -106,9 +71,8 @@ async fn running_out_of_file_descriptors_neither_stops_nor_spins_accepting() {
     );
 
     // Free the descriptors: the processor accepts again.
-    drop(filler);
+    starved.free();
     drop(waiting);
-    set_open_files_limit(original);
     let back = tokio::time::timeout(PATIENCE, async {
         while !serving(addr).await {
             tokio::time::sleep(Duration::from_millis(50)).await;

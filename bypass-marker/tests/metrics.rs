@@ -2,90 +2,81 @@
 //! real upstreams on 127.0.0.1: exact counts, names and labels, read from `GET /metrics` and
 //! parsed strictly as OpenMetrics text (see [`parse`]).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
-use bypass_marker_cli::{self as cli, metrics, Metrics, ProxyArgs};
+use bypass_marker_cli::{self as cli, metrics, Metrics};
 use bytes::Bytes;
 use http::{header, StatusCode};
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use support::{
+    client, post_json, proxy_args, raw_exchange, send, serve_upstream, stopped, PATIENCE,
+};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// A proxy and its metrics endpoint, both on 127.0.0.1; stopped when dropped.
+/// A proxy (or processor) and its metrics endpoint, both on 127.0.0.1; stopped when dropped.
 struct Served {
     proxy: SocketAddr,
     metrics: SocketAddr,
     _stop: oneshot::Sender<()>,
 }
 
-async fn stopped(rx: oneshot::Receiver<()>) {
-    let _ = rx.await;
-}
-
-async fn start(upstream: &str, args: &[&str]) -> Served {
-    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
-    all.extend_from_slice(args);
-    let config = ProxyArgs::from_args(all).unwrap();
-    let registry: Arc<Metrics> = cli::proxy::metrics_for(&config).unwrap();
-    let listener = cli::bind(config.listen, 128).unwrap();
-    let proxy = listener.local_addr().unwrap();
-    let metrics_listener = cli::bind("127.0.0.1:0".parse().unwrap(), 128).unwrap();
-    let metrics = metrics_listener.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel();
-    let (stop_metrics, rx_metrics) = oneshot::channel::<()>();
-    tokio::spawn(metrics::serve_metrics(
-        metrics_listener,
-        registry.clone(),
-        stopped(rx_metrics),
-    ));
-    tokio::spawn(async move {
-        let _ = cli::serve_metered(listener, config, registry, stopped(rx)).await;
-        drop(stop_metrics);
-    });
-    Served {
-        proxy,
-        metrics,
-        _stop: stop,
+impl Served {
+    /// Spawns `serve`, the server on `addr`, given `registry` and the receiver whose sender the
+    /// `Served` holds (it stops when that is dropped), and a metrics endpoint for `registry` that
+    /// stops once `serve` has returned.
+    fn spawn<S, Fut>(addr: SocketAddr, registry: Arc<Metrics>, serve: S) -> Self
+    where
+        S: FnOnce(Arc<Metrics>, oneshot::Receiver<()>) -> Fut,
+        Fut: Future + Send + 'static,
+    {
+        let metrics_listener = cli::bind("127.0.0.1:0".parse().unwrap(), 128).unwrap();
+        let metrics = metrics_listener.local_addr().unwrap();
+        let (stop, rx) = oneshot::channel();
+        let (stop_metrics, rx_metrics) = oneshot::channel::<()>();
+        tokio::spawn(metrics::serve_metrics(
+            metrics_listener,
+            registry.clone(),
+            stopped(rx_metrics),
+        ));
+        let serving = serve(registry, rx);
+        tokio::spawn(async move {
+            let _ = serving.await;
+            drop(stop_metrics);
+        });
+        Served {
+            proxy: addr,
+            metrics,
+            _stop: stop,
+        }
     }
 }
 
-fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-async fn send(req: http::Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, Bytes) {
-    tokio::time::timeout(PATIENCE, async {
-        let res = client().request(req).await.unwrap();
-        let (parts, body) = res.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        (parts.status, parts.headers, body)
+/// The proxy with `args` in front of `upstream`, and its metrics endpoint.
+async fn start(upstream: &str, args: &[&str]) -> Served {
+    let config = proxy_args(upstream, args);
+    let registry: Arc<Metrics> = cli::proxy::metrics_for(&config).unwrap();
+    let listener = cli::bind(config.listen, 128).unwrap();
+    let proxy = listener.local_addr().unwrap();
+    Served::spawn(proxy, registry, |registry, stop| {
+        cli::serve_metered(listener, config, registry, stopped(stop))
     })
-    .await
-    .expect("a response in time")
 }
 
+/// A POST of `body` to the proxy's `/v1/chat/completions`: the status and the body.
 async fn post(addr: SocketAddr, body: serde_json::Value) -> (StatusCode, Bytes) {
-    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let (status, _, body) = send(req).await;
-    (status, body)
+    let reply = post_json(format!("http://{addr}/v1/chat/completions"), &body).await;
+    (reply.status, reply.body)
 }
 
 /// One sample: (name, labels as `k="v"` sorted, joined by `,`).
@@ -238,13 +229,10 @@ fn parse(text: &str) -> BTreeMap<Key, f64> {
 
 /// Scrapes `GET /metrics` and parses it.
 async fn scrape(served: &Served) -> BTreeMap<Key, f64> {
-    let req = http::Request::get(format!("http://{}/metrics", served.metrics))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let (status, headers, body) = send(req).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers[header::CONTENT_TYPE], metrics::CONTENT_TYPE);
-    parse(std::str::from_utf8(&body).unwrap())
+    let reply = support::get(format!("http://{}/metrics", served.metrics)).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers[header::CONTENT_TYPE], metrics::CONTENT_TYPE);
+    parse(std::str::from_utf8(&reply.body).unwrap())
 }
 
 fn get(samples: &BTreeMap<Key, f64>, name: &str, labels: &str) -> f64 {
@@ -268,13 +256,6 @@ async fn dynamo_stream() -> impl IntoResponse {
     )
 }
 
-async fn spawn(app: axum::Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
 fn request(annotations: &[&str]) -> serde_json::Value {
     serde_json::json!({
         "model": "m", "stream": true, "messages": [],
@@ -289,7 +270,7 @@ const ERRORS: &str = "bypass_marker_upstream_errors_total";
 
 #[tokio::test]
 async fn frames_removed_and_forwarded_are_counted_exactly_per_name() {
-    let upstream = spawn(axum::Router::new().fallback(dynamo_stream)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(dynamo_stream)).await;
     let served = start(&format!("http://{upstream}"), &[]).await;
 
     // Before any request: a series at 0 for every name of the dynamo preset.
@@ -354,17 +335,16 @@ async fn sdk_safe_removals_of_no_name_have_the_empty_label() {
             "id: 1\n\ndata: x\n\nretry: 5\n\n",
         )
     }
-    let upstream = spawn(axum::Router::new().fallback(comments)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(comments)).await;
     let served = start(
         &format!("http://{upstream}"),
         &["--sdk-safe", "--preset", "none"],
     )
     .await;
     assert_eq!(get(&scrape(&served).await, REMOVED, "annotation=\"\""), 0.0);
-    let req = http::Request::get(format!("http://{}/s", served.proxy))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let (_, _, body) = send(req).await;
+    let body = support::get(format!("http://{}/s", served.proxy))
+        .await
+        .body;
     assert_eq!(body, "data: x\n\n");
     let after = scrape(&served).await;
     assert_eq!(get(&after, REMOVED, "annotation=\"\""), 2.0);
@@ -376,13 +356,7 @@ async fn sdk_safe_removals_of_no_name_have_the_empty_label() {
 
 /// Writes `request` on a new connection and returns the status code of the answer.
 async fn raw_status(addr: SocketAddr, request: &[u8]) -> u16 {
-    let mut conn = TcpStream::connect(addr).await.unwrap();
-    conn.write_all(request).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(PATIENCE, conn.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
+    let out = raw_exchange(addr, request).await;
     std::str::from_utf8(&out[9..12]).unwrap().parse().unwrap()
 }
 
@@ -394,7 +368,7 @@ async fn refusals_are_counted_per_status_and_never_reach_the_upstream() {
         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         dynamo_stream()
     });
-    let upstream = spawn(app).await;
+    let upstream = serve_upstream(app).await;
     let served = start(
         &format!("http://{upstream}"),
         &["--max-body", "1000", "--body-timeout", "0.3"],
@@ -564,15 +538,9 @@ async fn streams_in_flight_are_a_gauge_and_other_paths_are_404() {
             )
         }
     });
-    let upstream = spawn(app).await;
+    let upstream = serve_upstream(app).await;
     let served = start(&format!("http://{upstream}"), &[]).await;
-    let url = format!("http://{}/stream", served.proxy);
-    let streaming = tokio::spawn(async move {
-        let req = http::Request::get(url)
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        send(req).await
-    });
+    let streaming = tokio::spawn(support::get(format!("http://{}/stream", served.proxy)));
     let mut active = 0.0;
     for _ in 0..100 {
         active = get(&scrape(&served).await, "bypass_marker_streams_active", "");
@@ -583,21 +551,24 @@ async fn streams_in_flight_are_a_gauge_and_other_paths_are_404() {
     }
     assert_eq!(active, 1.0);
     release.send(()).unwrap();
-    let (_, _, body) = streaming.await.unwrap();
+    let body = streaming.await.unwrap().body;
     assert_eq!(body, "data: done\n\n");
     let m = scrape(&served).await;
     assert_eq!(get(&m, "bypass_marker_streams_active", ""), 0.0);
 
     for path in ["/", "/metric", "/metrics/x"] {
-        let req = http::Request::get(format!("http://{}{path}", served.metrics))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        assert_eq!(send(req).await.0, StatusCode::NOT_FOUND, "{path}");
+        let status = support::get(format!("http://{}{path}", served.metrics))
+            .await
+            .status;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
     }
     let req = http::Request::post(format!("http://{}/metrics", served.metrics))
         .body(Full::new(Bytes::new()))
         .unwrap();
-    assert_eq!(send(req).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        send(req).await.unwrap().status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
 }
 
 #[test]
@@ -648,24 +619,9 @@ async fn the_processors_answer_times_are_a_histogram_per_kind_of_message() {
     let registry = cli::ext_proc::metrics_for(&args).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let processor = listener.local_addr().unwrap();
-    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = metrics_listener.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel();
-    let (stop_metrics, rx_metrics) = oneshot::channel::<()>();
-    tokio::spawn(metrics::serve_metrics(
-        metrics_listener,
-        registry.clone(),
-        stopped(rx_metrics),
-    ));
-    tokio::spawn(async move {
-        let _ = cli::ext_proc::serve(listener, &args, registry, stopped(rx)).await;
-        drop(stop_metrics);
+    let served = Served::spawn(processor, registry, |registry, stop| async move {
+        cli::ext_proc::serve(listener, &args, registry, stopped(stop)).await
     });
-    let served = Served {
-        proxy: processor,
-        metrics: metrics_addr,
-        _stop: stop,
-    };
     let count = |samples: &BTreeMap<Key, f64>, message: &str| {
         get(
             samples,
@@ -769,7 +725,7 @@ async fn the_processors_answer_times_are_a_histogram_per_kind_of_message() {
     );
 
     // The proxy times requests, not answers: no such series there.
-    let upstream = spawn(axum::Router::new().fallback(dynamo_stream)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(dynamo_stream)).await;
     let proxy = start(&format!("http://{upstream}"), &[]).await;
     let samples = scrape(&proxy).await;
     assert!(!samples.keys().any(|(name, _)| name.starts_with(ANSWERS)));

@@ -16,8 +16,10 @@ use bypass_marker_cli as proxy;
 
 #[path = "../../tests/logs/mod.rs"]
 mod logs;
+mod support;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,22 +28,20 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::MethodRouter;
 use bytes::Bytes;
 use http::{header, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use support::{
+    client, get, post_json, proxy_args, raise_open_files_limit, raw_exchange, raw_request, send,
+    serve_upstream, split_head, stopped, BoxError, PATIENCE,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Barrier};
 use tokio_stream::wrappers::ReceiverStream;
 
 const MARKER: &str = "event: x-bypass-remote-prefill\n: true\n\n";
-
-/// Bound on every wait: a hang fails the test instead of stalling the run.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A proxy served in the background; stopped (gracefully) when `stop` is sent or dropped.
 struct Proxy {
@@ -52,23 +52,30 @@ struct Proxy {
 
 /// Starts the proxy with `args` (`--listen 127.0.0.1:0` is added) in front of `upstream`.
 async fn start_proxy(upstream: &str, args: &[&str]) -> Proxy {
-    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
-    all.extend_from_slice(args);
-    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
-    let listener = proxy::bind(config.listen, config.backlog).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(proxy::serve(listener, config, async {
-        let _ = stopped.await;
-    }));
-    Proxy {
-        addr,
-        stop: Some(stop),
-        task,
-    }
+    Proxy::spawn(proxy_args(upstream, args), |listener, config, stop| {
+        proxy::serve(listener, config, stopped(stop))
+    })
 }
 
 impl Proxy {
+    /// Binds `config.listen` and spawns `serve` on it, given the receiver of `stop` (whose
+    /// [`stopped`] is the shutdown future).
+    fn spawn<S, Fut>(config: proxy::ProxyArgs, serve: S) -> Self
+    where
+        S: FnOnce(TcpListener, proxy::ProxyArgs, oneshot::Receiver<()>) -> Fut,
+        Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let listener = proxy::bind(config.listen, config.backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, config, rx));
+        Proxy {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -78,73 +85,6 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         drop(self.stop.take());
     }
-}
-
-/// Serves `app` on 127.0.0.1; it stops with the test's runtime. Its listen backlog is large, so
-/// that a burst of new connections from the proxy is not held up by the upstream's accept queue.
-async fn spawn_upstream(app: axum::Router) -> SocketAddr {
-    let listener = proxy::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A response as the client received it.
-struct Reply {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-async fn send(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
-    let exchange = async {
-        let res = client().request(req).await?;
-        let (parts, body) = res.into_parts();
-        let body = body.collect().await?.to_bytes();
-        Ok::<_, BoxError>(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
-    };
-    tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .map_err(|_| "no complete response in time")?
-}
-
-async fn post_json(url: String, json: &serde_json::Value) -> Reply {
-    let req = http::Request::post(url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(json.to_string())))
-        .unwrap();
-    send(req).await.unwrap()
-}
-
-/// Writes `request` on a new connection and reads until the proxy closes it.
-async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
-        .await
-        .expect("the proxy closes the connection")
-        .unwrap();
-    out
-}
-
-fn split_head(response: &[u8]) -> (String, &[u8]) {
-    let end = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete response head");
-    (
-        String::from_utf8(response[..end].to_vec()).unwrap(),
-        &response[end + 4..],
-    )
 }
 
 /// The header names of a raw response head, lowercase.
@@ -212,7 +152,7 @@ fn echo_header<'a>(echo: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
 
 #[tokio::test]
 async fn forwards_every_method_and_path_with_query_and_body() {
-    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(echo)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     for (method, path, body) in [
         ("GET", "/v1/models", ""),
@@ -248,18 +188,16 @@ async fn forwards_every_method_and_path_with_query_and_body() {
 
 #[tokio::test]
 async fn an_upstream_path_prefix_comes_before_the_request_path() {
-    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(echo)).await;
     let proxy = start_proxy(&format!("http://{upstream}/base/"), &[]).await;
-    let req = http::Request::get(proxy.url("/v1/models?a=1"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let seen: serde_json::Value = serde_json::from_slice(&send(req).await.unwrap().body).unwrap();
+    let seen: serde_json::Value =
+        serde_json::from_slice(&get(proxy.url("/v1/models?a=1")).await.body).unwrap();
     assert_eq!(seen["uri"], "/base/v1/models?a=1");
 }
 
 #[tokio::test]
 async fn hop_by_hop_headers_are_removed_both_ways_and_host_is_the_upstreams() {
-    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(echo)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let request = "GET /v1/models HTTP/1.1\r\n\
         Host: proxy.example\r\n\
@@ -354,10 +292,7 @@ async fn an_upstream_that_fails_before_its_head_is_a_502() {
         }
     });
     let proxy = start_proxy(&format!("http://{addr}"), &[]).await;
-    let req = http::Request::get(proxy.url("/v1/models"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let reply = send(req).await.unwrap();
+    let reply = get(proxy.url("/v1/models")).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     let json = error_json(&reply.body);
     assert_eq!(json["error"]["code"], "upstream_failed", "{json}");
@@ -379,10 +314,7 @@ async fn a_late_response_head_is_a_504_after_the_response_timeout() {
     });
     let proxy = start_proxy(&format!("http://{addr}"), &["--response-timeout", "0.5"]).await;
     let started = Instant::now();
-    let req = http::Request::get(proxy.url("/v1/models"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let reply = send(req).await.unwrap();
+    let reply = get(proxy.url("/v1/models")).await;
     assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
     assert!(started.elapsed() >= Duration::from_millis(500));
     let json = error_json(&reply.body);
@@ -419,6 +351,25 @@ impl Observed {
     fn take(&self) -> DropSignal {
         DropSignal(self.dropped.lock().unwrap().pop())
     }
+
+    /// Serves `route` at `path` on a new upstream that observes its requests' work: the upstream's
+    /// address and the observer.
+    async fn upstream(path: &str, route: MethodRouter<Observed>) -> (SocketAddr, Self) {
+        let observed = Self::default();
+        let app = axum::Router::new()
+            .route(path, route)
+            .with_state(observed.clone());
+        (serve_upstream(app).await, observed)
+    }
+}
+
+/// Waits until the request's work that `dropped` (from [`Observed::expect`]) signals has been
+/// dropped; `what` says what the test waits for, when it does not come in time.
+async fn until_dropped(dropped: oneshot::Receiver<()>, what: &str) {
+    tokio::time::timeout(PATIENCE, dropped)
+        .await
+        .expect(what)
+        .unwrap();
 }
 
 /// An event every 20 ms, forever; the stream holds a [`DropSignal`].
@@ -445,19 +396,14 @@ async fn never(State(observed): State<Observed>) -> Response {
 
 #[tokio::test]
 async fn a_client_that_goes_away_mid_stream_cancels_the_upstream_request() {
-    let observed = Observed::default();
-    let app = axum::Router::new()
-        .route("/forever", axum::routing::post(forever))
-        .with_state(observed.clone());
-    let upstream = spawn_upstream(app).await;
+    let (upstream, observed) = Observed::upstream("/forever", axum::routing::post(forever)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let dropped = observed.expect();
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(
+    let mut conn = raw_request(
+        proxy.addr,
         b"POST /forever HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
     )
-    .await
-    .unwrap();
+    .await;
     // Read until two events have arrived: the stream is flowing through the proxy.
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("data: 1\n\n") {
@@ -470,34 +416,29 @@ async fn a_client_that_goes_away_mid_stream_cancels_the_upstream_request() {
         seen.extend_from_slice(&buf[..n]);
     }
     drop(conn);
-    tokio::time::timeout(PATIENCE, dropped)
-        .await
-        .expect("the upstream's stream is dropped once the client has gone")
-        .unwrap();
+    until_dropped(
+        dropped,
+        "the upstream's stream is dropped once the client has gone",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_client_that_goes_away_before_the_head_cancels_the_upstream_request() {
-    let observed = Observed::default();
-    let app = axum::Router::new()
-        .route("/never", axum::routing::get(never))
-        .with_state(observed.clone());
-    let upstream = spawn_upstream(app).await;
+    let (upstream, observed) = Observed::upstream("/never", axum::routing::get(never)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let dropped = observed.expect();
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let conn = raw_request(proxy.addr, b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n").await;
     // Wait until the upstream has the request, then go.
     while observed.dropped.lock().unwrap().len() == 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(conn);
-    tokio::time::timeout(PATIENCE, dropped)
-        .await
-        .expect("the upstream's handler is dropped once the client has gone")
-        .unwrap();
+    until_dropped(
+        dropped,
+        "the upstream's handler is dropped once the client has gone",
+    )
+    .await;
 }
 
 /// `events` frames `data: <i>\n\n`, one every `gap_ms`, as chunks.
@@ -525,7 +466,9 @@ struct Paced {
     gap_ms: u64,
 }
 
-fn paced_body(events: u64) -> String {
+/// The events `data: 0` to `data: <events - 1>`, as [`paced`] and [`chunked_events_upstream`]
+/// send them and a client gets them.
+fn events_text(events: u64) -> String {
     (0..events).map(|i| format!("data: {i}\n\n")).collect()
 }
 
@@ -556,7 +499,7 @@ async fn read_until_closed(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
 
 #[tokio::test]
 async fn a_partial_request_head_is_closed_after_the_header_read_timeout() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
     let started = Instant::now();
@@ -573,7 +516,7 @@ async fn a_partial_request_head_is_closed_after_the_header_read_timeout() {
 
 #[tokio::test]
 async fn an_idle_connection_is_closed_after_the_idle_timeout() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
     // Never sends a byte.
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
@@ -604,7 +547,7 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout() {
 /// Sends `request`, a head and part of its body, and checks that the proxy answers 408 with an
 /// OpenAI-shaped error once the body timeout (500 ms in [`SHORT`]) has passed, and closes.
 async fn assert_stalled_body_gets_a_408(request: &[u8]) {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
     let started = Instant::now();
@@ -642,20 +585,17 @@ async fn a_stalled_streamed_body_gets_a_408_after_the_body_timeout() {
 
 #[tokio::test]
 async fn a_stream_longer_than_every_timeout_is_not_cut() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &SHORT).await;
     // 12 events 250 ms apart: 3 s, longer than the header, idle and body timeouts.
-    let req = http::Request::get(proxy.url("/paced?events=12&gap_ms=250"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let reply = send(req).await.unwrap();
+    let reply = get(proxy.url("/paced?events=12&gap_ms=250")).await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.body, paced_body(12));
+    assert_eq!(reply.body, events_text(12));
 }
 
 #[tokio::test]
 async fn slow_readers_do_not_delay_other_streams() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     // Slow readers take 1 byte every 100 ms of a stream far larger than the socket buffers, so the
     // proxy holds their upstream responses back.
@@ -663,13 +603,9 @@ async fn slow_readers_do_not_delay_other_streams() {
     let reading = Arc::new(AtomicBool::new(true));
     let mut slow = Vec::new();
     for _ in 0..4 {
-        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-        conn.write_all(
-            format!("GET /paced?events={slow_events}&gap_ms=0 HTTP/1.1\r\nHost: x\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
+        let request =
+            format!("GET /paced?events={slow_events}&gap_ms=0 HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut conn = raw_request(proxy.addr, request.as_bytes()).await;
         let reading = reading.clone();
         slow.push(tokio::spawn(async move {
             let mut got = Vec::new();
@@ -686,19 +622,11 @@ async fn slow_readers_do_not_delay_other_streams() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Meanwhile, 20 other streams run to their end.
-    let fast = (0..20).map(|_| {
-        let url = proxy.url("/paced?events=2000&gap_ms=0");
-        tokio::spawn(async move {
-            let req = http::Request::get(url)
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            send(req).await.unwrap()
-        })
-    });
+    let fast = (0..20).map(|_| tokio::spawn(get(proxy.url("/paced?events=2000&gap_ms=0"))));
     for reply in futures_util::future::join_all(fast).await {
         let reply = reply.unwrap();
         assert_eq!(reply.status, StatusCode::OK);
-        assert_eq!(reply.body, paced_body(2000));
+        assert_eq!(reply.body, events_text(2000));
     }
     // The slow readers are still reading: the fast streams did not wait for them.
     reading.store(false, Ordering::SeqCst);
@@ -715,20 +643,14 @@ async fn slow_readers_do_not_delay_other_streams() {
 
 #[tokio::test]
 async fn shutdown_lets_a_stream_in_flight_finish_and_stops_accepting() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let mut proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
-    let url = proxy.url("/paced?events=10&gap_ms=100");
-    let in_flight = tokio::spawn(async move {
-        let req = http::Request::get(url)
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        send(req).await.unwrap()
-    });
+    let in_flight = tokio::spawn(get(proxy.url("/paced?events=10&gap_ms=100")));
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(proxy.stop.take());
     let reply = in_flight.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.body, paced_body(10));
+    assert_eq!(reply.body, events_text(10));
     tokio::time::timeout(PATIENCE, &mut proxy.task)
         .await
         .expect("the proxy stops once the stream is done")
@@ -913,7 +835,7 @@ async fn stream_upstream(halfway: Option<usize>) -> (SocketAddr, Arc<StreamUpstr
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(stream_handler))
         .with_state(state.clone());
-    (spawn_upstream(app).await, state)
+    (serve_upstream(app).await, state)
 }
 
 #[tokio::test]
@@ -948,27 +870,11 @@ fn stream_count() -> usize {
         .unwrap_or(200)
 }
 
-/// Raises this process's soft limit on open files to the hard limit: each stream holds four
-/// descriptors here (client, proxy's accepted, proxy's upstream, upstream's accepted).
-fn raise_open_files_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write the struct we pass, nothing else.
-    #[allow(unsafe_code)]
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        limit.rlim_cur = limit.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-    }
-    limit.rlim_cur
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_through_the_proxy_arrive_byte_for_byte() {
     let streams = stream_count();
+    // Each stream holds four descriptors here (client, proxy's accepted, proxy's upstream,
+    // upstream's accepted).
     let fds = raise_open_files_limit();
     assert!(
         fds as usize > streams * 4 + 100,
@@ -1157,7 +1063,7 @@ async fn a_connection_header_cannot_hide_a_json_body_from_the_guard() {
     // `Connection` header names `content-type`: hop by hop, the proxy removes that header, so the
     // upstream gets a body with no content type, which FastAPI parses as JSON. The guard must
     // decide on those headers, the upstream's: it reads the body and strips the marker.
-    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(echo)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let body = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
     for connection in [
@@ -1196,7 +1102,7 @@ async fn a_connection_header_cannot_hide_a_json_body_from_the_guard() {
 
 #[tokio::test]
 async fn a_non_ascii_connection_header_still_removes_the_headers_it_names() {
-    let upstream = spawn_upstream(axum::Router::new().fallback(echo)).await;
+    let upstream = serve_upstream(axum::Router::new().fallback(echo)).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let request = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\
         Connection: X-Client-Hop, caf\xc3\xa9\r\nConnection: close\r\n\
@@ -1212,7 +1118,6 @@ async fn a_non_ascii_connection_header_still_removes_the_headers_it_names() {
 /// An event stream with the marker; gzip-encoded when the request accepts gzip, as a server
 /// behind a compression middleware sends it.
 async fn compressing(req: Request) -> Response {
-    use std::io::Write as _;
     let events = format!("{MARKER}data: {{\"x\":1}}\n\n{MARKER}data: [DONE]\n\n");
     let accepts_gzip = req
         .headers()
@@ -1220,16 +1125,7 @@ async fn compressing(req: Request) -> Response {
         .iter()
         .any(|v| v.to_str().unwrap_or("").contains("gzip"));
     if accepts_gzip {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(events.as_bytes()).unwrap();
-        (
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CONTENT_ENCODING, "gzip"),
-            ],
-            gz.finish().unwrap(),
-        )
-            .into_response()
+        gzipped_event_stream(&events)
     } else {
         ([(header::CONTENT_TYPE, "text/event-stream")], events).into_response()
     }
@@ -1241,7 +1137,7 @@ async fn the_upstream_is_asked_for_unencoded_event_streams() {
     let app = axum::Router::new()
         .route("/stream", axum::routing::get(compressing))
         .fallback(echo);
-    let upstream = spawn_upstream(app).await;
+    let upstream = serve_upstream(app).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     // What the upstream is asked for.
     let req = http::Request::get(proxy.url("/v1/models"))
@@ -1278,8 +1174,12 @@ async fn the_upstream_is_asked_for_unencoded_event_streams() {
 
 /// An upstream that gzips its event stream whatever it is asked for.
 async fn always_gzip() -> Response {
+    gzipped_event_stream(&format!("{MARKER}data: {{\"x\":1}}\n\n"))
+}
+
+/// `events` as a gzip-encoded event stream.
+fn gzipped_event_stream(events: &str) -> Response {
     use std::io::Write as _;
-    let events = format!("{MARKER}data: {{\"x\":1}}\n\n");
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(events.as_bytes()).unwrap();
     (
@@ -1300,7 +1200,7 @@ async fn an_encoded_event_stream_is_answered_with_a_502_counted_and_logged() {
     let captured = logs::Captured::default();
     let _log = tracing::subscriber::set_default(captured.subscriber(tracing::Level::WARN));
     let app = axum::Router::new().fallback(always_gzip);
-    let upstream = spawn_upstream(app).await;
+    let upstream = serve_upstream(app).await;
     let (proxy, metrics) =
         start_metered(&format!("http://{upstream}"), &["--preset", "none"]).await;
     let chat = |annotations: &str| {
@@ -1325,10 +1225,9 @@ async fn an_encoded_event_stream_is_answered_with_a_502_counted_and_logged() {
             .contains("content-encoding gzip,"),
         "{error}"
     );
-    let text = metrics.encode();
-    assert!(
-        text.contains("bypass_marker_encoded_streams_refused_total 1\n"),
-        "{text}"
+    assert_metrics(
+        &metrics,
+        &["bypass_marker_encoded_streams_refused_total 1\n"],
     );
     let logged = captured.text();
     assert_eq!(
@@ -1345,22 +1244,35 @@ async fn an_encoded_event_stream_is_answered_with_a_502_counted_and_logged() {
     let reply = send(chat(r#"["x-bypass-remote-prefill"]"#)).await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.headers[header::CONTENT_ENCODING], "gzip");
-    assert!(metrics
-        .encode()
-        .contains("bypass_marker_encoded_streams_refused_total 1\n"));
+    assert_metrics(
+        &metrics,
+        &["bypass_marker_encoded_streams_refused_total 1\n"],
+    );
 }
 
-#[tokio::test]
-async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
+/// An upstream that answers with [`echo`] and counts the requests it gets: its address and the
+/// count.
+async fn counting_echo_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let forwarded = Arc::new(AtomicUsize::new(0));
     let counted = forwarded.clone();
     let app = axum::Router::new().fallback(move |req: Request| {
         counted.fetch_add(1, Ordering::SeqCst);
         echo(req)
     });
-    let upstream = spawn_upstream(app).await;
+    (serve_upstream(app).await, forwarded)
+}
+
+#[tokio::test]
+async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
+    let (upstream, forwarded) = counting_echo_upstream().await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     let chunked_body = "5\r\nhello\r\n0\r\n\r\n";
+    let with_coding = |te: &str| {
+        format!(
+            "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+             Transfer-Encoding: {te}\r\n\r\n{chunked_body}"
+        )
+    };
     // hyper decodes `chunked` as the last coding; a coding before it would reach the upstream
     // still applied, and no longer named: RFC 9112 section 6.1 says 501.
     for te in [
@@ -1368,11 +1280,7 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
         "x-custom,chunked",
         "chunked\r\nTransfer-Encoding: chunked, deflate, chunked",
     ] {
-        let request = format!(
-            "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
-             Transfer-Encoding: {te}\r\n\r\n{chunked_body}"
-        );
-        let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let response = raw_exchange(proxy.addr, with_coding(te).as_bytes()).await;
         let (head, body) = split_head(&response);
         assert!(head.starts_with("HTTP/1.1 501"), "{te}: {head}");
         let json = error_json(body);
@@ -1380,11 +1288,7 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
     }
     // A last coding other than chunked: hyper itself refuses (400) before the proxy sees it.
     for te in ["gzip", "chunked, gzip"] {
-        let request = format!(
-            "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
-             Transfer-Encoding: {te}\r\n\r\n{chunked_body}"
-        );
-        let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let response = raw_exchange(proxy.addr, with_coding(te).as_bytes()).await;
         let (head, _) = split_head(&response);
         assert!(
             head.starts_with("HTTP/1.1 400") || head.starts_with("HTTP/1.1 501"),
@@ -1409,13 +1313,7 @@ async fn transfer_codings_other_than_chunked_are_refused_and_never_forwarded() {
 /// forwarded as `CONNECT <upstream authority>` and answered 200 with an empty event stream.
 #[tokio::test]
 async fn connect_is_refused_and_never_forwarded() {
-    let forwarded = Arc::new(AtomicUsize::new(0));
-    let counted = forwarded.clone();
-    let app = axum::Router::new().fallback(move |req: Request| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        echo(req)
-    });
-    let upstream = spawn_upstream(app).await;
+    let (upstream, forwarded) = counting_echo_upstream().await;
     for args in [&[][..], &["--no-layer"][..]] {
         let proxy = start_proxy(&format!("http://{upstream}"), args).await;
         for target in [format!("{upstream}"), "example.com:443".to_owned()] {
@@ -1447,13 +1345,8 @@ async fn raw_stream_upstream(
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            if conn.read(&mut byte).await.unwrap() == 0 {
-                return;
-            }
-            head.push(byte[0]);
+        if read_head(&mut conn).await.is_err() {
+            return;
         }
         let chunk = |event: &str| format!("{:x}\r\n{event}\r\n", event.len());
         let mut first = String::from(
@@ -1482,10 +1375,7 @@ async fn events_that_arrive_together_come_through_and_none_waits_for_the_next() 
     )
     .await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut conn = raw_request(proxy.addr, b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n").await;
     // Every read the client makes, until both first events have come.
     let mut reads: Vec<Vec<u8>> = Vec::new();
     let seen = |reads: &[Vec<u8>], what: &str| {
@@ -1534,35 +1424,31 @@ async fn read_until_closed_or_end(conn: &mut TcpStream) -> (Vec<u8>, Instant) {
 
 /// A proxy with metrics the test can read.
 async fn start_metered(upstream: &str, args: &[&str]) -> (Proxy, Arc<proxy::Metrics>) {
-    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
-    all.extend_from_slice(args);
-    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
+    let config = proxy_args(upstream, args);
     let metrics = proxy::proxy::metrics_for(&config).unwrap();
-    let listener = proxy::bind(config.listen, config.backlog).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(proxy::serve_metered(
-        listener,
-        config,
-        metrics.clone(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let proxy = Proxy {
-        addr,
-        stop: Some(stop),
-        task,
-    };
+    let counting = metrics.clone();
+    let proxy = Proxy::spawn(config, |listener, config, stop| {
+        proxy::serve_metered(listener, config, counting, stopped(stop))
+    });
     (proxy, metrics)
 }
 
-/// A client connection with a 4 KiB receive buffer: it stops taking bytes soon after it stops
-/// reading.
-async fn small_window_client(addr: SocketAddr) -> TcpStream {
+/// Fails unless the text of `metrics` has each of `lines` (a series and its value, and `\n`).
+fn assert_metrics(metrics: &proxy::Metrics, lines: &[&str]) {
+    let text = metrics.encode();
+    for line in lines {
+        assert!(text.contains(line), "{text}");
+    }
+}
+
+/// A client connection with a 4 KiB receive buffer (it stops taking bytes soon after it stops
+/// reading), on which `request` has been written.
+async fn small_window_request(addr: SocketAddr, request: &[u8]) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
-    socket.connect(addr).await.unwrap()
+    let mut conn = socket.connect(addr).await.unwrap();
+    conn.write_all(request).await.unwrap();
+    conn
 }
 
 /// 16 KiB events as fast as the connection takes them, forever; the stream holds a
@@ -1581,50 +1467,53 @@ async fn flood(State(observed): State<Observed>) -> Response {
         .into_response()
 }
 
+/// A client that asked for [`flood`] through a proxy with `--write-timeout 1`, on a connection
+/// with a small window ([`small_window_request`]), and has read nothing yet.
+struct StalledClient {
+    proxy: Proxy,
+    metrics: Arc<proxy::Metrics>,
+    conn: TcpStream,
+    /// Completes when the upstream's work for the request is dropped.
+    dropped: oneshot::Receiver<()>,
+}
+
+impl StalledClient {
+    /// Starts the upstream and the proxy, and sends the request.
+    async fn start() -> Self {
+        let (upstream, observed) = Observed::upstream("/flood", axum::routing::get(flood)).await;
+        let (proxy, metrics) =
+            start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
+        let dropped = observed.expect();
+        let conn =
+            small_window_request(proxy.addr, b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        Self {
+            proxy,
+            metrics,
+            conn,
+            dropped,
+        }
+    }
+}
+
 /// A client that stops reading is cut off once a write has made no progress for
 /// `--write-timeout`, and its upstream request is cancelled; the metrics count it. (The idle and
 /// header timeouts do not run while a request is in flight, and `--response-timeout` ends at the
 /// response head: both connections stayed open for good.)
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off_after_the_write_timeout() {
-    let observed = Observed::default();
-    let app = axum::Router::new()
-        .route("/flood", axum::routing::get(flood))
-        .with_state(observed.clone());
-    let upstream = spawn_upstream(app).await;
-    let (proxy, metrics) =
-        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
-    let dropped = observed.expect();
-    let mut conn = small_window_client(proxy.addr).await;
-    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let StalledClient {
+        proxy: _proxy,
+        metrics,
+        mut conn,
+        dropped,
+    } = StalledClient::start().await;
     let started = Instant::now();
     // The client reads nothing: the upstream request is cancelled ...
-    tokio::time::timeout(PATIENCE, dropped)
-        .await
-        .expect("the upstream request is cancelled")
-        .unwrap();
+    until_dropped(dropped, "the upstream request is cancelled").await;
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert!(
-        metrics
-            .encode()
-            .contains("bypass_marker_write_timeouts_total 1\n"),
-        "{}",
-        metrics.encode()
-    );
+    assert_metrics(&metrics, &["bypass_marker_write_timeouts_total 1\n"]);
     // ... and the connection closed: what the socket holds, then the end.
-    let mut buf = vec![0; 64 << 10];
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            match conn.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .expect("the proxy closes the connection");
+    let _ = read_to_end_or_error(&mut conn).await;
 }
 
 /// 4 MiB of events as fast as the connection takes them, then the end.
@@ -1643,13 +1532,11 @@ async fn burst() -> Response {
 #[tokio::test]
 async fn a_slow_reader_gets_the_whole_response_before_the_idle_clock_starts() {
     let app = axum::Router::new().route("/burst", axum::routing::get(burst));
-    let upstream = spawn_upstream(app).await;
+    let upstream = serve_upstream(app).await;
     let (proxy, metrics) =
         start_metered(&format!("http://{upstream}"), &["--idle-timeout", "0.3"]).await;
-    let mut conn = small_window_client(proxy.addr).await;
-    conn.write_all(b"GET /burst HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut conn =
+        small_window_request(proxy.addr, b"GET /burst HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let mut response = Vec::new();
     let mut buf = vec![0; 64 << 10];
     tokio::time::timeout(PATIENCE, async {
@@ -1674,20 +1561,14 @@ async fn a_slow_reader_gets_the_whole_response_before_the_idle_clock_starts() {
     // Once it is written, the connection is idle and closed after the idle timeout.
     let (rest, _) = read_until_closed(&mut conn).await;
     assert!(rest.is_empty());
-    assert!(
-        metrics
-            .encode()
-            .contains("bypass_marker_streams_active 0\n"),
-        "{}",
-        metrics.encode()
-    );
+    assert_metrics(&metrics, &["bypass_marker_streams_active 0\n"]);
 }
 
 /// Past `--max-connections`, a connection waits in the backlog: the second client is answered
 /// only once the first one's connection has ended.
 #[tokio::test]
 async fn connections_past_max_connections_wait_in_the_backlog() {
-    let upstream = spawn_upstream(timeout_app()).await;
+    let upstream = serve_upstream(timeout_app()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), &["--max-connections", "1"]).await;
     let ask = |events: u64| {
         let addr = proxy.addr;
@@ -1741,36 +1622,54 @@ where
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = listener.accept().await {
-            let mut head = Vec::new();
-            while !head.ends_with(b"\r\n\r\n") {
-                let mut byte = [0u8; 1];
-                if conn.read(&mut byte).await.unwrap_or(0) == 0 {
-                    break;
-                }
-                head.push(byte[0]);
-            }
+            // A head cut short goes to the script as it came.
+            let head = read_head(&mut conn).await.unwrap_or_else(|cut| cut);
             tokio::spawn(script(conn, head));
         }
     });
     addr
 }
 
-/// How a client connection ended: `Ok(bytes)` at a clean close (FIN), `Err(bytes)` at a reset.
-async fn read_to_close_or_reset(conn: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
+/// Reads a request head byte by byte, so that nothing after it is taken: `Ok` with the head, or
+/// `Err` with what came when the connection ended (or failed) before the head did.
+async fn read_head(conn: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if conn.read(&mut byte).await.unwrap_or(0) == 0 {
+            return Err(head);
+        }
+        head.push(byte[0]);
+    }
+    Ok(head)
+}
+
+/// Reads until the connection ends: what arrived, and how it ended (`Ok` at a clean close, FIN;
+/// the error that ended it otherwise, such as a reset).
+async fn read_to_end_or_error(conn: &mut TcpStream) -> (Vec<u8>, std::io::Result<()>) {
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
-    tokio::time::timeout(PATIENCE, async {
+    let end = tokio::time::timeout(PATIENCE, async {
         loop {
             match conn.read(&mut buf).await {
-                Ok(0) => return Ok(out),
+                Ok(0) => return Ok(()),
                 Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => return Err(out),
-                Err(err) => panic!("{err}"),
+                Err(err) => return Err(err),
             }
         }
     })
     .await
-    .expect("the proxy ends the connection")
+    .expect("the proxy ends the connection");
+    (out, end)
+}
+
+/// How a client connection ended: `Ok(bytes)` at a clean close (FIN), `Err(bytes)` at a reset.
+async fn read_to_close_or_reset(conn: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
+    match read_to_end_or_error(conn).await {
+        (out, Ok(())) => Ok(out),
+        (out, Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => Err(out),
+        (_, Err(err)) => panic!("{err}"),
+    }
 }
 
 /// A stream the upstream cut short mid-chunk reaches every client as a reset connection, never a
@@ -1787,9 +1686,8 @@ async fn a_cut_stream_is_a_reset_for_http10_and_http11_clients_alike() {
     .await;
     let proxy = start_proxy(&format!("http://{upstream}"), &[]).await;
     for version in ["HTTP/1.0", "HTTP/1.1"] {
-        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
         let request = format!("GET /v1/stream {version}\r\nhost: x\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut conn = raw_request(proxy.addr, request.as_bytes()).await;
         let ended = read_to_close_or_reset(&mut conn).await;
         assert!(
             ended.is_err(),
@@ -1821,10 +1719,7 @@ async fn an_upstream_silent_mid_body_is_cut_after_the_upstream_idle_timeout() {
         ],
     )
     .await;
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut conn = raw_request(proxy.addr, b"GET /v1/stream HTTP/1.1\r\nhost: x\r\n\r\n").await;
     let got = read_to_close_or_reset(&mut conn).await;
     let got = match got {
         Ok(bytes) | Err(bytes) => bytes,
@@ -1834,14 +1729,12 @@ async fn an_upstream_silent_mid_body_is_cut_after_the_upstream_idle_timeout() {
         "{}",
         String::from_utf8_lossy(&got)
     );
-    let text = metrics.encode();
-    assert!(
-        text.contains("bypass_marker_upstream_idle_timeouts_total 1\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains("bypass_marker_upstream_errors_total{kind=\"body\"} 1\n"),
-        "{text}"
+    assert_metrics(
+        &metrics,
+        &[
+            "bypass_marker_upstream_idle_timeouts_total 1\n",
+            "bypass_marker_upstream_errors_total{kind=\"body\"} 1\n",
+        ],
     );
 }
 
@@ -1881,12 +1774,11 @@ async fn a_slow_steady_upload_is_not_cut_by_the_response_timeout() {
     .await;
     let proxy = start_proxy(&format!("http://{upstream}"), &["--response-timeout", "1"]).await;
     for framing in ["content-length: 20000", "transfer-encoding: chunked"] {
-        let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
         let head = format!(
             "POST /upload HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n\
              {framing}\r\n\r\n"
         );
-        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut conn = raw_request(proxy.addr, head.as_bytes()).await;
         // 20 pieces of 1,000 bytes, one every 100 ms: 2 s in all, never a pause of 1 s.
         for _ in 0..20 {
             let piece = [b'x'; 1000];
@@ -1931,29 +1823,27 @@ async fn a_malformed_request_body_is_a_400_and_no_upstream_error() {
     })
     .await;
     let (proxy, metrics) = start_metered(&format!("http://{upstream}"), &[]).await;
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(
+    let mut conn = raw_request(
+        proxy.addr,
         b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n\
           transfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
     )
-    .await
-    .unwrap();
+    .await;
     let got = match read_to_close_or_reset(&mut conn).await {
         Ok(bytes) | Err(bytes) => bytes,
     };
     let text = String::from_utf8_lossy(&got);
     assert!(text.starts_with("HTTP/1.1 400"), "{text}");
     assert!(text.contains("invalid_request_body"), "{text}");
-    let text = metrics.encode();
-    assert!(
-        text.contains("bypass_marker_upstream_errors_total{kind=\"head\"} 0\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains("bypass_marker_request_body_errors_total 1\n"),
-        "{text}"
+    assert_metrics(
+        &metrics,
+        &[
+            "bypass_marker_upstream_errors_total{kind=\"head\"} 0\n",
+            "bypass_marker_request_body_errors_total 1\n",
+        ],
     );
 }
+
 /// Issue 28, item 11: under `--max-buffered-bytes`, a JSON body whose declared length does not
 /// fit gets a 503 with `Retry-After` before a byte of it is sent; a chunked one as soon as the
 /// bytes received pass the budget; the bytes are given back once a body has been forwarded (or
@@ -1962,7 +1852,7 @@ async fn a_malformed_request_body_is_a_400_and_no_upstream_error() {
 #[tokio::test]
 async fn request_bodies_past_the_buffered_bytes_budget_get_a_503_before_they_are_read() {
     let app = axum::Router::new().route("/v1/echo", axum::routing::post(echo));
-    let upstream = spawn_upstream(app).await;
+    let upstream = serve_upstream(app).await;
     // 1 MiB: large bodies may take 896 KiB of it.
     let (proxy, metrics) = start_metered(
         &format!("http://{upstream}"),
@@ -1988,13 +1878,12 @@ async fn request_bodies_past_the_buffered_bytes_budget_get_a_503_before_they_are
         "request_bodies_over_budget"
     );
     // Chunked, of unknown length: refused once more than 896 KiB have arrived.
-    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
-    conn.write_all(
+    let mut conn = raw_request(
+        proxy.addr,
         b"POST /v1/echo HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
           transfer-encoding: chunked\r\n\r\n",
     )
-    .await
-    .unwrap();
+    .await;
     let large = json(1_000_000);
     for piece in large.chunks(100_000) {
         let chunk = [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
@@ -2016,18 +1905,13 @@ async fn request_bodies_past_the_buffered_bytes_budget_get_a_503_before_they_are
         let reply = send(req).await.unwrap();
         assert_eq!(reply.status, StatusCode::OK);
     }
-    let text = metrics.encode();
-    assert!(
-        text.contains("bypass_marker_requests_refused_total{status=\"503\"} 2\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains("bypass_marker_request_bytes_held 0\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains("bypass_marker_request_bytes_budget 1048576\n"),
-        "{text}"
+    assert_metrics(
+        &metrics,
+        &[
+            "bypass_marker_requests_refused_total{status=\"503\"} 2\n",
+            "bypass_marker_request_bytes_held 0\n",
+            "bypass_marker_request_bytes_budget 1048576\n",
+        ],
     );
 }
 
@@ -2092,26 +1976,15 @@ fn tcp_states(local: SocketAddr, remote: SocketAddr) -> Vec<String> {
 /// 100+ MB of kernel memory) and the client, had it read on, would have seen a clean end.
 #[tokio::test]
 async fn a_write_timed_out_client_is_reset_and_its_send_buffer_freed_at_once() {
-    let observed = Observed::default();
-    let app = axum::Router::new()
-        .route("/flood", axum::routing::get(flood))
-        .with_state(observed.clone());
-    let upstream = spawn_upstream(app).await;
-    let (proxy, metrics) =
-        start_metered(&format!("http://{upstream}"), &["--write-timeout", "1"]).await;
-    let dropped = observed.expect();
-    let mut conn = small_window_client(proxy.addr).await;
+    let StalledClient {
+        proxy,
+        metrics,
+        mut conn,
+        dropped,
+    } = StalledClient::start().await;
     let client = conn.local_addr().unwrap();
-    conn.write_all(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    tokio::time::timeout(PATIENCE, dropped)
-        .await
-        .expect("the upstream request is cancelled")
-        .unwrap();
-    assert!(metrics
-        .encode()
-        .contains("bypass_marker_write_timeouts_total 1\n"));
+    until_dropped(dropped, "the upstream request is cancelled").await;
+    assert_metrics(&metrics, &["bypass_marker_write_timeouts_total 1\n"]);
     // The proxy's side is gone, not in FIN-WAIT-1 (04) with its send buffer full.
     tokio::time::timeout(PATIENCE, async {
         while !tcp_states(proxy.addr, client).is_empty() {
@@ -2126,18 +1999,7 @@ async fn a_write_timed_out_client_is_reset_and_its_send_buffer_freed_at_once() {
         )
     });
     // The client sees a reset, never a clean end.
-    let mut buf = vec![0; 64 << 10];
-    let end = tokio::time::timeout(PATIENCE, async {
-        loop {
-            match conn.read(&mut buf).await {
-                Ok(0) => return Ok(()),
-                Ok(_) => {}
-                Err(err) => return Err(err),
-            }
-        }
-    })
-    .await
-    .expect("the connection ends");
+    let (_, end) = read_to_end_or_error(&mut conn).await;
     let err = end.expect_err("a reset, not a clean end");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
 }
@@ -2149,10 +2011,7 @@ async fn start_threaded(
     upstream: SocketAddr,
     args: &[&str],
 ) -> (SocketAddr, Arc<proxy::Metrics>, oneshot::Sender<()>) {
-    let upstream = format!("http://{upstream}");
-    let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", &upstream];
-    all.extend_from_slice(args);
-    let config = proxy::ProxyArgs::from_args(all).expect("valid flags");
+    let config = proxy_args(&format!("http://{upstream}"), args);
     let metrics = proxy::proxy::metrics_for(&config).unwrap();
     let listeners = proxy::bind_each(config.listen, config.backlog, 1).unwrap();
     let addr = listeners[0].local_addr().unwrap();
@@ -2201,11 +2060,6 @@ async fn chunked_events_upstream(events: usize, gap: Duration) -> SocketAddr {
     .await
 }
 
-/// The bytes of the stream `chunked_events_upstream` sends, as the client gets them.
-fn events_text(events: usize) -> String {
-    (0..events).map(|i| format!("data: {i}\n\n")).collect()
-}
-
 /// `bypass_marker_read_coalesce_waits_total` once the proxy's thread has had the time to go to
 /// sleep after the response (it waits, if it does, only then): at once when it is at least
 /// `expected`, else after a quarter of a second.
@@ -2240,9 +2094,7 @@ async fn a_thread_waits_to_coalesce_reads_only_after_an_upstream_outran_it() {
     ] {
         let (addr, metrics, _stop) = start_threaded(upstream, &["--read-coalesce", coalesce]).await;
         let url = format!("http://{addr}/v1/stream");
-        let reply = send(http::Request::get(url).body(Full::default()).unwrap())
-            .await
-            .unwrap();
+        let reply = get(url).await;
         assert_eq!(reply.body, events_text(events).as_bytes(), "{what}");
         let counted = coalesce_waits(&metrics, u64::from(waits)).await;
         assert_eq!(counted > 0, waits, "{what}: {counted} waits");
