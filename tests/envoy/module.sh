@@ -228,35 +228,7 @@ done
 # or a Lua filter calling body()), and Envoy hands the buffered body on as the received chunk:
 # each body reaches the upstream once, as sent, in every Envoy tested. The module runs with
 # max-body 100 here.
-chain_bootstrap() {
-  "$python" - "$root/examples/envoy/dynamic-module.yaml" "$1" <<'PY'
-import sys
-text = open(sys.argv[1]).read()
-before = {
-    "buffer": """\
-          - name: envoy.filters.http.buffer
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
-              max_request_bytes: 1048576
-""",
-    "lua": """\
-          - name: envoy.filters.http.lua
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
-              default_source_code:
-                inline_string: |
-                  function envoy_on_request(handle)
-                    handle:body()
-                  end
-""",
-}[sys.argv[2]]
-module = "          - name: envoy.filters.http.dynamic_modules\n"
-config = "value: '{\"preset\": \"dynamo\"}'"
-assert text.count(module) == 1 and text.count(config) == 1
-text = text.replace(module, before + module).replace(config, "value: '{\"preset\": \"dynamo\", \"max-body\": 100}'")
-print(text)
-PY
-}
+chain_bootstrap() { "$python" "$here/variant.py" "$root/examples/envoy/dynamic-module.yaml" "$1"; }
 for version in 1.40.0 $older; do
   for kind in buffer lua; do
     chain_bootstrap "$kind" >"$work/chain-$kind.yaml" || die "cannot write the $kind bootstrap"

@@ -30,26 +30,3 @@ start_upstreams() {
   router_direct="$url"
 }
 
-# The OpenAI SDKs (every version tests/sdk/sdks.sh installed) and the raw client: through Envoy at
-# $1 (to a router behind it) they must pass; straight to the router at $2 every stream must fail
-# (the control). $3 names the front door in the labels.
-run_sdk_clients() {
-  local through="$1" direct="$2" via="$3" sdk_client="$root/tests/sdk/client.py" v label
-  for v in "${py_versions[@]}"; do
-    label="python openai $v"
-    run_client "$label, through $via" "${py_bin[$v]}" "$sdk_client" sdk \
-      --base-url "$through/v1" --expect pass --label "$label via $via" --version "$v"
-    run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
-      --base-url "$direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-  done
-  for v in "${node_versions[@]}"; do
-    label="node openai $v"
-    run_client "$label, through $via" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-      --base-url "$through/v1" --expect pass --label "$label via $via" --version "$v"
-    run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
-      --base-url "$direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
-  done
-  # The raw client's "with layer" checks run through Envoy, its "without layer" ones (the
-  # control) straight to the other router.
-  run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$through" --no-layer-url "$direct"
-}

@@ -77,54 +77,8 @@ log "installs and builds ready in $((SECONDS - started)) s"
 # ---------------------------------------------------------------------------------------------
 # Bootstraps
 
-# The shipped bootstrap with one of these changes ($2) made to it ($1: the source file), on stdout.
-variant() {
-  "$python" - "$1" "$2" <<'PY'
-import sys
-text = open(sys.argv[1]).read()
-kind = sys.argv[2]
-wasm = "          - name: envoy.filters.http.wasm\n"
-config = "value: '{\"preset\": \"dynamo\"}'"
-assert text.count(wasm) == 1 and text.count(config) == 1
-before = {
-    "buffer": """\
-          - name: envoy.filters.http.buffer
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
-              max_request_bytes: 1048576
-""",
-    "lua": """\
-          - name: envoy.filters.http.lua
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
-              default_source_code:
-                inline_string: |
-                  function envoy_on_request(handle)
-                    handle:body()
-                  end
-""",
-}
-if kind in before:
-    text = text.replace(wasm, before[kind] + wasm).replace(config, "value: '{\"preset\": \"dynamo\", \"max-body\": 100}'")
-elif kind == "trailers":
-    hcm = "          stat_prefix: openai\n"
-    cluster = "    connect_timeout: 5s\n"
-    assert text.count(hcm) == 1 and text.count(cluster) == 1
-    text = text.replace(hcm, hcm + "          http_protocol_options: { enable_trailers: true }\n")
-    text = text.replace(cluster, cluster + """\
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http_protocol_options: { enable_trailers: true }
-""")
-elif kind.startswith("config="):
-    text = text.replace(config, "value: '" + kind[len("config="):] + "'")
-else:
-    raise SystemExit("unknown variant " + kind)
-print(text)
-PY
-}
+# The shipped bootstrap ($1) with one change ($2), on stdout (tests/envoy/variant.py).
+variant() { "$python" "$here/variant.py" "$1" "$2"; }
 
 # Starts an Envoy named $1 (version $2) from bootstrap $3 with upstream port $4 and plugin $5;
 # sets `url` to its listener and `admin_url` to its admin.

@@ -86,22 +86,7 @@ log "router with the layer: $with_layer, without: $without_layer"
 # Clients get 120 s each.
 CLIENT_TIMEOUT=120
 
-for v in "${py_versions[@]}"; do
-  label="python openai $v"
-  run_client "$label, with layer" "${py_bin[$v]}" "$here/client.py" sdk \
-    --base-url "$with_layer/v1" --expect pass --label "$label" --version "$v"
-  run_client "$label, without layer" "${py_bin[$v]}" "$here/client.py" sdk \
-    --base-url "$without_layer/v1" --expect fail-every-stream --label "$label" --version "$v"
-done
-for v in "${node_versions[@]}"; do
-  label="node openai $v"
-  run_client "$label, with layer" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$with_layer/v1" --expect pass --label "$label" --version "$v"
-  run_client "$label, without layer" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$without_layer/v1" --expect fail-every-stream --label "$label" --version "$v"
-done
-run_client "raw HTTP client" "$python" "$here/client.py" raw \
-  --layer-url "$with_layer" --no-layer-url "$without_layer"
+run_sdk_clients "$with_layer" "$without_layer" "the layer"
 
 only_loopback
 nothing_left

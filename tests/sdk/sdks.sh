@@ -1,9 +1,11 @@
-# The OpenAI SDKs for the suites that stream with them (tests/sdk/run.sh, tests/dynamo/run.sh):
+# The OpenAI SDKs for the suites that stream with them (tests/sdk/run.sh, tests/envoy/*.sh,
+# tests/dynamo/run.sh):
 # openai-python and openai-node, each pinned and newest, each in its own directory under
 # $sdk_cache, kept across runs, so each suite uses the other's installs.
 #
 # Sourced, not run. The caller sets `sdk_cache` and `python` and defines `log` and `die`;
-# `install_sdks` then fills `py_versions`, `node_versions`, `py_bin`, `node_dir` and `node_bin`.
+# `install_sdks` then fills `py_versions`, `node_versions`, `py_bin`, `node_dir` and `node_bin`,
+# and `run_sdk_clients` runs them all against a front door and its control.
 # SDK_OFFLINE=1: no registry look-ups, use the newest SDKs already in the cache.
 
 PY_PINNED=2.28.0
@@ -109,4 +111,29 @@ install_sdks() {
     node_dir[$v]="$(install_npm "$v")"
     node_bin[$v]="$(node_for "${node_dir[$v]}")"
   done
+}
+
+# The OpenAI SDKs (every version install_sdks installed) and the raw client: through the front door
+# at $1 (to a router behind it, or the router with the layer) they must pass; straight to the
+# router at $2 (without the layer) every stream must fail (the control). $3 names the front door
+# in the labels. Needs tests/support/checks.sh's `run_client`.
+run_sdk_clients() {
+  local through="$1" direct="$2" via="$3" sdk_client="$root/tests/sdk/client.py" v label
+  for v in "${py_versions[@]}"; do
+    label="python openai $v"
+    run_client "$label, through $via" "${py_bin[$v]}" "$sdk_client" sdk \
+      --base-url "$through/v1" --expect pass --label "$label via $via" --version "$v"
+    run_client "$label, straight to the router" "${py_bin[$v]}" "$sdk_client" sdk \
+      --base-url "$direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+  done
+  for v in "${node_versions[@]}"; do
+    label="node openai $v"
+    run_client "$label, through $via" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+      --base-url "$through/v1" --expect pass --label "$label via $via" --version "$v"
+    run_client "$label, straight to the router" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" --sdk-dir "${node_dir[$v]}" \
+      --base-url "$direct/v1" --expect fail-every-stream --label "$label direct" --version "$v"
+  done
+  # The raw client's "with layer" checks run through the front door, its "without layer" ones
+  # (the control) straight to the other router.
+  run_client "raw HTTP client" "$python" "$sdk_client" raw --layer-url "$through" --no-layer-url "$direct"
 }
