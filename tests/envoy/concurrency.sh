@@ -44,8 +44,6 @@ front="${CONCURRENCY_FRONT:-module}"
 [[ "$front" == module || "$front" == ext-proc ]] || die "CONCURRENCY_FRONT: module or ext-proc, not $front"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
-# shellcheck source=tests/envoy/install.sh
-source "$here/install.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 

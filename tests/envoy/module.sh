@@ -51,10 +51,6 @@ streams="${ENVOY_STREAMS:-1000}"
 older="${ENVOY_OLDER:-1.38.3 1.39.3}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
-# shellcheck source=tests/envoy/install.sh
-source "$here/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$here/render.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 
@@ -62,11 +58,7 @@ source "$here/servers.sh"
 # Installs and builds
 
 started=$SECONDS
-declare -A envoys
-for version in 1.40.0 $older; do
-  ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
-  envoys[$version]="$envoy_bin"
-done
+install_envoys 1.40.0 $older
 envoy_bin="${envoys[1.40.0]}"
 log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
 

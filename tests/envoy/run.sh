@@ -60,10 +60,6 @@ MESSAGE_TIMEOUT=1
 # upstream one each.
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
-# shellcheck source=tests/envoy/install.sh
-source "$here/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$here/render.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 

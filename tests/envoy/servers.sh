@@ -1,6 +1,22 @@
-# What the Envoy suites (tests/envoy/run.sh, tests/envoy/module.sh) share: the upstreams they put
-# behind Envoy, and the SDK clients they run through it. Source tests/support/preamble.sh first;
-# the sourcing script also sets `here` (tests/envoy).
+# What the suites that run Envoy share (tests/envoy/*.sh, tests/soak/run.sh, tests/images/run.sh):
+# Envoy's install (install.sh) and the bootstraps' rendering (render.sh), sourced here; the
+# upstreams they put behind Envoy. Source tests/support/preamble.sh first.
+
+envoy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=tests/envoy/install.sh
+source "$envoy_tests/install.sh"
+# shellcheck source=tests/envoy/render.sh
+source "$envoy_tests/render.sh"
+
+# Installs Envoy at each version "$@" (install.sh); sets envoys[VERSION] to its binary.
+declare -A envoys
+install_envoys() {
+  local version
+  for version in "$@"; do
+    ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
+    envoys[$version]="$envoy_bin"
+  done
+}
 
 # Whether the Envoy whose admin listens on port $1 says it is LIVE.
 envoy_ready() {
@@ -19,7 +35,7 @@ build_router() {
 # put behind Envoy, one for the control straight to it); sets `upstream`, `router_behind` and
 # `router_direct`.
 start_upstreams() {
-  start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
+  start upstream "$python" "$envoy_tests/upstream.py" --lifetime "$LIFETIME"
   wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"
   upstream="$url"
   start router-envoy "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"

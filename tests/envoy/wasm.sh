@@ -44,10 +44,6 @@ streams="${ENVOY_STREAMS:-1000}"
 versions="${WASM_ENVOYS:-1.40.0 1.39.3 1.36.4}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
-# shellcheck source=tests/envoy/install.sh
-source "$here/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$here/render.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 
@@ -55,11 +51,8 @@ source "$here/servers.sh"
 # Installs and builds
 
 started=$SECONDS
-declare -A envoys
-for version in $versions; do
-  ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
-  envoys[$version]="$envoy_bin"
-done
+# shellcheck disable=SC2086 # a list of versions
+install_envoys $versions
 
 # shellcheck source=tests/sdk/sdks.sh
 source "$root/tests/sdk/sdks.sh"

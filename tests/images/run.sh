@@ -45,11 +45,6 @@ images_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$images_here/../support/preamble.sh"
 envoy_here="$root/tests/envoy"
-# shellcheck source=tests/envoy/install.sh
-source "$envoy_here/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$envoy_here/render.sh"
-here="$envoy_here" # servers.sh starts $here/upstream.py
 # shellcheck source=tests/envoy/servers.sh
 source "$envoy_here/servers.sh"
 

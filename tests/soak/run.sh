@@ -50,10 +50,6 @@ LIFETIME=$((${secs%.*} + ${warmup%.*} + 600))
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 
-# shellcheck source=tests/envoy/install.sh
-source "$root/tests/envoy/install.sh"
-# shellcheck source=tests/envoy/render.sh
-source "$root/tests/envoy/render.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$root/tests/envoy/servers.sh"
 # The pid of the process a group leader (`timeout`, see start) runs.
