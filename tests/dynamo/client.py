@@ -30,28 +30,21 @@ Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any 
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import checks  # noqa: E402  (tests/support/checks.py)
+from checks import frames, report  # noqa: E402
 
 MODEL = "tiny"
 # More than any reply in replies.json, so the mocker's replay decides where the text ends.
 MAX_TOKENS = 64
 MARKER = b"event: x-bypass-remote-prefill\n: true\n\n"
 TIMEOUT = 30
-
-failures = 0
-
-
-def report(ok, what, why=""):
-    global failures
-    if ok:
-        print(f"PASS {what}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {what}: {why}", flush=True)
-
 
 def replay(key):
     return f"output_replay_id:{key}"
@@ -70,17 +63,6 @@ def request(url, body=None, accept="text/event-stream", timeout=TIMEOUT):
             return res.status, res.headers.get("content-type", ""), res.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("content-type", ""), err.read()
-
-
-def frames(body):
-    """Splits an event stream at blank lines, keeping each frame's terminator."""
-    out, rest = [], body
-    while rest:
-        end = rest.find(b"\n\n")
-        end = len(rest) if end < 0 else end + 2
-        out.append(rest[:end])
-        rest = rest[end:]
-    return out
 
 
 def events(body):
@@ -356,7 +338,7 @@ def main():
         "sdk": run_sdk,
     }[args.mode]
     status = run(args)
-    return status if status is not None else (1 if failures else 0)
+    return status if status is not None else checks.exit_status()
 
 
 if __name__ == "__main__":

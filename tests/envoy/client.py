@@ -69,18 +69,10 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-import script
-
-failures = 0
-
-
-def report(ok, what, why=""):
-    global failures
-    if ok:
-        print(f"PASS {what}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {what}: {why}", flush=True)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import checks  # noqa: E402  (tests/support/checks.py)
+from checks import report  # noqa: E402
+import script  # noqa: E402  (tests/envoy/script.py)
 
 
 class Response:
@@ -931,7 +923,7 @@ def main():
     if args.mode in ("kill", "stall") and not args.pid:
         parser.error(f"{args.mode} needs --pid")
     asyncio.run(globals()[f"run_{args.mode}"](args))
-    return 1 if failures else 0
+    return checks.exit_status()
 
 
 if __name__ == "__main__":

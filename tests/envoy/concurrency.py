@@ -99,11 +99,6 @@ async def serve(args):
             print("--lifetime elapsed: stopping", file=sys.stderr)
 
 
-def report(ok, what, why=""):
-    print(f"PASS {what}" if ok else f"FAIL {what}: {why}", flush=True)
-    return ok
-
-
 async def run_client(args):
     want = expected(args.events)
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -120,7 +115,7 @@ async def run_client(args):
                f"error {res.error}" if not res.clean_end else
                "the marker" if MARKER in res.body else f"{len(res.body)} of {len(want)} bytes")
         bad[why] = bad.get(why, 0) + 1
-    ok = report(
+    ok = http.report(
         not bad,
         f"{args.streams} concurrent streams of {args.events} events through Envoy, every one intact "
         f"and without the marker ({args.streams - sum(bad.values())} of {args.streams}, "

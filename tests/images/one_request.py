@@ -16,16 +16,12 @@ import sys
 import urllib.request
 
 sys.path.insert(0, __file__.rsplit("/", 3)[0] + "/tests/envoy")
+sys.path.insert(0, __file__.rsplit("/", 3)[0] + "/tests/support")
+import checks  # noqa: E402  (tests/support/checks.py)
+from checks import report  # noqa: E402
 import script  # noqa: E402  (tests/envoy/script.py: what upstream.py streams)
 
 EVENTS = 3
-failures = 0
-
-
-def report(ok, what, why=""):
-    global failures
-    failures += not ok
-    print(f"PASS {what}" if ok else f"FAIL {what}: {why}", flush=True)
 
 
 def stream(base, opt_in):
@@ -72,7 +68,7 @@ def main():
         f"{args.label}: a client opted in to the marker gets the upstream's bytes exactly",
         f"status {status}, got {opted[:300]!r}, expected {direct[:300]!r}",
     )
-    sys.exit(1 if failures else 0)
+    sys.exit(checks.exit_status())
 
 
 if __name__ == "__main__":

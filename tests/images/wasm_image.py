@@ -17,22 +17,17 @@ Prints PASS/FAIL lines; exits 1 on a failure.
 import gzip
 import io
 import json
+import os
 import sys
 import tarfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import checks  # noqa: E402  (tests/support/checks.py)
+from checks import report  # noqa: E402
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 WASM_MAGIC = b"\0asm\x01\0\0\0"
-
-failures = 0
-
-
-def report(ok, what, why=""):
-    global failures
-    failures += not ok
-    print(f"PASS {what}" if ok else f"FAIL {what}: {why}", flush=True)
-    return ok
-
 
 def main(archive, ref, out):
     with tarfile.open(archive) as tar:
@@ -69,4 +64,4 @@ def main(archive, ref, out):
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
-    sys.exit(1 if failures else 0)
+    sys.exit(checks.exit_status())

@@ -28,8 +28,13 @@ Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any 
 
 import argparse
 import json
+import os
 import sys
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import checks  # noqa: E402  (tests/support/checks.py)
+from checks import frames, report  # noqa: E402
 
 MAX_TOKENS = 8
 BYPASS_FRAME = b"event: x-bypass-remote-prefill\n: true\n\n"
@@ -40,18 +45,6 @@ SPOOFED = ["x-bypass-remote-prefill:true", "sdk-test"]
 OPT_IN = ["x-bypass-remote-prefill"]
 MARKER = "the x-bypass-remote-prefill frame"
 REQUEST_ID = "the request_id frame"
-
-failures = 0
-
-
-def report(ok, what, why=""):
-    global failures
-    if ok:
-        print(f"PASS {what}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {what}: {why}", flush=True)
-
 
 def echo_text(prompt, max_tokens=MAX_TOKENS):
     """What the simulated echo model answers: the prompt's words, cycled, max_tokens of them."""
@@ -140,16 +133,6 @@ def post(url, body):
     )
     with urllib.request.urlopen(req, timeout=20) as res:
         return res.headers.get("content-type", ""), res.read()
-
-
-def frames(body):
-    out, rest = [], body
-    while rest:
-        end = rest.find(b"\n\n")
-        end = len(rest) if end < 0 else end + 2
-        out.append(rest[:end])
-        rest = rest[end:]
-    return out
 
 
 def run_raw(args):
@@ -261,7 +244,7 @@ def main():
         run_sdk(args)
     else:
         run_raw(args)
-    return 1 if failures else 0
+    return checks.exit_status()
 
 
 if __name__ == "__main__":
