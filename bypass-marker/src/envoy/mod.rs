@@ -182,6 +182,7 @@
 //!   It allows [`MAX_CONCURRENT_STREAMS`] streams per HTTP/2 connection.
 //! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
+mod answer_times;
 mod budget;
 mod connection;
 mod exchange;
@@ -191,8 +192,9 @@ mod serve;
 mod service;
 mod stream;
 
+pub use answer_times::{AnswerTimes, MessageKind};
 pub use budget::{BodyBudget, Charge, SMALL_BODY_BYTES};
-pub use processor::{AnswerTimes, ExtProc, MessageKind};
+pub use processor::ExtProc;
 pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;
 pub use stream::ProcessStream;

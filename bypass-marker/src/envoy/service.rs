@@ -13,9 +13,9 @@ use prost::Message;
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::answer_times::{AnswerClock, MessageKind};
 use super::connection::Origin;
 use super::exchange::Exchange;
-use super::processor::{AnswerClock, MessageKind};
 use super::{proto, ExtProc};
 
 /// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.

@@ -6,9 +6,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use futures_core::Stream;
 use tonic::{Status, Streaming};
 
+use super::answer_times::{AnswerClock, MessageKind};
 use super::connection::Origin;
 use super::exchange::Exchange;
-use super::processor::{AnswerClock, MessageKind};
 use super::proto;
 
 /// The processor's side of one `Process` call: one response for each message Envoy sends, in
