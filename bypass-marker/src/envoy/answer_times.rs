@@ -7,11 +7,15 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, ProcessingRequest};
 
-/// Hears how long the processor took to answer each message ([`ExtProc::answer_times`](super::ExtProc::answer_times));
+/// Hears how long the processor took to answer each message ([`ExtProc::answer_times`]);
 /// `bypass-marker ext-proc` makes a histogram of it.
+///
+/// [`ExtProc::answer_times`]: super::ExtProc::answer_times
 pub trait AnswerTimes: Send + Sync + 'static {
     /// A message of kind `message` was answered `elapsed` after its last bytes reached the
-    /// stream (see [`ExtProc::answer_times`](super::ExtProc::answer_times) for what the span covers).
+    /// stream (see [`ExtProc::answer_times`] for what the span covers).
+    ///
+    /// [`ExtProc::answer_times`]: super::ExtProc::answer_times
     fn answered(&self, message: MessageKind, elapsed: Duration);
 }
 
