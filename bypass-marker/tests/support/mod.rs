@@ -4,11 +4,20 @@
 //! process's limit on open files, for the tests that run it out of descriptors.
 #![allow(dead_code)] // each test target uses a part
 
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
+use bypass_marker_cli::ProxyArgs;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines};
+use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The binary cargo built for these tests.
@@ -75,18 +84,6 @@ pub async fn start_proxy(command: &mut Command) -> (Child, String) {
 }
 
 // ---- In process: upstreams, the proxy's flags, a client, raw TCP -------------------------------
-
-use std::net::SocketAddr;
-
-use bypass_marker_cli::ProxyArgs;
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 /// What a client exchange fails with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
