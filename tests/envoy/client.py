@@ -225,17 +225,30 @@ def show(body, limit=300):
     return repr(body[:limit]) + ("..." if len(body) > limit else "")
 
 
-async def served_after(args, what):
-    """A scripted stream through Envoy right after a failure: served, byte for byte."""
+async def served_after(args, what, within=0.0):
+    """A scripted stream through Envoy right after a failure: served, byte for byte. With
+    `within` (seconds), Envoy may first answer with its 5xx while it recovers (the proxy-wasm
+    plugin's VM reloading after a trap): the stream is asked for again until it is served or
+    `within` has passed, and none of the answers before may carry a byte of the stream."""
     full, expected = script.stream(1)
-    res = await request(
-        args.envoy, "/v1/chat/completions",
-        chat(True, script.annotations_of(1), {"kind": "script", "id": 1}),
-    )
+    started = time.monotonic()
+    refused = 0
+    while True:
+        res = await request(
+            args.envoy, "/v1/chat/completions",
+            chat(True, script.annotations_of(1), {"kind": "script", "id": 1}),
+        )
+        recovering = (res.status or 0) >= 500 and b"data:" not in res.body
+        if not recovering or time.monotonic() - started >= within:
+            break
+        refused += 1
+        await asyncio.sleep(0.1)
+    waited = time.monotonic() - started
     report(
         res.status == 200 and res.clean_end and res.body == expected,
-        f"{what}: the next stream through Envoy is served byte for byte",
-        f"status {res.status}, error {res.error}, body {show(res.body)}",
+        f"{what}: the next stream through Envoy is served byte for byte"
+        + (f" ({refused} answered 5xx first, served {waited:.1f} s after, bound {within:.0f} s)" if within else ""),
+        f"status {res.status}, error {res.error}, body {show(res.body)}, after {waited:.1f} s",
     )
 
 
@@ -312,6 +325,10 @@ async def run_checks(args):
     # (OpenAI-shaped: from content-length at the head, or from the buffered body when chunked) as
     # long as Envoy's buffer limit (32 MiB + 64 KiB) holds it; a chunked one over Envoy's buffer
     # limit gets Envoy's own 413. None of the refused ones reaches the upstream.
+    # The proxy-wasm plugin races Envoy over the last case: Envoy adds each chunk to its buffer
+    # before calling the plugin, so whichever sees the body over its limit first answers, and that
+    # depends on how the chunks arrive. Both answers are right; either is accepted ("any 413"), and
+    # the upstream must not see the body either way.
     max_body = 32 << 20
     for what, size, chunked, want in (
         ("a body of 32 MiB - 1 KiB", max_body - 1024, False, 200),
@@ -324,7 +341,7 @@ async def run_checks(args):
         # So does the processor in FULL_DUPLEX_STREAMED, where Envoy buffers nothing. The
         # proxy-wasm plugin sees every chunk too, but Envoy adds it to its buffer first.
         ("a chunked body of 32 MiB + 128 KiB (over Envoy's buffer limit)", max_body + (128 << 10), True,
-         "processor 413" if args.front in ("module", "duplex") else "envoy 413"),
+         {"module": "processor 413", "duplex": "processor 413", "wasm": "any 413"}.get(args.front, "envoy 413")),
     ):
         test_id = ids()
         raw = sized_body(size, ["x-bypass-remote-prefill"])
@@ -339,7 +356,7 @@ async def run_checks(args):
             except (ValueError, KeyError, TypeError):
                 shaped = False
             # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text.
-            ok = res.status == 413 and entry is None and shaped == (want == "processor 413")
+            ok = res.status == 413 and entry is None and (want == "any 413" or shaped == (want == "processor 413"))
         report(
             ok,
             f"{what}: {res.status} ({show(res.body, 100)})"
@@ -562,21 +579,30 @@ async def run_stall(args):
     # with every chunk it sends the processor (Envoy 1.40.0), so the stream breaks a message
     # timeout after the upstream's last chunk (or once the chunks held for the processor reach the
     # buffer limit), not a message timeout after the stall.
+    # The events that may still arrive after the stall are those the processor answered before
+    # it: at most the ones the upstream had written by then (one at once, then one per interval),
+    # less those the client had read. How many that is depends on how far the client lags behind
+    # on a busy machine, so the bound is reckoned from the clock, not fixed.
     events, interval_ms = 100, 20
     stalled_at = []
+    began = time.monotonic()
 
     def stop(res):
         os.kill(args.pid, signal.SIGSTOP)
+        written = 1 + int((time.monotonic() - began) * 1000 / interval_ms)
         stalled_at.append(res.body.count(b"data:"))
+        stalled_at.append(max(1, written - stalled_at[0]))
 
     try:
         res, _ = await broken_stream(args, "processor stopped mid-stream", stop, events=events,
                                      interval_ms=interval_ms, timeout=args.timeout + 20)
         upstream_time = events * interval_ms / 1000
         after = res.body.count(b"data:") - stalled_at[0] if stalled_at else None
+        in_transit = stalled_at[1] if stalled_at else 0
         report(
-            bool(stalled_at) and after <= 1 and res.elapsed < upstream_time + args.timeout + 3,
-            f"processor stopped mid-stream: {after} events reached the client after the stall; the "
+            bool(stalled_at) and after <= in_transit and res.elapsed < upstream_time + args.timeout + 3,
+            f"processor stopped mid-stream: {after} events reached the client after the stall (at "
+            f"most {in_transit}: those the upstream had written by then); the "
             f"stream broke {res.elapsed:.1f} s after it began (the upstream streams for "
             f"{upstream_time:.0f} s, then Envoy's message timeout of {args.timeout} s)",
             f"stopped after {stalled_at} events, {after} more arrived, broken after {res.elapsed:.1f} s",
@@ -679,8 +705,7 @@ async def run_panic(args):
         "nor a clean end of the stream",
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}",
     )
-    await reload_backoff(args)
-    await served_after(args, f"after a panic in {args.hook}")
+    await served_after(args, f"after a panic in {args.hook}", recovery_bound(args))
 
 
 async def run_trailers(args):
@@ -751,12 +776,16 @@ async def run_curl(args):
                "allows", "; ".join(bad[:3]))
 
 
-async def reload_backoff(args):
-    """After a panic traps the proxy-wasm plugin's VM, Envoy (failure_policy FAIL_RELOAD) answers
-    new streams with its 503 until the reload backoff has passed (1 s by default), then loads a
-    fresh VM for the next one: wait it out."""
-    if args.front == "wasm":
-        await asyncio.sleep(1.5)
+# After a panic traps the proxy-wasm plugin's VM, Envoy (failure_policy FAIL_RELOAD) answers new
+# streams with its 503 until the reload backoff has passed (1 s by default), then loads a fresh VM
+# for the next one. How soon the first stream after the panic comes depends on the machine, so the
+# check asks until it is served, within this bound (seconds); the module and the processor serve
+# the very next stream.
+RELOAD_BOUND = 10.0
+
+
+def recovery_bound(args):
+    return RELOAD_BOUND if args.front == "wasm" else 0.0
 
 
 async def run_panic_inflight(args):
@@ -786,8 +815,7 @@ async def run_panic_inflight(args):
         f"status {res.status}, clean end {res.clean_end}, body {show(res.body)}; the panicking one: "
         f"status {panic.status}, clean end {panic.clean_end}",
     )
-    await reload_backoff(args)
-    await served_after(args, f"after a panic in {args.hook} with a stream in flight")
+    await served_after(args, f"after a panic in {args.hook} with a stream in flight", recovery_bound(args))
 
 
 async def run_chain(args):

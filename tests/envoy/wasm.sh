@@ -5,8 +5,9 @@
 # version:
 #   - the guard's hostile JSON: router-owned names never reach the upstream in any form; its
 #     refusals come back as its 400s; the body limits (the plugin's 413, OpenAI-shaped; a chunked
-#     body over Envoy's buffer limit gets Envoy's own 413: Envoy adds a chunk to its buffer before
-#     the plugin sees it);
+#     body over Envoy's buffer limit gets a 413 from whichever of Envoy and the plugin sees it over
+#     its limit first, which depends on how the chunks arrive: either is accepted, and the upstream
+#     never sees the body);
 #   - JSON responses and GET /v1/models are the same bytes as straight to the upstream;
 #   - the OpenAI SDKs (python and node, pinned and newest) stream through Envoy and fail straight
 #     to the router (the control); a raw client's bytes, opted in or not;
@@ -15,7 +16,8 @@
 #     (enable_trailers both ways: the request judged whole, its trailer after it);
 #   - a client that goes away, an upstream that resets;
 #   - a panic in a hook (the test-panic build): a 503 or a broken stream, never the marker, and
-#     the next request is served by a reloaded VM (failure_policy: FAIL_RELOAD); a stream in
+#     a stream is served by a reloaded VM within 10 s (failure_policy: FAIL_RELOAD; Envoy answers
+#     503 until its reload backoff has passed, however long the machine takes); a stream in
 #     flight on the trapped VM breaks too, never going on unfiltered;
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
