@@ -422,8 +422,13 @@ def self_test(suite, files):
 def envoy_gateway_cases(mutated):
     wasm = lambda d: "wasm" in d["spec"]  # noqa: E731  (wasm.yaml's policy)
 
+    ext_proc = lambda d: "extProc" in d["spec"]  # noqa: E731  (ext-proc.yaml's policy)
+
     def plugin(doc):
         return doc["spec"]["wasm"][0]
+
+    def processor(doc):
+        return doc["spec"]["extProc"][0]
 
     return [
         ("a CEL rule: an Image code source without image", mutated("EnvoyExtensionPolicy", lambda d: plugin(d)["code"].pop("image"), wasm)),
@@ -440,6 +445,10 @@ def envoy_gateway_cases(mutated):
         ("a CEL rule: a policy targeting nothing", mutated("EnvoyExtensionPolicy", lambda d: d["spec"].pop("targetRefs"))),
         ("a missing required field", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("name"))),
         ("a bad metadata name", mutated("Gateway", lambda d: d["metadata"].update(name="Dynamo_Gateway"))),
+        ("extProc with the singular backendRef", mutated("EnvoyExtensionPolicy", lambda d: processor(d).update(backendRef=processor(d)["backendRefs"][0]), ext_proc)),
+        ("a CEL rule: extProc FullDuplexStreamed with failOpen", mutated("EnvoyExtensionPolicy", lambda d: processor(d).update(failOpen=True, processingMode={"request": {"body": "FullDuplexStreamed"}}), ext_proc)),
+        ("an extProc body mode outside the enum", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["processingMode"]["request"].update(body="BUFFERED"), ext_proc)),
+        ("a CEL rule: an extProc backend of another kind", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["backendRefs"][0].update(kind="Pod"), ext_proc)),
     ]
 
 
@@ -547,28 +556,80 @@ def module_config():
 
 
 def envoy_gateway_agrees():
-    """wasm.yaml is dynamic-module.yaml with the plugin for the module: the same Gateway (but for
-    its EnvoyProxy), policies and route, the plugin's config the module's, fail-closed."""
-    module, wasm = documents_of("envoy-gateway", "dynamic-module.yaml"), documents_of("envoy-gateway", "wasm.yaml")
+    """wasm.yaml and ext-proc.yaml are dynamic-module.yaml with the plugin or the processor for the
+    module: the same Gateway (but for its EnvoyProxy), policies and route, on the same targets;
+    the plugin's config the module's, fail-closed; the processor the Service of
+    examples/k8s/ext-proc.yaml, fail-closed, with the bootstrap's modes and message timeout; the
+    module's Envoy image pinned to a release the module is tested with."""
+    module = documents_of("envoy-gateway", "dynamic-module.yaml")
     problems = []
-    for kind in ("Gateway", "ClientTrafficPolicy", "HTTPRoute", "BackendTrafficPolicy"):
-        expected = copy.deepcopy(module.get(kind))
-        if kind == "Gateway" and expected:
-            expected[0]["spec"].pop("infrastructure", None)
-        if wasm.get(kind) != expected:
-            problems.append(f"examples/envoy-gateway/wasm.yaml: its {kind} differs from dynamic-module.yaml's")
-    if sorted(wasm) != sorted(set(module) - {"EnvoyProxy"}):
-        problems.append(f"examples/envoy-gateway/wasm.yaml has the kinds {sorted(wasm)}, not dynamic-module.yaml's but EnvoyProxy")
-    (policy,) = wasm.get("EnvoyExtensionPolicy", [{"spec": {}}])
-    plugins = policy["spec"].get("wasm", [])
     module_policy = module["EnvoyExtensionPolicy"][0]
-    if policy["spec"].get("targetRefs") != module_policy["spec"]["targetRefs"]:
-        problems.append("examples/envoy-gateway/wasm.yaml: the policy's targetRefs differ from dynamic-module.yaml's")
-    if len(plugins) != 1 or plugins[0].get("config") != module_config():
-        problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config")
-    if any(p.get("failOpen") is not False for p in plugins):
-        problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
+    for name in ("wasm.yaml", "ext-proc.yaml"):
+        other = documents_of("envoy-gateway", name)
+        for kind in ("Gateway", "ClientTrafficPolicy", "HTTPRoute", "BackendTrafficPolicy"):
+            expected = copy.deepcopy(module.get(kind))
+            if kind == "Gateway" and expected:
+                expected[0]["spec"].pop("infrastructure", None)
+            if other.get(kind) != expected:
+                problems.append(f"examples/envoy-gateway/{name}: its {kind} differs from dynamic-module.yaml's")
+        if sorted(other) != sorted(set(module) - {"EnvoyProxy"}):
+            problems.append(f"examples/envoy-gateway/{name} has the kinds {sorted(other)}, not dynamic-module.yaml's but EnvoyProxy")
+        (policy,) = other.get("EnvoyExtensionPolicy", [{"spec": {}}])
+        if policy["spec"].get("targetRefs") != module_policy["spec"]["targetRefs"]:
+            problems.append(f"examples/envoy-gateway/{name}: the policy's targetRefs differ from dynamic-module.yaml's")
+        if name == "wasm.yaml":
+            plugins = policy["spec"].get("wasm", [])
+            if len(plugins) != 1 or plugins[0].get("config") != module_config():
+                problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config")
+            if any(p.get("failOpen") is not False for p in plugins):
+                problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
+        else:
+            problems += ext_proc_agrees(policy)
+    problems += envoy_image_pinned(module)
     return problems
+
+
+def ext_proc_agrees(policy):
+    """ext-proc.yaml's processor: the Service of examples/k8s/ext-proc.yaml, in the policy's
+    namespace, fail-closed, with the modes and message timeout of examples/envoy/ext-proc.yaml."""
+    where = "examples/envoy-gateway/ext-proc.yaml"
+    problems = []
+    processors = policy["spec"].get("extProc", [])
+    if len(processors) != 1:
+        return [f"{where}: {len(processors)} extProc entries, not one"]
+    (processor,) = processors
+    services = [d for d in yaml.safe_load_all((ROOT / "examples" / "k8s" / "ext-proc.yaml").read_text())
+                if d and d.get("kind") == "Service"]
+    expected = [{"name": s["metadata"]["name"], "port": port["port"]} for s in services for port in s["spec"]["ports"]
+                if s["metadata"].get("namespace") == policy["metadata"].get("namespace")]
+    if processor.get("backendRefs") != expected:
+        problems.append(f"{where}: backendRefs {processor.get('backendRefs')} are not examples/k8s/ext-proc.yaml's Service {expected}")
+    if processor.get("failOpen") is not False:
+        problems.append(f"{where}: the processor does not say failOpen: false")
+    bootstrap = (ROOT / "examples" / "envoy" / "ext-proc.yaml").read_text()
+    timeout = re.search(r"^ +message_timeout: (\S+)", bootstrap, re.M)
+    if not timeout or processor.get("messageTimeout") != timeout.group(1):
+        problems.append(f"{where}: messageTimeout {processor.get('messageTimeout')} is not the bootstrap's message_timeout")
+    mode = processor.get("processingMode", {})
+    if mode != {"request": {"body": "Buffered"}, "response": {"body": "Streamed"}, "allowModeOverride": True}:
+        problems.append(f"{where}: processingMode {mode} is not the bootstrap's (request BUFFERED, response STREAMED, "
+                        "allow_mode_override)")
+    return problems
+
+
+def envoy_image_pinned(module):
+    """The module loads in the Envoy releases tests/envoy/module.sh runs it in, and no other is
+    known: the EnvoyProxy pins Envoy's image to one of them."""
+    suite = (ROOT / "tests" / "envoy" / "module.sh").read_text()
+    older = re.search(r'older="\$\{ENVOY_OLDER:-([0-9. ]+)\}"', suite)
+    tested = (older.group(1).split() if older else []) + re.findall(r"^install_envoys ([0-9.]+)", suite, re.M)
+    (proxy,) = module["EnvoyProxy"]
+    image = proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].get("image", "")
+    pinned = re.fullmatch(r"docker\.io/envoyproxy/envoy:distroless-v([0-9.]+)(@sha256:[0-9a-f]{64})?", image)
+    if not pinned or pinned.group(1) not in tested:
+        return [f"examples/envoy-gateway/dynamic-module.yaml: the EnvoyProxy's image {image!r} is not Envoy's distroless "
+                f"image at a release the module is tested with ({', '.join(sorted(tested)) or 'none found'})"]
+    return []
 
 
 def istio_agrees():
