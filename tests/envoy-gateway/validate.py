@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Validates the custom resources of a suite's examples (and any files given) against the CRD
 structures kept in the suite's folder (extract.py), offline, the way the API server would on
-create. Three suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
-default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/) and
-`istio` (examples/istio/, tests/istio/schemas/).
+create. Four suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
+default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/), `istio`
+(examples/istio/, tests/istio/schemas/) and `agentgateway` (examples/agentgateway/,
+tests/agentgateway/schemas/). A suite may use another's folder (`SUITE/schemas/FOLDER`).
 
 1. the CRD's defaults are applied;
 2. the OpenAPI schema is checked with `jsonschema` (PyPI), strict: a field the CRD does not
@@ -764,6 +765,58 @@ def istio_module_agrees(docs, infrastructures):
     return problems
 
 
+def agentgateway_cases(mutated):
+    policy = "AgentgatewayPolicy"
+
+    def processor(doc):
+        return doc["spec"]["traffic"]["extProc"]
+
+    return [
+        ("a body mode outside the enum", mutated(policy, lambda d: processor(d)["processingOptions"].update(requestBodyMode="FULL_DUPLEX_STREAMED"))),
+        ("a failure mode outside the enum", mutated(policy, lambda d: processor(d).update(failureMode="failClosed"))),
+        ("a misspelt processing option", mutated(policy, lambda d: processor(d)["processingOptions"].update(requestBodyModes="Buffered"))),
+        ("a CEL rule: a Service backend without port", mutated(policy, lambda d: processor(d)["backendRef"].pop("port"))),
+        ("a CEL rule: extProc without backendRef", mutated(policy, lambda d: processor(d).pop("backendRef"))),
+        ("a CEL rule: conditional with other fields", mutated(policy, lambda d: processor(d).update(conditional=[{"policy": {"backendRef": {"name": "x", "port": 1}}}]))),
+        ("a CEL rule: targetRefs and targetSelectors both", mutated(policy, lambda d: d["spec"].update(targetSelectors=[{"group": "gateway.networking.k8s.io", "kind": "Gateway", "matchLabels": {"a": "b"}}]))),
+        ("a CEL rule: a policy with no traffic, frontend or backend", mutated(policy, lambda d: d["spec"].pop("traffic"))),
+        ("a CEL rule: traffic on a Service target", mutated(policy, lambda d: d["spec"]["targetRefs"][0].update(group="", kind="Service"))),
+        ("a CEL rule: an HTTPRoute Service backend without port", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("port"))),
+    ]
+
+
+def agentgateway_agrees():
+    """The processor is examples/k8s/ext-proc.yaml's Service, fail-closed, in the mode it serves
+    for agentgateway (FULL_DUPLEX_STREAMED both ways, trailers sent, no mode override), on the
+    Gateway of the file; the route is the Istio and Envoy Gateway examples' route."""
+    where = "examples/agentgateway/ext-proc.yaml"
+    docs = documents_of("agentgateway", "ext-proc.yaml")
+    problems = []
+    if sorted(docs) != ["AgentgatewayPolicy", "Gateway", "HTTPRoute"]:
+        problems.append(f"{where} has the kinds {sorted(docs)}, not AgentgatewayPolicy, Gateway and HTTPRoute")
+    (policy,) = docs.get("AgentgatewayPolicy", [{"spec": {}, "metadata": {}}])
+    (gateway,) = docs.get("Gateway", [{"metadata": {}}])
+    if policy["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                              "name": gateway["metadata"].get("name")}]:
+        problems.append(f"{where}: the policy does not target the file's Gateway")
+    processor = policy["spec"].get("traffic", {}).get("extProc", {})
+    services = [d for d in yaml.safe_load_all((ROOT / "examples" / "k8s" / "ext-proc.yaml").read_text())
+                if d and d.get("kind") == "Service" and d["metadata"].get("namespace") == policy["metadata"].get("namespace")]
+    expected = [{"name": s["metadata"]["name"], "port": port["port"]} for s in services for port in s["spec"]["ports"]]
+    if [processor.get("backendRef")] != expected:
+        problems.append(f"{where}: backendRef {processor.get('backendRef')} is not examples/k8s/ext-proc.yaml's Service {expected}")
+    if processor.get("failureMode") != "FailClosed":
+        problems.append(f"{where}: failureMode is not FailClosed")
+    served = {"requestHeaderMode": "Send", "requestBodyMode": "FullDuplexStreamed", "requestTrailerMode": "Send",
+              "responseHeaderMode": "Send", "responseBodyMode": "FullDuplexStreamed", "responseTrailerMode": "Send",
+              "allowModeOverride": False}
+    if processor.get("processingOptions") != served:
+        problems.append(f"{where}: processingOptions {processor.get('processingOptions')} are not the mode the processor serves {served}")
+    if docs.get("HTTPRoute") != documents_of("istio", "wasm-plugin.yaml").get("HTTPRoute"):
+        problems.append(f"{where}: its HTTPRoute differs from examples/istio/wasm-plugin.yaml's")
+    return problems
+
+
 SUITES = {suite.name: suite for suite in [
     # Each Envoy Gateway release with the Gateway API release it bundles.
     Suite("envoy-gateway", [
@@ -781,6 +834,11 @@ SUITES = {suite.name: suite for suite in [
         ("Istio 1.30.3 + Gateway API v1.5.1", ["istio-1.30.3", "envoy-gateway/schemas/gateway-api-v1.5.1"]),
         ("Istio 1.30.3 + Gateway API v1.6.1", ["istio-1.30.3", "envoy-gateway/schemas/gateway-api-v1.6.1"]),
     ], istio_cases, istio_agrees),
+    # agentgateway v1.4.1's AgentgatewayPolicy (extract.py), with the Gateway API release it
+    # builds against (v1.6.1), kept by the envoy-gateway suite.
+    Suite("agentgateway", [
+        ("agentgateway v1.4.1 + Gateway API v1.6.1", ["agentgateway-v1.4.1", "envoy-gateway/schemas/gateway-api-v1.6.1"]),
+    ], agentgateway_cases, agentgateway_agrees),
 ]}
 
 
