@@ -692,6 +692,12 @@ def istio_agrees():
     # The plugin's labels: Istio makes a stats tag `(NAME=\.=(.*?);\.;)` for each extraStatTags name,
     # as examples/envoy/wasm.yaml's stats_tags.
     tags = sorted(re.findall(r"tag_name: (\w+)", bootstrap_text))
+    # Istio 1.30's bootstrap template writes `({{ $tag }}=\\.=(.*?);\\.;)` for each name: the same
+    # regex as the shipped bootstrap's, or the labels would differ between the two.
+    for name, regex in re.findall(r"tag_name: (\w+), regex: '([^']*)'", bootstrap_text):
+        if regex != f"({name}=\\.=(.*?);\\.;)":
+            problems.append(f"examples/envoy/wasm.yaml: the stats tag {name}'s regex {regex} is not the one Istio "
+                            "generates from extraStatTags")
     for name in ("wasm-plugin.yaml", "traffic-extension.yaml"):
         annotations = [i.get("annotations", {}) for i in infrastructures[name]]
         asked = sorted(annotations[0].get("sidecar.istio.io/extraStatTags", "").split(",")) if annotations else []
