@@ -4,9 +4,10 @@
 Dynamo's mocker streams the replies of replies.json (built by model.py) to a request whose
 nvext.annotations hold `output_replay_id:<key>`. While the slowed prefill worker is busy with the
 holder's long request, Dynamo's KV router bypasses remote prefill for every other request and
-its HTTP layer prepends `event: x-bypass-remote-prefill\n: true\n\n` to the stream, asked for or
-not (1.6.1 never reads the opt-in). A client that lists `request_id` gets
-`event: request_id\n: "<id>"\n\n` as well, before the marker.
+its HTTP layer prepends `event: x-bypass-remote-prefill\n: true\n\n` to chat and completion
+streams, asked for or not (1.6.1 never reads the opt-in). A client that lists `request_id` gets
+`event: request_id\n: "<id>"\n\n` as well, before the marker. Its /v1/responses and /v1/messages
+streams carry neither (MARKED).
 
   client.py hold --url URL --words N
       The holder: one chat stream with a prompt of N words and max_tokens 1, read to its end.
@@ -16,7 +17,7 @@ not (1.6.1 never reads the opt-in). A client that lists `request_id` gets
   client.py direct --url URL --replies FILE
       The control, a raw HTTP client straight to Dynamo: chat and completion streams start with
       the marker, byte for byte, then stream the reply; with request_id asked for, both frames.
-      Responses API and Messages API streams carry no annotation frame, asked for or not (MARKED).
+      Responses API and Messages API streams carry no annotation frame, asked for or not.
   client.py proxy --url PROXY --direct-url URL --replies FILE [--via NAME]
       A raw HTTP client through the proxy (or another front door, --via names it): plain chat and
       completion streams carry no annotation frame and the same reply; opted in to the marker, it
@@ -25,7 +26,8 @@ not (1.6.1 never reads the opt-in). A client that lists `request_id` gets
       same request straight to Dynamo and through the front door: the same bytes (but ids and
       clocks), less the marker frames unless opted in to them. Non-streaming chat and
       completions, and GET /v1/models, are the same as straight to Dynamo.
-  client.py sdk --base-url URL/v1 --expect pass|fail --label L --version V --replies FILE [--via NAME]
+  client.py sdk --base-url URL/v1 --expect pass|fail --label L --version V --replies FILE
+                [--via NAME]
       Streams chat, completions and responses with the openai package of the running
       interpreter. pass (a front door): each streams its reply. fail (Dynamo itself): chat and
       completions fail with json.JSONDecodeError on the marker; responses streams its reply.
@@ -105,7 +107,8 @@ def events(body):
 def annotation_frames(body):
     """The frames named by one of ROUTER_NAMES, in order (a Responses API stream names every
     frame; those are its own)."""
-    return [f for f in events(body) if f.split(b"\n", 1)[0][len(b"event:") :].strip() in ROUTER_NAMES]
+    named = ((f, f.split(b"\n", 1)[0][len(b"event:") :].strip()) for f in events(body))
+    return [f for f, name in named if name in ROUTER_NAMES]
 
 
 def without_marker(body):
@@ -134,7 +137,8 @@ def canonical(body):
 def first_difference(a, b):
     """Where two byte strings part, with some context, for a failure message."""
     at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"at byte {at} of {len(a)}/{len(b)}: {a[max(0, at - 80) : at + 80]!r} vs {b[max(0, at - 80) : at + 80]!r}"
+    around = slice(max(0, at - 80), at + 80)
+    return f"at byte {at} of {len(a)}/{len(b)}: {a[around]!r} vs {b[around]!r}"
 
 
 def is_request_id_frame(frame):
@@ -165,8 +169,9 @@ def streamed_text(body, endpoint):
             if value.get("type") == "response.output_text.delta":
                 text.append(value["delta"])
         elif endpoint == "messages":
-            if value.get("type") == "content_block_delta" and value["delta"].get("type") == "text_delta":
-                text.append(value["delta"]["text"])
+            delta = value.get("delta") if value.get("type") == "content_block_delta" else None
+            if delta and delta.get("type") == "text_delta":
+                text.append(delta["text"])
         else:
             for choice in value.get("choices", []):
                 if endpoint == "chat":
@@ -322,15 +327,19 @@ def run_proxy(args):
             removed = len(frames(direct)) - len(frames(want))
             same = canonical(through) == canonical(want)
             text = streamed_text(through, endpoint)
+            marker_gone = bool(annotations) or MARKER not in frames(through)
             report(
-                same and text == replies[endpoint] and bool(annotations or MARKER not in frames(through)),
+                same and text == replies[endpoint] and marker_gone,
                 f"{what}: byte for byte the stream Dynamo sent for the same request"
                 f"{f' less its {removed} marker frame(s)' if removed else ''} "
                 f"({len(through)} bytes, {len(frames(through))} frames, "
                 f"{len(events(through))} named), the reply {text!r}",
-                f"differs {first_difference(canonical(through), canonical(want))}"
-                if not same
-                else f"the reply {text!r}, expected {replies[endpoint]!r}; received {through[:300]!r}",
+                (
+                    f"differs {first_difference(canonical(through), canonical(want))}"
+                    if not same
+                    else f"the reply {text!r}, expected {replies[endpoint]!r}; "
+                    f"received {through[:300]!r}"
+                ),
             )
 
     # Non-streaming requests and GET /v1/models: the same through the proxy as straight to
@@ -449,7 +458,8 @@ def run_anthropic(args):
     import anthropic
 
     if anthropic.__version__ != args.version:
-        report(False, args.label, f"expected anthropic {args.version}, imported {anthropic.__version__}")
+        imported = anthropic.__version__
+        report(False, args.label, f"expected anthropic {args.version}, imported {imported}")
         return
     # Unlike openai-python, this SDK skips events whose name it does not know: measured with a
     # marker prepended to Dynamo's /v1/messages stream, messages.stream still reads its reply. So
@@ -471,7 +481,8 @@ def run_anthropic(args):
             text = "".join(stream.text_stream)
             final = stream.get_final_message()
     except Exception as err:  # the SDK's own error is what is being checked
-        report(False, what, f"the SDK failed: {type(err).__module__}.{type(err).__name__}: {err}")
+        failed = f"{type(err).__module__}.{type(err).__name__}: {err}"
+        report(False, what, f"the SDK failed: {failed}")
         return
     final_text = "".join(block.text for block in final.content if block.type == "text")
     report(
