@@ -22,7 +22,7 @@
 //! The `configuration` is the dynamic module's `filter_config`, read by the same parser
 //! ([`bypass_marker::config`]); a bad one stops the plugin from starting, with a log line that
 //! names the key. Each stream drives the module's per-stream adapter
-//! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::json::Exchange`), so
+//! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::sans_io::GatewayExchange`), so
 //! the plugin, the module and `bypass-marker ext-proc` answer the same input with the same bytes.
 //! The layers: [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes
 //! them on Envoy); [`host`] implements the module's `Host` with them; [`stream::Stream`] maps
