@@ -71,7 +71,13 @@
 //!   response's last byte has been written to the socket, or the connection has ended
 //!   ([`logs`](crate::logs)).
 //! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,
-//!   lets the requests in flight finish for up to `--shutdown-grace`, then returns.
+//!   marks the [`Metrics`] as draining (`/readyz` answers 503; `/livez` stays 200), lets the
+//!   requests in flight finish for up to `--shutdown-grace`, then cuts those still there
+//!   (counted in `bypass_marker_shutdown_streams_cut_total` and in one `warn` line) and returns.
+//! - **Probes.** `GET` or `HEAD` `/livez` and `/readyz` are answered by the proxy itself (see
+//!   [`metrics::probe`](crate::metrics::probe)), never forwarded, logged or counted.
+//! - **Request ids.** A request's `x-request-id` (1 to 128 visible ASCII characters) goes upstream
+//!   as it came; a request without one gets a new one (32 hex digits), sent upstream and logged.
 //!
 //! `--no-layer` forwards everything untouched (no guard, no filter): the control for benchmarks
 //! and for showing the bug.
@@ -419,6 +425,8 @@ where
     let budgeting = budgeting.map(Arc::new);
     // The requests in flight on this loop: those still there when the grace runs out are cut.
     let in_flight = Arc::new(AtomicU64::new(0));
+    // Sent `true` when the grace runs out: each connection still open is then ended.
+    let (cut_all, cut) = tokio::sync::watch::channel(false);
     loop {
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
@@ -555,6 +563,7 @@ where
         // Aborting the connection drops its response bodies, and so cancels their upstream
         // requests.
         let serving = conn.abort_handle();
+        let mut cut = cut.clone();
         tokio::spawn(async move {
             // The connection's place, given back when it ends.
             let _permit = permit;
@@ -569,6 +578,7 @@ where
                     }
                     serving.abort();
                 }
+                Ok(_) = cut.wait_for(|cut| *cut) => serving.abort(),
             }
         });
     }
@@ -580,6 +590,7 @@ where
         () = tokio::time::sleep(config.shutdown_grace) => {
             let cut = in_flight.load(Ordering::Relaxed);
             metrics.streams_cut(cut);
+            let _ = cut_all.send(true);
             tracing::warn!(
                 streams_cut = cut,
                 "{cut} request(s) still in flight after --shutdown-grace ({:?}): cut",
