@@ -797,15 +797,28 @@ async fn requests_by_status_class_first_bytes_connections_and_build_info() {
         .header(header::CONTENT_ENCODING, "gzip")
         .body(Full::new(Bytes::from_static(b"{}")))
         .unwrap();
-    assert_eq!(send(req).await.unwrap().status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        send(req).await.unwrap().status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
     let m = scrape_until(&served, |m| {
         get(m, "bypass_marker_requests_total", "class=\"4xx\"") == 2.0
             && get(m, "bypass_marker_requests_total", "class=\"5xx\"") == 1.0
     })
     .await;
-    for (class, n) in [("1xx", 0.0), ("2xx", 2.0), ("3xx", 1.0), ("4xx", 2.0), ("5xx", 1.0)] {
+    for (class, n) in [
+        ("1xx", 0.0),
+        ("2xx", 2.0),
+        ("3xx", 1.0),
+        ("4xx", 2.0),
+        ("5xx", 1.0),
+    ] {
         let labels = format!("class=\"{class}\"");
-        assert_eq!(get(&m, "bypass_marker_requests_total", &labels), n, "{class}");
+        assert_eq!(
+            get(&m, "bypass_marker_requests_total", &labels),
+            n,
+            "{class}"
+        );
     }
     // Every response but the 302's has a body: five first bytes.
     assert_eq!(
@@ -813,18 +826,31 @@ async fn requests_by_status_class_first_bytes_connections_and_build_info() {
         5.0
     );
     assert_eq!(
-        get(&m, "bypass_marker_time_to_first_byte_seconds_bucket", "le=\"+Inf\""),
+        get(
+            &m,
+            "bypass_marker_time_to_first_byte_seconds_bucket",
+            "le=\"+Inf\""
+        ),
         5.0
     );
 
     // A client connection that sends nothing is open until it closes.
-    let m = scrape_until(&served, |m| get(m, "bypass_marker_connections_open", "") == 0.0).await;
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 0.0
+    })
+    .await;
     assert_eq!(get(&m, "bypass_marker_connections_open", ""), 0.0);
     let conn = tokio::net::TcpStream::connect(served.proxy).await.unwrap();
-    let m = scrape_until(&served, |m| get(m, "bypass_marker_connections_open", "") == 1.0).await;
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 1.0
+    })
+    .await;
     assert_eq!(get(&m, "bypass_marker_connections_open", ""), 1.0);
     drop(conn);
-    let m = scrape_until(&served, |m| get(m, "bypass_marker_connections_open", "") == 0.0).await;
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 0.0
+    })
+    .await;
     assert_eq!(get(&m, "bypass_marker_connections_open", ""), 0.0);
 }
 
@@ -863,10 +889,20 @@ async fn probes_through_a_drain_and_streams_cut_when_the_grace_runs_out() {
         (reply.status, reply.body)
     };
     for addr in [served.proxy, served.metrics] {
-        assert_eq!(probe(addr, "/livez").await, (StatusCode::OK, Bytes::from("ok\n")));
-        assert_eq!(probe(addr, "/readyz").await, (StatusCode::OK, Bytes::from("ready\n")));
+        assert_eq!(
+            probe(addr, "/livez").await,
+            (StatusCode::OK, Bytes::from("ok\n"))
+        );
+        assert_eq!(
+            probe(addr, "/readyz").await,
+            (StatusCode::OK, Bytes::from("ready\n"))
+        );
     }
-    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "a probe was forwarded");
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a probe was forwarded"
+    );
 
     // Two streams in flight, each past its first frame.
     let mut streams = Vec::new();
@@ -886,9 +922,16 @@ async fn probes_through_a_drain_and_streams_cut_when_the_grace_runs_out() {
     }
     let m = scrape(&served).await;
     assert_eq!(get(&m, "bypass_marker_streams_active", ""), 2.0);
-    assert_eq!(get(&m, "bypass_marker_requests_total", "class=\"2xx\""), 0.0);
+    assert_eq!(
+        get(&m, "bypass_marker_requests_total", "class=\"2xx\""),
+        0.0
+    );
 
-    let Served { metrics: metrics_addr, _stop: stop, .. } = served;
+    let Served {
+        metrics: metrics_addr,
+        _stop: stop,
+        ..
+    } = served;
     drop(stop);
     let drained = tokio::time::Instant::now();
     // During the drain: not ready, alive, and still scraped.
@@ -897,15 +940,24 @@ async fn probes_through_a_drain_and_streams_cut_when_the_grace_runs_out() {
         ready = probe(metrics_addr, "/readyz").await.0;
     }
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(drained.elapsed() < Duration::from_millis(900), "the drain was over");
+    assert!(
+        drained.elapsed() < Duration::from_millis(900),
+        "the drain was over"
+    );
     assert_eq!(probe(metrics_addr, "/livez").await.0, StatusCode::OK);
     assert_eq!(probe(metrics_addr, "/metrics").await.0, StatusCode::OK);
-    assert!(tokio::net::TcpStream::connect(proxy).await.is_err(), "still accepting");
+    assert!(
+        tokio::net::TcpStream::connect(proxy).await.is_err(),
+        "still accepting"
+    );
 
     // The grace runs out: both streams are cut, and counted.
     for mut body in streams {
         let end = tokio::time::timeout(PATIENCE, body.frame()).await.unwrap();
-        assert!(!matches!(end, None | Some(Ok(_))), "a cut stream ended cleanly: {end:?}");
+        assert!(
+            !matches!(end, None | Some(Ok(_))),
+            "a cut stream ended cleanly: {end:?}"
+        );
     }
     assert_eq!(registry.shutdown_streams_cut(), 2);
     let m = parse(&registry.encode());
