@@ -424,12 +424,12 @@ except urllib.error.HTTPError as e:
     print(e.code)
 except Exception as e:
     print(repr(e))" "$1"; }
-metrics="$(probe "http://127.0.0.1:$metrics_port/metrics")"
+metrics="$(probe "http://127.0.0.1:$metrics_port/livez")"
 health="$(probe "$proxy/health")"
 health_direct="$(probe "$router_behind/health")"
 ok=0
 [[ "$metrics" == 200 && "$health" =~ ^[0-9]+$ && "$health" == "$health_direct" ]] && ok=1
-count $ok "the manifest's probes reach the proxy container: GET /metrics $metrics; GET /health $health through the proxy, $health_direct straight to the frontend"
+count $ok "the manifest's probes reach the proxy container: GET /livez $metrics on the metrics port; GET /health $health through the proxy, $health_direct straight to the frontend"
 
 # The peak: every image and the three containers (vfs copies each one's root whole).
 log "disk used by podman's store, the artifacts and the logs: $(du -sh "$work" | cut -f1)"
