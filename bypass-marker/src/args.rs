@@ -231,7 +231,8 @@ pub struct NamingArgs {
         env = "BYPASS_MARKER_NEVER_FORWARD"
     )]
     pub never_forward: Vec<String>,
-    /// Also remove every frame with fields but no `data` line.
+    /// Also remove every frame with fields but no `data` line. Its variable takes true/false,
+    /// 1/0, yes/no, on/off, in any case.
     #[arg(long, env = "BYPASS_MARKER_SDK_SAFE", value_parser = BoolishValueParser::new())]
     pub sdk_safe: bool,
     /// Largest JSON request body the guard reads; larger ones get a 413 (default 32 MiB: a chat
@@ -422,10 +423,12 @@ pub struct ProxyArgs {
     /// The names to filter.
     #[command(flatten)]
     pub naming: NamingArgs,
-    /// Forward everything untouched (no guard, no filter): the control.
+    /// Forward everything untouched (no guard, no filter): the control. Its variable takes
+    /// true/false, 1/0, yes/no, on/off, in any case.
     #[arg(long, env = "BYPASS_MARKER_NO_LAYER", value_parser = BoolishValueParser::new())]
     pub no_layer: bool,
-    /// Serve Prometheus metrics at GET /metrics on this address (off by default).
+    /// Serve Prometheus metrics at GET /metrics, and the probes /livez and /readyz, on this
+    /// address (off by default); it answers until the process exits, through the drain.
     #[arg(long, value_name = "ADDR", env = "BYPASS_MARKER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// Listen backlog (the kernel caps it at somaxconn).
@@ -450,9 +453,10 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
     pub write_timeout: Duration,
     /// Most client connections held at once; more wait in the listen backlog. Each may hold an
-    /// upstream connection too, so the default is half of the open-file limit (RLIMIT_NOFILE),
-    /// less 32 descriptors and 2 per thread for the process itself: running out of descriptors
-    /// cannot then refuse an accepted request its upstream connection.
+    /// upstream connection too, so the default is half of what the open-file limit
+    /// (RLIMIT_NOFILE) leaves once 32 descriptors and 2 per thread are kept for the process
+    /// itself, (limit - 32 - 2 x threads) / 2: 9983 for 20000 and one thread. Running out of
+    /// descriptors cannot then refuse an accepted request its upstream connection.
     #[arg(long, value_name = "N", env = "BYPASS_MARKER_MAX_CONNECTIONS")]
     pub max_connections: Option<NonZeroUsize>,
     /// Time to connect to the upstream.
@@ -468,7 +472,8 @@ pub struct ProxyArgs {
     /// client's response ends as a cut stream and the upstream connection is closed.
     #[arg(long, value_name = "SECS", value_parser = secs_or_none, default_value = "300", env = "BYPASS_MARKER_UPSTREAM_IDLE_TIMEOUT")]
     pub upstream_idle_timeout: Duration,
-    /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
+    /// After Ctrl-C or SIGTERM, how long requests in flight may finish; those still in flight
+    /// then are cut, counted, and the exit code is 3.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
     /// Threads that serve connections, each accepting from the one listener on `--listen` (the

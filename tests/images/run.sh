@@ -413,7 +413,7 @@ count $ok "Envoy 1.40.0 runs the plugin out of $wasm_image in V8 (wasm.envoy.was
 run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
   --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 
-# The probes of examples/k8s/: liveness, GET /metrics, answers from the proxy alone; readiness,
+# The probes of examples/k8s/: liveness, GET /livez on the metrics port, answers from the proxy alone; readiness,
 # GET /health, goes through to the frontend and answers with its status (Dynamo's frontend serves
 # /health; the simulated router has none, so the same 404 as straight to it).
 probe() { "$python" -c "
