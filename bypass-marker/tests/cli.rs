@@ -935,7 +935,9 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
 /// line (even with the variable set too: the command line wins).
 #[test]
 fn an_invalid_value_names_its_variable_or_its_flag() {
-    let cases: [(&[&str], &[(&str, &str)], &str, &str); 6] = [
+    // (arguments, environment, what the error says, what it must not say)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case<'_>; 6] = [
         (
             &["proxy", "--upstream", "http://x"],
             &[("BYPASS_MARKER_MAX_BODY", "32MiB")],
