@@ -1,5 +1,7 @@
 //! The proxy's Prometheus metrics, served at `GET /metrics` on `--metrics-listen` (OpenMetrics
-//! text, with the `prometheus-client` crate).
+//! text, with the `prometheus-client` crate), beside the probes `/livez` and `/readyz` (see
+//! [`probe`]). That address answers until the process exits: through the drain after SIGTERM,
+//! `/readyz` says 503 and `/livez` 200.
 //!
 //! | metric | labels | what |
 //! |---|---|---|
