@@ -6,7 +6,8 @@
 # Builds with `--locked`, for the machine's own target (x86_64-unknown-linux-gnu here; an aarch64
 # machine gets aarch64-unknown-linux-gnu the same way), and writes:
 #   bypass-marker-VERSION-TRIPLE.tar.gz           the binary (`proxy` and `ext-proc`), README,
-#                                                 licenses
+#                                                 licenses, docs/{sidecar,deploy,envoy}.md and
+#                                                 the systemd unit bypass-marker.service
 #   libbypass_marker-VERSION-envoy-V1-V2-V3-TRIPLE.so
 #                                                 the Envoy dynamic module, named with the Envoy
 #                                                 releases tests/envoy/module.sh loads it in
@@ -58,6 +59,11 @@ out="${DIST_OUT:-$root/target/dist}"
 version="$(cargo metadata --format-version 1 --no-deps --locked |
   python3 -c 'import json, sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "bypass-marker"))')"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+# The images' `created`: the commit's date, so that the same commit makes the same labels.
+created="$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo unknown)"
+# The binary's `bypass_marker_build_info{revision}` (read at compile time; cargo rebuilds when it
+# changes).
+export BYPASS_MARKER_REVISION="$revision"
 # The label `source` is the clone's origin when it is a URL (a local path says nothing to a user).
 source_url="$(git remote get-url origin 2>/dev/null || true)"
 [[ "$source_url" =~ ^(https?|git|ssh):// ]] || source_url=""
@@ -112,6 +118,10 @@ trap 'rm -rf "$stage"; for m in "${members[@]}"; do rm -f "$m/$sbom_tmp.json"; d
 name="bypass-marker-$version-$triple"
 mkdir -p "$stage/$name"
 cp "$bin" README.md LICENSE-MIT LICENSE-APACHE "$stage/$name/"
+# The operator's pages (flags, exit codes, probes, the images) and the systemd unit.
+mkdir -p "$stage/$name/docs"
+cp docs/sidecar.md docs/deploy.md docs/envoy.md "$stage/$name/docs/"
+cp dist/bypass-marker.service "$stage/$name/"
 tar -C "$stage" --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -cf - "$name" |
   gzip -9n >"$out/$name.tar.gz"
 
@@ -127,7 +137,7 @@ mkdir -p "$stage/context/target/release" "$stage/context/target/$wasm_target/rel
 cp "$bin" "$module" "$stage/context/target/release/"
 cp "$plugin" "$stage/context/target/$wasm_target/release/"
 cp Containerfile .containerignore LICENSE-MIT LICENSE-APACHE "$stage/context/"
-build_args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision")
+build_args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "CREATED=$created")
 [[ -n "$source_url" ]] && build_args+=(--build-arg "SOURCE=$source_url")
 [[ -n "${BASE_IMAGE:-}" ]] && build_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 [[ -n "${COPIER_IMAGE:-}" ]] && build_args+=(--build-arg "COPIER_IMAGE=$COPIER_IMAGE")
@@ -137,8 +147,10 @@ for image in bypass-marker envoy-module wasm; do
     envoy-module) tag="bypass-marker-envoy-module:$version" ;;
     wasm) tag="bypass-marker-wasm:$version" ;;
   esac
-  log "podman build --target $image -t $tag"
-  "${podman[@]}" build --quiet --target "$image" --timestamp "$epoch" "${build_args[@]}" -t "$tag" \
+  # --no-cache: an image built by hand before (docs/deploy.md) must not lend its layers, whose
+  # labels say another revision (podman's cache does not tell build arguments apart in LABEL).
+  log "podman build --no-cache --target $image -t $tag"
+  "${podman[@]}" build --quiet --no-cache --target "$image" --timestamp "$epoch" "${build_args[@]}" -t "$tag" \
     -f "$stage/context/Containerfile" "$stage/context" >/dev/null
   "${podman[@]}" save --quiet --format oci-archive -o "$out/${tag%%:*}-$version-oci-$arch.tar" "$tag"
   log "$tag: $("${podman[@]}" image inspect --format '{{.Size}}' "$tag") bytes unpacked"

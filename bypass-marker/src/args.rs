@@ -3,13 +3,19 @@
 //! `BYPASS_MARKER_OPT_IN`, ...). A flag given on the command line wins over its variable.
 //!
 //! Repeatable flags (`--opt-in`, `--router-owned`, `--never-forward`) take a comma-separated list
-//! too, which is how their variables hold several names (`BYPASS_MARKER_OPT_IN=a,b`).
+//! too, which is how their variables hold several names (`BYPASS_MARKER_OPT_IN=a,b`). The
+//! variables of the switches (`BYPASS_MARKER_SDK_SAFE`, `BYPASS_MARKER_NO_LAYER`) take `true`,
+//! `false`, `1`, `0`, `yes`, `no`, `on`, `off` (also `y`, `n`, `t`, `f`), in any case.
+//!
+//! An invalid value is a usage error (exit code 2) that names what the operator wrote: the
+//! variable when the value came from the environment, the flag when it came from the command line.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use http::uri::Authority;
 use http::{HeaderValue, Uri};
@@ -54,7 +60,10 @@ impl Cli {
         S: Into<std::ffi::OsString> + Clone,
     {
         let mut command = Self::command();
-        let matches = command.try_get_matches_from_mut(args)?;
+        let argv: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let matches = command
+            .try_get_matches_from_mut(argv.iter().cloned())
+            .map_err(|err| name_the_variable(&command, &argv, err))?;
         let cli = Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
         let checked = match &cli.command {
             Command::Proxy(args) => args.layer().map(drop),
@@ -81,6 +90,59 @@ impl Cli {
             .expect("the subcommand that was parsed");
         Err(sub.error(clap::error::ErrorKind::ValueValidation, message))
     }
+}
+
+/// `err`, a clap error about a value, naming the environment variable that value came from when
+/// it came from one (the flag is not on `argv` and its variable is set): clap's own message names
+/// the flag, which the operator may never have written.
+fn name_the_variable(
+    command: &clap::Command,
+    argv: &[std::ffi::OsString],
+    err: clap::Error,
+) -> clap::Error {
+    use clap::error::ErrorKind;
+    if !matches!(
+        err.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return err;
+    }
+    let rendered = err.render().to_string();
+    // The subcommand's flags (the first word that names one) and the global ones.
+    let sub = argv
+        .iter()
+        .skip(1)
+        .filter_map(|word| word.to_str())
+        .find_map(|word| command.find_subcommand(word));
+    let args = command
+        .get_arguments()
+        .chain(sub.into_iter().flat_map(clap::Command::get_arguments));
+    for arg in args {
+        let (Some(long), Some(variable)) = (arg.get_long(), arg.get_env()) else {
+            continue;
+        };
+        let shown = format!("'{arg}'");
+        if !rendered.contains(&shown) {
+            continue;
+        }
+        let flag = format!("--{long}");
+        let on_the_command_line = argv.iter().skip(1).any(|word| {
+            word.to_str().is_some_and(|word| {
+                word == flag
+                    || word
+                        .strip_prefix(flag.as_str())
+                        .is_some_and(|r| r.starts_with('='))
+            })
+        });
+        if on_the_command_line || std::env::var_os(variable).is_none() {
+            return err;
+        }
+        let variable = variable.to_string_lossy();
+        let message = rendered.replacen(&shown, &format!("{variable} ({arg})"), 1);
+        let message = message.strip_prefix("error: ").unwrap_or(&message);
+        return clap::Error::raw(err.kind(), message);
+    }
+    err
 }
 
 /// The subcommands. Each is a variant holding its own `#[derive(Args)]` struct; the naming flags
@@ -169,8 +231,9 @@ pub struct NamingArgs {
         env = "BYPASS_MARKER_NEVER_FORWARD"
     )]
     pub never_forward: Vec<String>,
-    /// Also remove every frame with fields but no `data` line.
-    #[arg(long, env = "BYPASS_MARKER_SDK_SAFE")]
+    /// Also remove every frame with fields but no `data` line. Its variable takes true/false,
+    /// 1/0, yes/no, on/off, in any case.
+    #[arg(long, env = "BYPASS_MARKER_SDK_SAFE", value_parser = BoolishValueParser::new())]
     pub sdk_safe: bool,
     /// Largest JSON request body the guard reads; larger ones get a 413 (default 32 MiB: a chat
     /// request with a 20 MB image, base64-encoded, fits).
@@ -360,10 +423,12 @@ pub struct ProxyArgs {
     /// The names to filter.
     #[command(flatten)]
     pub naming: NamingArgs,
-    /// Forward everything untouched (no guard, no filter): the control.
-    #[arg(long, env = "BYPASS_MARKER_NO_LAYER")]
+    /// Forward everything untouched (no guard, no filter): the control. Its variable takes
+    /// true/false, 1/0, yes/no, on/off, in any case.
+    #[arg(long, env = "BYPASS_MARKER_NO_LAYER", value_parser = BoolishValueParser::new())]
     pub no_layer: bool,
-    /// Serve Prometheus metrics at GET /metrics on this address (off by default).
+    /// Serve Prometheus metrics at GET /metrics, and the probes /livez and /readyz, on this
+    /// address (off by default); it answers until the process exits, through the drain.
     #[arg(long, value_name = "ADDR", env = "BYPASS_MARKER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
     /// Listen backlog (the kernel caps it at somaxconn).
@@ -388,9 +453,10 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_WRITE_TIMEOUT")]
     pub write_timeout: Duration,
     /// Most client connections held at once; more wait in the listen backlog. Each may hold an
-    /// upstream connection too, so the default is half of the open-file limit (RLIMIT_NOFILE),
-    /// less 32 descriptors and 2 per thread for the process itself: running out of descriptors
-    /// cannot then refuse an accepted request its upstream connection.
+    /// upstream connection too, so the default is half of what the open-file limit
+    /// (RLIMIT_NOFILE) leaves once 32 descriptors and 2 per thread are kept for the process
+    /// itself, (limit - 32 - 2 x threads) / 2: 9983 for 20000 and one thread. Running out of
+    /// descriptors cannot then refuse an accepted request its upstream connection.
     #[arg(long, value_name = "N", env = "BYPASS_MARKER_MAX_CONNECTIONS")]
     pub max_connections: Option<NonZeroUsize>,
     /// Time to connect to the upstream.
@@ -406,7 +472,8 @@ pub struct ProxyArgs {
     /// client's response ends as a cut stream and the upstream connection is closed.
     #[arg(long, value_name = "SECS", value_parser = secs_or_none, default_value = "300", env = "BYPASS_MARKER_UPSTREAM_IDLE_TIMEOUT")]
     pub upstream_idle_timeout: Duration,
-    /// After Ctrl-C or SIGTERM, how long requests in flight may finish.
+    /// After Ctrl-C or SIGTERM, how long requests in flight may finish; those still in flight
+    /// then are cut, counted, and the exit code is 3.
     #[arg(long, value_name = "SECS", value_parser = secs, default_value = "30", env = "BYPASS_MARKER_SHUTDOWN_GRACE")]
     pub shutdown_grace: Duration,
     /// Threads that serve connections, each accepting from the one listener on `--listen` (the
@@ -545,6 +612,15 @@ impl Upstream {
         }
         if uri.query().is_some() {
             return Err("the upstream must not have a query".to_owned());
+        }
+        if authority.host().is_empty() {
+            return Err("the upstream has no host".to_owned());
+        }
+        // The `http` crate takes any digits after the host; a connection needs 1 to 65535.
+        if let Some(port) = authority.as_str()[authority.host().len()..].strip_prefix(':') {
+            if !matches!(port.parse::<u16>(), Ok(1..)) {
+                return Err(format!("port {port:?} is not a TCP port (1 to 65535)"));
+            }
         }
         let host = HeaderValue::from_str(authority.as_str()).map_err(|err| format!("{err}"))?;
         let prefix = uri.path().trim_end_matches('/').to_owned();

@@ -589,7 +589,14 @@ mod tests {
 
     fn exchange(complete: bool) -> Exchange {
         let metrics = Arc::new(crate::Metrics::new([], false));
-        let mut exchange = Exchange::begin(metrics, http::Method::GET, "/x".parse().unwrap());
+        let mut exchange = Exchange::begin(
+            metrics,
+            http::Method::GET,
+            "/x".parse().unwrap(),
+            None,
+            http::HeaderValue::from_static("id"),
+            Arc::default(),
+        );
         exchange.complete = complete;
         exchange
     }

@@ -17,8 +17,10 @@
 //!   [`NamingArgs`] are the naming flags every filtering subcommand shares.
 //! - [`proxy`]: the streaming reverse proxy ([`serve`]).
 //! - [`ext_proc`]: the processor as the binary runs it, with metrics.
-//! - [`metrics`]: Prometheus metrics at `GET /metrics` on `--metrics-listen`.
-//! - [`logs`]: one line per request, text or JSON, `RUST_LOG` respected.
+//! - [`metrics`]: Prometheus metrics at `GET /metrics` on `--metrics-listen`, and the liveness
+//!   and readiness probes (`/livez`, `/readyz`) there and on the proxy's own address.
+//! - [`logs`]: one line per request (with the client's address and the request id), text or
+//!   JSON, `RUST_LOG` respected.
 //!
 //! This package's version is its own: a new flag, metric or clap, tonic or envoy-types release is
 //! a change of `bypass-marker`, never of `tower-bypass-marker`, whose API names none of them.

@@ -2,7 +2,12 @@
 //!
 //! Parses the command line, sets up logs, binds, waits for Ctrl-C or SIGTERM and picks the exit
 //! code: 0 after a clean stop, 2 for a usage error (clap's, or an invalid annotation name), 1 when
-//! it cannot serve. Everything it serves is in `bypass_marker_cli`.
+//! it cannot serve, 3 when `--shutdown-grace` ran out and requests in flight were cut. Everything
+//! it serves is in `bypass_marker_cli`.
+//!
+//! Nothing here panics on a closed or broken stdout or stderr: every line is written with its
+//! error ignored (no `println!` or `eprintln!`), and the log subscriber drops lines it cannot
+//! write.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,11 +16,23 @@ use bypass_marker_cli::{self as cli, Cli, Command, ExtProcArgs, Metrics, NameErr
 use clap::CommandFactory as _;
 use tokio::sync::watch;
 
+/// Writes a line on stderr, ignoring a stderr that is closed or whose reader has gone
+/// (`eprintln!` would panic there).
+macro_rules! complain {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// The exit code after a stop whose `--shutdown-grace` ran out with requests still in flight.
+const CUT: u8 = 3;
+
 fn main() -> ExitCode {
     // Invalid annotation names are usage errors here too (exit code 2).
     let cli = Cli::from_env();
     if let Err(err) = cli::logs::init(cli.log_format) {
-        eprintln!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
+        complain!("bypass-marker: cannot set up logs (RUST_LOG?): {err}");
         return ExitCode::from(2);
     }
     // The proxy serves on threads of its own (`--threads`), each with a single-threaded runtime;
@@ -39,7 +56,7 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("bypass-marker: cannot start the runtime: {err}");
+            complain!("bypass-marker: cannot start the runtime: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -54,46 +71,54 @@ async fn ext_proc(args: ExtProcArgs) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(err) => {
-            eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
+            complain!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
     let addr = listener.local_addr().unwrap_or(args.listen);
     let (stop, stopped) = watch::channel(false);
-    let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
+    let metrics_server = match serve_metrics(args.metrics_listen, &metrics) {
         Ok(server) => server,
         Err(code) => return code,
     };
     if let Ok(names) = args.naming.names_in_force() {
         tracing::info!("names in force: {names}");
     }
-    if let Err(code) = stop_on_signal(stop) {
+    if let Err(code) = stop_on_signal(stop, metrics.clone()) {
         return code;
     }
     say(format_args!("ext_proc listening on {addr} (gRPC)"));
-    let served = cli::ext_proc::serve(listener, &args, metrics, until_stopped(stopped)).await;
-    stopped_with(served, metrics_server).await
+    let served =
+        cli::ext_proc::serve(listener, &args, metrics.clone(), until_stopped(stopped)).await;
+    stopped_with(served, &metrics, metrics_server).await
 }
 
-/// The exit code once serving has returned, after the metrics server has stopped too (with the
-/// signal; serving that failed without one stops it here).
+/// The exit code once serving has returned (the drain included), after the metrics server, which
+/// answers the probes through the drain, has stopped too.
 async fn stopped_with<E: std::fmt::Display>(
     served: Result<(), E>,
-    metrics_server: Option<tokio::task::JoinHandle<()>>,
+    metrics: &Metrics,
+    metrics_server: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
 ) -> ExitCode {
-    if let Some(server) = metrics_server {
-        if served.is_err() {
-            server.abort();
-        }
+    if let Some((stop, server)) = metrics_server {
+        let _ = stop.send(true);
         let _ = server.await;
     }
+    let cut = metrics.shutdown_streams_cut();
     match served {
+        Ok(()) if cut > 0 => {
+            tracing::warn!(
+                streams_cut = cut,
+                "stopped: {cut} request(s) cut when --shutdown-grace ran out (exit code {CUT})"
+            );
+            ExitCode::from(CUT)
+        }
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("bypass-marker: {err}");
+            complain!("bypass-marker: {err}");
             ExitCode::FAILURE
         }
     }
@@ -107,18 +132,19 @@ fn usage_error(err: NameError) -> ! {
         .exit()
 }
 
-/// Sends `true` on `stop` at Ctrl-C or SIGTERM, with the handlers installed before it returns;
-/// the exit code when they cannot be.
-fn stop_on_signal(stop: watch::Sender<bool>) -> Result<(), ExitCode> {
+/// Sends `true` on `stop` at Ctrl-C or SIGTERM, and marks `metrics` as draining (`/readyz` then
+/// answers 503), with the handlers installed before it returns; the exit code when they cannot be.
+fn stop_on_signal(stop: watch::Sender<bool>, metrics: Arc<Metrics>) -> Result<(), ExitCode> {
     let signalled = match shutdown_signal() {
         Ok(signalled) => signalled,
         Err(err) => {
-            eprintln!("bypass-marker: cannot handle signals: {err}");
+            complain!("bypass-marker: cannot handle signals: {err}");
             return Err(ExitCode::FAILURE);
         }
     };
     tokio::spawn(async move {
         signalled.await;
+        metrics.drain();
         let _ = stop.send(true);
     });
     Ok(())
@@ -129,12 +155,13 @@ async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-/// Starts the metrics server on `addr`, if one was asked for; it stops with the rest.
+/// Starts the metrics server (with the probes) on `addr`, if one was asked for: it runs until
+/// `true` is sent on the sender returned with it, after the drain.
+#[allow(clippy::type_complexity)]
 fn serve_metrics(
     addr: Option<std::net::SocketAddr>,
     metrics: &Arc<Metrics>,
-    stopped: &watch::Receiver<bool>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, ExitCode> {
+) -> Result<Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>, ExitCode> {
     let Some(addr) = addr else {
         return Ok(None);
     };
@@ -142,14 +169,16 @@ fn serve_metrics(
         Ok(listener) => {
             let local = listener.local_addr().unwrap_or(addr);
             say(format_args!("metrics on http://{local}/metrics"));
-            Ok(Some(tokio::spawn(cli::metrics::serve_metrics(
+            let (stop, stopped) = watch::channel(false);
+            let server = tokio::spawn(cli::metrics::serve_metrics(
                 listener,
                 Arc::clone(metrics),
-                until_stopped(stopped.clone()),
-            ))))
+                until_stopped(stopped),
+            ));
+            Ok(Some((stop, server)))
         }
         Err(err) => {
-            eprintln!("bypass-marker: cannot listen on {addr} for metrics: {err}");
+            complain!("bypass-marker: cannot listen on {addr} for metrics: {err}");
             Err(ExitCode::FAILURE)
         }
     }
@@ -161,19 +190,19 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
     let listeners = match cli::bind_each(args.listen, args.backlog, threads) {
         Ok(listeners) => listeners,
         Err(err) => {
-            eprintln!("bypass-marker: cannot listen on {}: {err}", args.listen);
+            complain!("bypass-marker: cannot listen on {}: {err}", args.listen);
             return ExitCode::FAILURE;
         }
     };
     let addr = match listeners[0].local_addr() {
         Ok(addr) => addr,
         Err(err) => {
-            eprintln!("bypass-marker: {err}");
+            complain!("bypass-marker: {err}");
             return ExitCode::FAILURE;
         }
     };
     let (stop, stopped) = watch::channel(false);
-    let metrics_server = match serve_metrics(args.metrics_listen, &metrics, &stopped) {
+    let metrics_server = match serve_metrics(args.metrics_listen, &metrics) {
         Ok(server) => server,
         Err(code) => return code,
     };
@@ -183,15 +212,17 @@ async fn proxy(args: ProxyArgs) -> ExitCode {
         }
         _ => tracing::info!(upstream = %args.upstream, "--no-layer: forwarding untouched"),
     }
-    if let Err(code) = stop_on_signal(stop) {
+    if let Err(code) = stop_on_signal(stop, metrics.clone()) {
         return code;
     }
     let plural = if threads == 1 { "" } else { "s" };
     tracing::info!("serving on {threads} thread{plural}");
     say(format_args!("listening on http://{addr}"));
-    let served =
-        cli::serve_threads(listeners, args, metrics, || until_stopped(stopped.clone())).await;
-    stopped_with(served, metrics_server).await
+    let served = cli::serve_threads(listeners, args, metrics.clone(), || {
+        until_stopped(stopped.clone())
+    })
+    .await;
+    stopped_with(served, &metrics, metrics_server).await
 }
 
 /// Prints `line` on stdout, where scripts read the addresses; a stdout that is closed or full

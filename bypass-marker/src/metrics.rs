@@ -1,5 +1,7 @@
 //! The proxy's Prometheus metrics, served at `GET /metrics` on `--metrics-listen` (OpenMetrics
-//! text, with the `prometheus-client` crate).
+//! text, with the `prometheus-client` crate), beside the probes `/livez` and `/readyz` (see
+//! [`probe`]). That address answers until the process exits: through the drain after SIGTERM,
+//! `/readyz` says 503 and `/livez` 200.
 //!
 //! | metric | labels | what |
 //! |---|---|---|
@@ -16,6 +18,11 @@
 //! | `bypass_marker_request_bytes_budget` | | `--max-buffered-bytes` (or its default) |
 //! | `bypass_marker_streams_active` | | requests in flight: from the request head until the response's last byte has been written to the socket, or dropped |
 //! | `bypass_marker_request_duration_seconds` | | histogram of the same span, per request |
+//! | `bypass_marker_requests_total` | `class` | requests answered, by the class of their status (`1xx` to `5xx`; the proxy's own answers included), counted when the response has ended |
+//! | `bypass_marker_time_to_first_byte_seconds` | | histogram of the time from the request head to the first byte of the response body handed to the connection (requests whose response has a body) |
+//! | `bypass_marker_connections_open` | | client connections open now |
+//! | `bypass_marker_shutdown_streams_cut_total` | | requests still in flight when `--shutdown-grace` ran out, and so cut (the process then exits with code 3) |
+//! | `bypass_marker_build_info` | `version`, `revision` | always 1: the version of the package and the commit it was built from (`BYPASS_MARKER_REVISION` at build time, else `unknown`); the proxy and the processor |
 //! | `bypass_marker_ext_proc_answer_seconds` | `message` | `bypass-marker ext-proc` only: histogram of the time the processor took to answer each message Envoy sent, from the moment the message's last bytes reached its stream to the moment the answer was handed back to HTTP/2 (see [`ExtProc::answer_times`](crate::envoy::ExtProc::answer_times)); `message` is the message's kind: `request_headers`, `request_body`, `request_trailers`, `response_headers`, `response_body`, `response_trailers`. Buckets at 0.2 s (Envoy's default `message_timeout`) and 2 s (the shipped bootstrap's) |
 //!
 //! The frame counts come from the layer itself ([`FrameObserver`], called as each frame is
@@ -26,7 +33,7 @@ use std::cell::Cell;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +65,25 @@ struct AnnotationLabel {
 struct StatusLabel {
     status: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabel {
+    class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: String,
+    revision: String,
+}
+
+/// The commit this binary was built from: `BYPASS_MARKER_REVISION` in the environment of the
+/// build (`dist/release.sh` and the `Containerfile`'s by-hand recipe set it to `git rev-parse
+/// HEAD`), else `unknown`. The `revision` label of `bypass_marker_build_info`.
+pub const REVISION: &str = match option_env!("BYPASS_MARKER_REVISION") {
+    Some(revision) if !revision.is_empty() => revision,
+    _ => "unknown",
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MessageLabel {
@@ -146,6 +172,13 @@ pub struct Metrics {
     request_body_errors: Counter,
     streams_active: Gauge<i64, AtomicI64>,
     duration: Histogram,
+    /// `requests_total`, per status class: 1xx to 5xx.
+    requests: [Counter; 5],
+    first_byte: Histogram,
+    connections_open: Gauge<i64, AtomicI64>,
+    streams_cut: Counter,
+    /// Set at Ctrl-C or SIGTERM: `/readyz` answers 503 from then on.
+    draining: AtomicBool,
     /// The request body budget, read at each scrape (`watch_budget`).
     budget: std::sync::OnceLock<BodyBudget>,
     bytes_held: Gauge<i64, AtomicI64>,
@@ -182,6 +215,18 @@ impl Metrics {
 
     fn build<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool, proxy: bool) -> Self {
         let mut registry = Registry::with_prefix("bypass_marker");
+        let build_info = Family::<BuildLabel, Gauge>::default();
+        registry.register(
+            "build_info",
+            "The version of bypass-marker and the commit it was built from (always 1)",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                revision: REVISION.to_owned(),
+            })
+            .set(1);
         let removed_family = Family::<AnnotationLabel, Counter>::default();
         let forwarded_family = Family::<AnnotationLabel, Counter>::default();
         registry.register(
@@ -287,6 +332,38 @@ impl Metrics {
             "Time from the request head to the end of the response body",
             duration.clone(),
         );
+        let classes = Family::<ClassLabel, Counter>::default();
+        proxy_series.register(
+            "requests",
+            "Requests answered, by the class of their status, counted when the response has ended",
+            classes.clone(),
+        );
+        let requests = ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
+            classes
+                .get_or_create(&ClassLabel {
+                    class: class.to_owned(),
+                })
+                .clone()
+        });
+        // 1 ms to about 2 minutes.
+        let first_byte = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        proxy_series.register(
+            "time_to_first_byte_seconds",
+            "Time from the request head to the first byte of the response body",
+            first_byte.clone(),
+        );
+        let connections_open = Gauge::<i64, AtomicI64>::default();
+        proxy_series.register(
+            "connections_open",
+            "Client connections open now",
+            connections_open.clone(),
+        );
+        let streams_cut = Counter::default();
+        proxy_series.register(
+            "shutdown_streams_cut",
+            "Requests still in flight when --shutdown-grace ran out, and so cut",
+            streams_cut.clone(),
+        );
         // The budget's series: both the proxy and the processor hold request bodies under it.
         let bytes_held = Gauge::<i64, AtomicI64>::default();
         registry.register(
@@ -341,7 +418,49 @@ impl Metrics {
             request_body_errors,
             streams_active,
             duration,
+            requests,
+            first_byte,
+            connections_open,
+            streams_cut,
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// The process is stopping (Ctrl-C or SIGTERM): `/readyz` answers 503 from now on, while
+    /// `/livez` and `/metrics` go on answering until the process exits.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether [`drain`](Self::drain) has been called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// `n` requests were still in flight when `--shutdown-grace` ran out.
+    pub(crate) fn streams_cut(&self, n: u64) {
+        self.streams_cut.inc_by(n);
+    }
+
+    /// Requests cut so far because `--shutdown-grace` ran out: the binary exits with code 3 when
+    /// this is not 0.
+    pub fn shutdown_streams_cut(&self) -> u64 {
+        self.streams_cut.get()
+    }
+
+    /// A client connection was accepted.
+    pub(crate) fn connection_opened(&self) {
+        self.connections_open.inc();
+    }
+
+    /// A client connection ended.
+    pub(crate) fn connection_closed(&self) {
+        self.connections_open.dec();
+    }
+
+    /// The first byte of a response body, `elapsed` after its request's head.
+    pub(crate) fn first_byte(&self, elapsed: Duration) {
+        self.first_byte.observe(elapsed.as_secs_f64());
     }
 
     /// Serves `budget`'s bytes held as `bypass_marker_request_bytes_held` and its limit as
@@ -418,10 +537,17 @@ impl Metrics {
         self.streams_active.inc();
     }
 
-    /// A request's response has been sent or dropped, `elapsed` after its head arrived.
-    pub(crate) fn stream_ended(&self, elapsed: Duration) {
+    /// A request's response, with `status`, has been sent or dropped, `elapsed` after its head
+    /// arrived.
+    pub(crate) fn stream_ended(&self, status: StatusCode, elapsed: Duration) {
         self.streams_active.dec();
         self.duration.observe(elapsed.as_secs_f64());
+        if let Some(class) = self
+            .requests
+            .get(usize::from(status.as_u16() / 100).wrapping_sub(1))
+        {
+            class.inc();
+        }
     }
 }
 
@@ -478,8 +604,9 @@ impl FrameObserver for Metrics {
     }
 }
 
-/// Serves `metrics` at `GET /metrics` (and `HEAD`) on `listener` until `shutdown` completes; any
-/// other path is a 404, any other method a 405.
+/// Serves `metrics` at `GET /metrics` (and `HEAD`) on `listener` until `shutdown` completes, with
+/// the probes: `/livez` (200 while the process runs, through the drain) and `/readyz` (200, then
+/// 503 once [`Metrics::drain`] has been called). Any other path is a 404, any other method a 405.
 pub async fn serve_metrics<F>(listener: TcpListener, metrics: Arc<Metrics>, shutdown: F)
 where
     F: Future<Output = ()>,
@@ -512,10 +639,15 @@ where
 }
 
 fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<Bytes>> {
+    if let Some(res) = probe(metrics, method, path) {
+        return res;
+    }
     let (status, body) = if path != "/metrics" {
         (
             StatusCode::NOT_FOUND,
-            Bytes::from_static(b"not found: the metrics are at /metrics\n"),
+            Bytes::from_static(
+                b"not found: the metrics are at /metrics, the probes at /livez and /readyz\n",
+            ),
         )
     } else if method != Method::GET && method != Method::HEAD {
         (
@@ -527,7 +659,7 @@ fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<Bytes
     };
     let mut res = Response::new(Full::new(body));
     *res.status_mut() = status;
-    let content_type = if status == StatusCode::OK {
+    let content_type = if status == StatusCode::OK && path == "/metrics" {
         CONTENT_TYPE
     } else {
         "text/plain; charset=utf-8"
@@ -536,3 +668,37 @@ fn answer(metrics: &Metrics, method: &Method, path: &str) -> Response<Full<Bytes
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     res
 }
+
+/// The liveness and readiness probes, `GET` (or `HEAD`) `/livez` and `/readyz`, answered from the
+/// process alone; `None` for any other request. `/livez` is 200 `ok` for as long as the process
+/// serves (the drain included); `/readyz` is 200 `ready`, then 503 `draining` once
+/// [`Metrics::drain`] has been called.
+pub fn probe<B: From<Bytes>>(
+    metrics: &Metrics,
+    method: &Method,
+    path: &str,
+) -> Option<Response<B>> {
+    if method != Method::GET && method != Method::HEAD {
+        return None;
+    }
+    let (status, body) = match path {
+        LIVEZ => (StatusCode::OK, "ok\n"),
+        READYZ if metrics.is_draining() => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        READYZ => (StatusCode::OK, "ready\n"),
+        _ => return None,
+    };
+    let mut res = Response::new(B::from(Bytes::from_static(body.as_bytes())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Some(res)
+}
+
+/// The liveness probe's path (see [`probe`]).
+pub const LIVEZ: &str = "/livez";
+/// The readiness probe's path (see [`probe`]).
+pub const READYZ: &str = "/readyz";

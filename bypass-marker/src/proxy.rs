@@ -71,11 +71,18 @@
 //!   response's last byte has been written to the socket, or the connection has ended
 //!   ([`logs`](crate::logs)).
 //! - **Stopping.** When `shutdown` completes (the binary: Ctrl-C or SIGTERM), it stops accepting,
-//!   lets the requests in flight finish for up to `--shutdown-grace`, then returns.
+//!   marks the [`Metrics`] as draining (`/readyz` answers 503; `/livez` stays 200), lets the
+//!   requests in flight finish for up to `--shutdown-grace`, then cuts those still there
+//!   (counted in `bypass_marker_shutdown_streams_cut_total` and in one `warn` line) and returns.
+//! - **Probes.** `GET` or `HEAD` `/livez` and `/readyz` are answered by the proxy itself (see
+//!   [`metrics::probe`](crate::metrics::probe)), never forwarded, logged or counted.
+//! - **Request ids.** A request's `x-request-id` (1 to 128 visible ASCII characters) goes upstream
+//!   as it came; a request without one gets a new one (32 hex digits), sent upstream and logged.
 //!
 //! `--no-layer` forwards everything untouched (no guard, no filter): the control for benchmarks
 //! and for showing the bug.
 
+use http_body_util::Full;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -104,8 +111,8 @@ use crate::client::trim_ows;
 use crate::conn::{Busy, Expired, HeldBody, Releasing, StallTimeout, Watch, Watched};
 use crate::envoy::BodyBudget;
 use crate::forward::{error, remove_hop_by_hop, stalled, FromForward};
-use crate::logs::Exchange;
-use crate::metrics::{removed_on_this_thread, Metrics, UpstreamError};
+use crate::logs::{request_id, Exchange};
+use crate::metrics::{probe, removed_on_this_thread, Metrics, UpstreamError};
 use crate::{Forward, UpstreamBody};
 use tower_bypass_marker::sans_io::{HeadDecision, RequestGuard};
 use tower_bypass_marker::BoxError;
@@ -416,6 +423,10 @@ where
     let connections = Arc::new(tokio::sync::Semaphore::new(cap));
     let mut warned: Option<Instant> = None;
     let budgeting = budgeting.map(Arc::new);
+    // The requests in flight on this loop: those still there when the grace runs out are cut.
+    let in_flight = Arc::new(AtomicU64::new(0));
+    // Sent `true` when the grace runs out: each connection still open is then ended.
+    let (cut_all, cut) = tokio::sync::watch::channel(false);
     loop {
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
@@ -438,10 +449,10 @@ where
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => {
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => {
                 backoff = Duration::ZERO;
-                stream
+                (stream, peer)
             }
             Err(err) if is_connection_error(&err) => continue,
             Err(err) => {
@@ -459,6 +470,8 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
+        let open = ConnectionOpen::new(metrics.clone());
+        let in_flight = in_flight.clone();
         let watch = Watch::new();
         let counted = metrics.clone();
         let stack = service.clone();
@@ -467,8 +480,23 @@ where
         let budgeting = budgeting.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let busy = service_watch.begin();
-            let mut exchange =
-                Exchange::begin(metrics.clone(), req.method().clone(), req.uri().clone());
+            // The probes are the proxy's own: answered here, never forwarded, logged or counted.
+            if let Some(res) = probe::<Full<Bytes>>(&metrics, req.method(), req.uri().path()) {
+                let res =
+                    res.map(|body| Tracked::untracked(Either::Right(Either::Right(body)), busy));
+                return OneOf::Probe {
+                    answer: std::future::ready(Ok::<_, Infallible>(res)),
+                };
+            }
+            let id = request_id(req.headers_mut());
+            let mut exchange = Exchange::begin(
+                metrics.clone(),
+                req.method().clone(),
+                req.uri().clone(),
+                Some(peer),
+                id,
+                in_flight.clone(),
+            );
             // Decided on the request as the client sent it; then the hop-by-hop headers go, before
             // the guard reads any header.
             let unsupported = unsupported_transfer_coding(req.headers());
@@ -490,39 +518,41 @@ where
             let stack = stack.clone();
             let watch = service_watch.clone();
             let budgeting = budgeting.clone();
-            async move {
-                let res: Response<Answer<B>> = if connect {
-                    method_not_allowed().map(Either::Right)
-                } else if unsupported {
-                    not_implemented().map(Either::Right)
-                } else if over_budget {
-                    over_budget_answer(budgeting.as_deref()).map(Either::Right)
-                } else {
-                    let res = stack.oneshot(req).await?;
-                    // The guard answers a body that failed with a 400; this one only stopped
-                    // arriving, or did not fit in the budget.
-                    if res.status() != StatusCode::BAD_REQUEST {
-                        res.map(Either::Left)
-                    } else if watch.stalled.load(Ordering::Acquire) {
-                        stalled().map(Either::Right)
-                    } else if held
-                        .as_ref()
-                        .is_some_and(|h| h.over_budget.load(Ordering::Acquire))
-                    {
+            OneOf::Served {
+                answer: async move {
+                    let res: Response<Answer<B>> = if connect {
+                        method_not_allowed().map(Either::Right)
+                    } else if unsupported {
+                        not_implemented().map(Either::Right)
+                    } else if over_budget {
                         over_budget_answer(budgeting.as_deref()).map(Either::Right)
                     } else {
-                        res.map(Either::Left)
+                        let res = stack.oneshot(req).await?;
+                        // The guard answers a body that failed with a 400; this one only stopped
+                        // arriving, or did not fit in the budget.
+                        if res.status() != StatusCode::BAD_REQUEST {
+                            res.map(Either::Left)
+                        } else if watch.stalled.load(Ordering::Acquire) {
+                            stalled().map(Either::Right)
+                        } else if held
+                            .as_ref()
+                            .is_some_and(|h| h.over_budget.load(Ordering::Acquire))
+                        {
+                            over_budget_answer(budgeting.as_deref()).map(Either::Right)
+                        } else {
+                            res.map(Either::Left)
+                        }
+                    };
+                    drop(held);
+                    let refused = res.extensions().get::<FromForward>().is_none()
+                        || (res.status() == StatusCode::REQUEST_TIMEOUT
+                            && watch.stalled.load(Ordering::Acquire));
+                    if refused {
+                        exchange.metrics().refused(res.status());
                     }
-                };
-                drop(held);
-                let refused = res.extensions().get::<FromForward>().is_none()
-                    || (res.status() == StatusCode::REQUEST_TIMEOUT
-                        && watch.stalled.load(Ordering::Acquire));
-                if refused {
-                    exchange.metrics().refused(res.status());
-                }
-                exchange.status(res.status());
-                Ok::<_, Infallible>(res.map(|body| Tracked::new(body, busy, exchange)))
+                    exchange.status(res.status());
+                    Ok::<_, Infallible>(res.map(|body| Tracked::new(body, busy, exchange)))
+                },
             }
         });
         let io = TokioIo::new(Watched::new(stream, watch.clone()));
@@ -533,9 +563,11 @@ where
         // Aborting the connection drops its response bodies, and so cancels their upstream
         // requests.
         let serving = conn.abort_handle();
+        let mut cut = cut.clone();
         tokio::spawn(async move {
             // The connection's place, given back when it ends.
             let _permit = permit;
+            let _open = open;
             tokio::select! {
                 _ = conn => {}
                 expired = watch.expired(idle, header, write) => {
@@ -546,17 +578,63 @@ where
                     }
                     serving.abort();
                 }
+                Ok(_) = cut.wait_for(|cut| *cut) => serving.abort(),
             }
         });
     }
     drop(listener);
+    // Not ready from now on (the probes on the metrics address say so through the drain).
+    metrics.drain();
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(config.shutdown_grace) => {
-            tracing::warn!("requests still in flight after {:?}, stopping", config.shutdown_grace);
+            let cut = in_flight.load(Ordering::Relaxed);
+            metrics.streams_cut(cut);
+            let _ = cut_all.send(true);
+            tracing::warn!(
+                streams_cut = cut,
+                "{cut} request(s) still in flight after --shutdown-grace ({:?}): cut",
+                config.shutdown_grace
+            );
         }
     }
     Ok(())
+}
+
+pin_project! {
+    /// The answer to a request: a probe's, ready at once, or the stack's.
+    #[project = OneOfProj]
+    enum OneOf<P, S> {
+        Probe { #[pin] answer: P },
+        Served { #[pin] answer: S },
+    }
+}
+
+impl<P: Future, S: Future<Output = P::Output>> Future for OneOf<P, S> {
+    type Output = P::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<P::Output> {
+        match self.project() {
+            OneOfProj::Probe { answer } => answer.poll(cx),
+            OneOfProj::Served { answer } => answer.poll(cx),
+        }
+    }
+}
+
+/// Counts a client connection in `bypass_marker_connections_open` until dropped.
+struct ConnectionOpen(Arc<Metrics>);
+
+impl ConnectionOpen {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        metrics.connection_opened();
+        Self(metrics)
+    }
+}
+
+impl Drop for ConnectionOpen {
+    fn drop(&mut self) {
+        self.0.connection_closed();
+    }
 }
 
 /// If the guard will read `req`'s body: its share of the budget (in `req`'s extensions too),
@@ -697,6 +775,15 @@ impl<B: Body> Tracked<B> {
             exchange: Some(exchange),
         }
     }
+
+    /// A response that keeps its connection busy but is neither logged nor counted (a probe's).
+    fn untracked(body: B, busy: Busy) -> Self {
+        Self {
+            body,
+            busy,
+            exchange: None,
+        }
+    }
 }
 
 impl<B> Body for Tracked<B>
@@ -722,7 +809,7 @@ where
         match &poll {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    exchange.bytes += data.len() as u64;
+                    exchange.body_bytes(data.len());
                 }
             }
             // The proxy's layer forwards an oversized frame (`Overflow::Forward`) rather than

@@ -148,6 +148,32 @@ fn usage_errors_exit_with_code_2_and_say_what_is_wrong() {
             "must not carry credentials",
         ),
         (&["frobnicate"], &[], "frobnicate"),
+        // Issue 42: an upstream no connection can reach is refused at start.
+        (
+            &["proxy", "--upstream", "http://[::1]:70000"],
+            &[],
+            "port \"70000\" is not a TCP port (1 to 65535)",
+        ),
+        (
+            &["proxy", "--upstream", "http://127.0.0.1:0/v1"],
+            &[],
+            "port \"0\" is not a TCP port",
+        ),
+        (
+            &["proxy", "--upstream", "http://:8000"],
+            &[],
+            "the upstream has no host",
+        ),
+        (
+            &["proxy"],
+            &[("BYPASS_MARKER_UPSTREAM", "http://[::1]:70000")],
+            "for BYPASS_MARKER_UPSTREAM (--upstream <URL>): port \"70000\"",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_SDK_SAFE", "maybe")],
+            "invalid value 'maybe' for BYPASS_MARKER_SDK_SAFE (--sdk-safe)",
+        ),
     ] {
         let out = run(args, env);
         let stderr = text(&out.stderr);
@@ -337,6 +363,14 @@ async fn configured_from_the_environment_it_filters_logs_and_stops_gracefully_on
         assert_eq!(line["frames_removed"], 20, "{line}");
         assert_eq!(line["complete"], true);
         assert!(line["duration_ms"].as_f64().unwrap() >= 1000.0, "{line}");
+        // Issue 42: the client's address and a request id the proxy made (none was sent).
+        let client = line["client"].as_str().unwrap();
+        assert!(client.starts_with("127.0.0.1:"), "{line}");
+        let id = line["request_id"].as_str().unwrap();
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{line}"
+        );
     }
     assert!(
         logs.iter().any(|l| l.contains("SIGTERM")),
@@ -894,4 +928,275 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
     assert_eq!(body, expected_stream());
     let out = sigterm_and_output(child).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// Issue 42: an invalid value names what the operator wrote: the variable when it came from the
+/// environment (not the flag, which was never passed), the flag when it came from the command
+/// line (even with the variable set too: the command line wins).
+#[test]
+fn an_invalid_value_names_its_variable_or_its_flag() {
+    // (arguments, environment, what the error says, what it must not say)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case<'_>; 6] = [
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_MAX_BODY", "32MiB")],
+            "invalid value '32MiB' for BYPASS_MARKER_MAX_BODY (--max-body <BYTES>)",
+            "for '--max-body",
+        ),
+        (
+            &["proxy", "--upstream", "http://x", "--max-body", "32MiB"],
+            &[],
+            "invalid value '32MiB' for '--max-body <BYTES>'",
+            "BYPASS_MARKER_MAX_BODY",
+        ),
+        (
+            &["proxy", "--upstream", "http://x", "--max-body=32MiB"],
+            &[("BYPASS_MARKER_MAX_BODY", "1")],
+            "invalid value '32MiB' for '--max-body <BYTES>'",
+            "BYPASS_MARKER_MAX_BODY",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_LISTEN", "everywhere")],
+            "for BYPASS_MARKER_LISTEN (--listen <ADDR>)",
+            "for '--listen",
+        ),
+        (
+            &["ext-proc"],
+            &[("BYPASS_MARKER_SHUTDOWN_GRACE", "-1")],
+            "for BYPASS_MARKER_SHUTDOWN_GRACE (--shutdown-grace <SECS>)",
+            "for '--shutdown-grace",
+        ),
+        (
+            &["proxy", "--upstream", "http://x"],
+            &[("BYPASS_MARKER_LOG_FORMAT", "xml")],
+            "for BYPASS_MARKER_LOG_FORMAT (--log-format <LOG_FORMAT>)",
+            "for '--log-format",
+        ),
+    ];
+    for (args, env, says, not) in cases {
+        let out = run(args, env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        assert!(
+            stderr.contains(says),
+            "{args:?} {env:?}: {says:?} not in {stderr}"
+        );
+        assert!(
+            !stderr.contains(not),
+            "{args:?} {env:?}: {not:?} in {stderr}"
+        );
+    }
+}
+
+/// The `names in force` line of a proxy started with `env`, read from its stderr; the proxy is
+/// then killed.
+async fn names_in_force(env: &[(&str, &str)]) -> String {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = support::command()
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("names in force") || line.contains("--no-layer") {
+                return line;
+            }
+        }
+        panic!("no names in force line ({env:?})");
+    })
+    .await
+    .unwrap();
+    child.kill().await.unwrap();
+    line
+}
+
+/// Issue 42: the switches' variables take the usual spellings of true and false, in any case,
+/// as docs/sidecar.md lists them.
+#[tokio::test]
+async fn switches_take_the_usual_spellings_of_true_and_false() {
+    for yes in ["true", "1", "yes", "on", "TRUE", "Yes", "On", "y", "t"] {
+        let line = names_in_force(&[("BYPASS_MARKER_SDK_SAFE", yes)]).await;
+        assert!(line.contains("(--sdk-safe): removed"), "{yes}: {line}");
+        let line = names_in_force(&[("BYPASS_MARKER_NO_LAYER", yes)]).await;
+        assert!(
+            line.contains("--no-layer: forwarding untouched"),
+            "{yes}: {line}"
+        );
+    }
+    for no in ["false", "0", "no", "off", "FALSE", "Off", "n", "f"] {
+        let line = names_in_force(&[("BYPASS_MARKER_SDK_SAFE", no)]).await;
+        assert!(line.contains("(--sdk-safe): kept"), "{no}: {line}");
+        let line = names_in_force(&[("BYPASS_MARKER_NO_LAYER", no)]).await;
+        assert!(line.contains("names in force"), "{no}: {line}");
+    }
+}
+
+/// A pipe whose reading end is already closed: what a process writes to the other end fails
+/// with EPIPE (the Rust runtime ignores SIGPIPE).
+fn broken_pipe() -> std::os::fd::OwnedFd {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, which are then owned here.
+    #[allow(unsafe_code)]
+    let (read, write) = unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    drop(read);
+    write
+}
+
+/// Issue 42: a stderr (and stdout) whose reader has gone is never a panic (exit code 101), at any
+/// point: a usage error still exits with 2, `--version` with 0, and a proxy logging every request
+/// at `info` starts, serves, logs into the broken pipe, and stops with 0 on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_stdout_and_stderr_are_never_a_panic() {
+    let status = support::std_command()
+        .args(["proxy", "--upstream", "http://[::1]:70000"])
+        .stdout(Stdio::from(broken_pipe()))
+        .stderr(Stdio::from(broken_pipe()))
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+    let status = support::std_command()
+        .arg("--version")
+        .stdout(Stdio::from(broken_pipe()))
+        .stderr(Stdio::from(broken_pipe()))
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    let upstream = format!("http://{}", spawn_upstream().await);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = support::command()
+        .args(["proxy", "--listen", &listen, "--upstream", &upstream])
+        .args(X_CUSTOM)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::from(broken_pipe()))
+        .stderr(Stdio::from(broken_pipe()))
+        .spawn()
+        .unwrap();
+    let body = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(body) = get(format!("http://{listen}/stream")).await {
+                return body;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the proxy exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy serves");
+    assert_eq!(body, expected_stream());
+    // More traffic, each request another access line into the broken pipe.
+    for body in streams_at_once(&listen, 4, PATIENCE).await {
+        assert_eq!(body, expected_stream());
+    }
+    let status = sigterm_and_wait(&mut child, "the proxy exits after SIGTERM").await;
+    assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// Issue 42: what an orchestrator sees of a drain. The metrics address answers the probes through
+/// it: `/readyz` 503 from SIGTERM on, `/livez` 200 until the process exits; the stream in flight
+/// finishes and the exit code is 0. When `--shutdown-grace` runs out first, the stream is cut, the
+/// log says how many were, and the exit code is 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_through_a_sigterm_and_exit_code_3_when_the_grace_runs_out() {
+    let upstream = format!("http://{}", spawn_upstream().await);
+    for (grace, code) in [("20", 0), ("0.2", 3)] {
+        let mut child = support::command()
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+            .args(["--metrics-listen", "127.0.0.1:0", "--shutdown-grace", grace])
+            .args(X_CUSTOM)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut announced = Announced::of(&mut child);
+        let metrics = announced.next("metrics on http://").await;
+        let metrics = metrics.trim_end_matches("/metrics").to_owned();
+        let addr = announced.next("listening on http://").await;
+        let logs = stderr_lines(&mut child);
+        let status_of = |url: String| async move {
+            let req = http::Request::get(url)
+                .body(Full::<Bytes>::default())
+                .unwrap();
+            fetch(req).await.map(|reply| reply.status.as_u16())
+        };
+        for base in [&metrics, &addr] {
+            assert_eq!(
+                status_of(format!("http://{base}/livez")).await.unwrap(),
+                200
+            );
+            assert_eq!(
+                status_of(format!("http://{base}/readyz")).await.unwrap(),
+                200
+            );
+        }
+        let in_flight = tokio::spawn(get(format!("http://{addr}/stream")));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sigterm(&child);
+        if code == 0 {
+            let mut ready = 200;
+            let deadline = Instant::now() + PATIENCE;
+            while ready == 200 && Instant::now() < deadline {
+                ready = status_of(format!("http://{metrics}/readyz")).await.unwrap();
+            }
+            assert_eq!(ready, 503, "not ready at SIGTERM");
+            assert_eq!(
+                status_of(format!("http://{metrics}/livez")).await.unwrap(),
+                200
+            );
+            assert!(
+                status_of(format!("http://{addr}/livez")).await.is_err(),
+                "still accepting"
+            );
+            let body = tokio::time::timeout(PATIENCE, in_flight)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(body.unwrap(), expected_stream());
+        } else {
+            let cut = tokio::time::timeout(PATIENCE, in_flight)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(cut.is_err(), "a cut stream read as complete");
+        }
+        let status = tokio::time::timeout(PATIENCE, child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "--shutdown-grace {grace}");
+        let logs = logs.await.unwrap();
+        let said = |needle: &str| logs.iter().any(|l| l.contains(needle));
+        if code == 3 {
+            assert!(
+                said("1 request(s) still in flight after --shutdown-grace"),
+                "{logs:#?}"
+            );
+            assert!(said("streams_cut=1"), "{logs:#?}");
+            assert!(said("exit code 3"), "{logs:#?}");
+        } else {
+            assert!(!said("streams_cut"), "{logs:#?}");
+        }
+    }
 }

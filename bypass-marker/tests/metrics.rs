@@ -730,3 +730,272 @@ async fn the_processors_answer_times_are_a_histogram_per_kind_of_message() {
     let samples = scrape(&proxy).await;
     assert!(!samples.keys().any(|(name, _)| name.starts_with(ANSWERS)));
 }
+
+/// Scrapes until `ready` holds for the samples (the request counters move when a response has
+/// been flushed, a moment after the client has read it), within [`PATIENCE`].
+async fn scrape_until(
+    served: &Served,
+    ready: impl Fn(&BTreeMap<Key, f64>) -> bool,
+) -> BTreeMap<Key, f64> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let m = scrape(served).await;
+        if ready(&m) || tokio::time::Instant::now() > deadline {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 42: `requests_total` by status class (the upstream's answers and the proxy's own),
+/// `time_to_first_byte_seconds` for each response with a body, `connections_open` as a gauge, and
+/// `build_info` with the version and the revision, all from real requests.
+#[tokio::test]
+async fn requests_by_status_class_first_bytes_connections_and_build_info() {
+    let app = axum::Router::new()
+        .route("/ok", axum::routing::get(dynamo_stream))
+        .route(
+            "/moved",
+            axum::routing::get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/ok")]) }),
+        )
+        .route(
+            "/missing",
+            axum::routing::get(|| async { (StatusCode::NOT_FOUND, "no such thing") }),
+        )
+        .route(
+            "/broken",
+            axum::routing::get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "broken") }),
+        );
+    let upstream = serve_upstream(app).await;
+    let served = start(&format!("http://{upstream}"), &[]).await;
+    let m = scrape(&served).await;
+    for class in ["1xx", "2xx", "3xx", "4xx", "5xx"] {
+        let labels = format!("class=\"{class}\"");
+        assert_eq!(get(&m, "bypass_marker_requests_total", &labels), 0.0);
+    }
+    let build = format!(
+        "revision=\"{}\",version=\"{}\"",
+        metrics::REVISION,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(get(&m, "bypass_marker_build_info", &build), 1.0);
+    assert_eq!(get(&m, "bypass_marker_connections_open", ""), 0.0);
+
+    for (path, status) in [
+        ("/ok", 200),
+        ("/ok", 200),
+        ("/moved", 302),
+        ("/missing", 404),
+        ("/broken", 500),
+    ] {
+        let reply = support::get(format!("http://{}{path}", served.proxy)).await;
+        assert_eq!(reply.status.as_u16(), status, "{path}");
+    }
+    // The proxy's own answer, a 415 from the guard, counts in its class too.
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", served.proxy))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(
+        send(req).await.unwrap().status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_requests_total", "class=\"4xx\"") == 2.0
+            && get(m, "bypass_marker_requests_total", "class=\"5xx\"") == 1.0
+    })
+    .await;
+    for (class, n) in [
+        ("1xx", 0.0),
+        ("2xx", 2.0),
+        ("3xx", 1.0),
+        ("4xx", 2.0),
+        ("5xx", 1.0),
+    ] {
+        let labels = format!("class=\"{class}\"");
+        assert_eq!(
+            get(&m, "bypass_marker_requests_total", &labels),
+            n,
+            "{class}"
+        );
+    }
+    // Every response but the 302's has a body: five first bytes.
+    assert_eq!(
+        get(&m, "bypass_marker_time_to_first_byte_seconds_count", ""),
+        5.0
+    );
+    assert_eq!(
+        get(
+            &m,
+            "bypass_marker_time_to_first_byte_seconds_bucket",
+            "le=\"+Inf\""
+        ),
+        5.0
+    );
+
+    // A client connection that sends nothing is open until it closes.
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 0.0
+    })
+    .await;
+    assert_eq!(get(&m, "bypass_marker_connections_open", ""), 0.0);
+    let conn = tokio::net::TcpStream::connect(served.proxy).await.unwrap();
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 1.0
+    })
+    .await;
+    assert_eq!(get(&m, "bypass_marker_connections_open", ""), 1.0);
+    drop(conn);
+    let m = scrape_until(&served, |m| {
+        get(m, "bypass_marker_connections_open", "") == 0.0
+    })
+    .await;
+    assert_eq!(get(&m, "bypass_marker_connections_open", ""), 0.0);
+}
+
+/// Issue 42: the probes. `/livez` and `/readyz` on the proxy's own address are answered by the
+/// proxy (never forwarded, logged or counted); on the metrics address, through a stop, `/readyz`
+/// turns 503 while `/livez` and `/metrics` answer on through the drain; requests still in flight
+/// when `--shutdown-grace` runs out are counted as cut.
+#[tokio::test]
+async fn probes_through_a_drain_and_streams_cut_when_the_grace_runs_out() {
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = hits.clone();
+    // A stream that sends one frame and then never ends.
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async {
+            let first = futures_util::stream::once(async {
+                Ok::<_, Infallible>(Bytes::from_static(b"data: first\n\n"))
+            });
+            let stream = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                Body::from_stream(stream),
+            )
+        }
+    });
+    let upstream = serve_upstream(app).await;
+    let config = proxy_args(&format!("http://{upstream}"), &["--shutdown-grace", "1"]);
+    let registry: Arc<Metrics> = cli::proxy::metrics_for(&config).unwrap();
+    let listener = cli::bind(config.listen, 128).unwrap();
+    let proxy = listener.local_addr().unwrap();
+    let served = Served::spawn(proxy, registry.clone(), |registry, stop| {
+        cli::serve_metered(listener, config, registry, stopped(stop))
+    });
+    let probe = |addr: SocketAddr, path: &'static str| async move {
+        let reply = support::get(format!("http://{addr}{path}")).await;
+        (reply.status, reply.body)
+    };
+    for addr in [served.proxy, served.metrics] {
+        assert_eq!(
+            probe(addr, "/livez").await,
+            (StatusCode::OK, Bytes::from("ok\n"))
+        );
+        assert_eq!(
+            probe(addr, "/readyz").await,
+            (StatusCode::OK, Bytes::from("ready\n"))
+        );
+    }
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a probe was forwarded"
+    );
+
+    // Two streams in flight, each past its first frame.
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let res = client()
+            .request(
+                http::Request::get(format!("http://{}/stream", served.proxy))
+                    .body(Full::default())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let mut body = res.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "data: first\n\n");
+        streams.push(body);
+    }
+    let m = scrape(&served).await;
+    assert_eq!(get(&m, "bypass_marker_streams_active", ""), 2.0);
+    assert_eq!(
+        get(&m, "bypass_marker_requests_total", "class=\"2xx\""),
+        0.0
+    );
+
+    let Served {
+        metrics: metrics_addr,
+        _stop: stop,
+        ..
+    } = served;
+    drop(stop);
+    let drained = tokio::time::Instant::now();
+    // During the drain: not ready, alive, and still scraped.
+    let mut ready = StatusCode::OK;
+    while ready == StatusCode::OK && drained.elapsed() < Duration::from_millis(800) {
+        ready = probe(metrics_addr, "/readyz").await.0;
+    }
+    assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        drained.elapsed() < Duration::from_millis(900),
+        "the drain was over"
+    );
+    assert_eq!(probe(metrics_addr, "/livez").await.0, StatusCode::OK);
+    assert_eq!(probe(metrics_addr, "/metrics").await.0, StatusCode::OK);
+    assert!(
+        tokio::net::TcpStream::connect(proxy).await.is_err(),
+        "still accepting"
+    );
+
+    // The grace runs out: both streams are cut, and counted.
+    for mut body in streams {
+        let end = tokio::time::timeout(PATIENCE, body.frame()).await.unwrap();
+        assert!(
+            !matches!(end, None | Some(Ok(_))),
+            "a cut stream ended cleanly: {end:?}"
+        );
+    }
+    assert_eq!(registry.shutdown_streams_cut(), 2);
+    let m = parse(&registry.encode());
+    assert_eq!(get(&m, "bypass_marker_shutdown_streams_cut_total", ""), 2.0);
+}
+
+/// Issue 42: the request id. A request's `x-request-id` goes upstream as it came; a request
+/// without one (or with one that would garble the log line) gets a new one, sent upstream.
+#[tokio::test]
+async fn request_ids_are_passed_upstream_or_made() {
+    let app = axum::Router::new().fallback(|headers: http::HeaderMap| async move {
+        let ids: Vec<String> = headers
+            .get_all("x-request-id")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect();
+        ids.join("|")
+    });
+    let upstream = serve_upstream(app).await;
+    let served = start(&format!("http://{upstream}"), &[]).await;
+    let with = |id: Option<&str>| {
+        let mut req = http::Request::get(format!("http://{}/id", served.proxy));
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        send(req.body(Full::default()).unwrap())
+    };
+    let reply = with(Some("client-id-42")).await.unwrap();
+    assert_eq!(reply.body, "client-id-42");
+    let mut made = Vec::new();
+    for id in [None, Some("has space"), Some("")] {
+        let reply = with(id).await.unwrap();
+        let body = String::from_utf8(reply.body.to_vec()).unwrap();
+        assert_eq!(body.len(), 32, "{id:?}: {body}");
+        assert!(body.bytes().all(|b| b.is_ascii_hexdigit()), "{body}");
+        made.push(body);
+    }
+    made.sort();
+    made.dedup();
+    assert_eq!(made.len(), 3, "ids repeat: {made:?}");
+}

@@ -130,6 +130,21 @@ rm -rf "$work/base.tar" "$work/busybox.tar" "$work/busybox"
 log "bases ($base_image, $copier_image) made in $((SECONDS - t)) s"
 
 # ---------------------------------------------------------------------------------------------
+# By hand first, as docs/deploy.md offers (no revision, no created date: `unknown`), so that the
+# release below finds these layers in podman's cache and must not ship their labels (issue 42)
+
+t=$SECONDS
+cargo build --quiet --release --locked -p bypass-marker -p bypass-marker-envoy-module
+bash "$root/wasm-plugin/build.sh" >/dev/null
+hand_version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)"
+for pair in bypass-marker:bypass-marker envoy-module:bypass-marker-envoy-module wasm:bypass-marker-wasm; do
+  (cd "$root" && podman build --quiet --target "${pair%%:*}" --build-arg "BASE_IMAGE=$base_image" \
+    --build-arg "COPIER_IMAGE=$copier_image" -t "${pair##*:}:$hand_version" . >/dev/null) ||
+    die "podman build --target ${pair%%:*} (by hand) failed"
+done
+log "the images built by hand first in $((SECONDS - t)) s"
+
+# ---------------------------------------------------------------------------------------------
 # The release command
 
 t=$SECONDS
@@ -141,6 +156,7 @@ log "dist/release.sh done in $((SECONDS - t)) s"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)"
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 revision="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+created="$(cd "$root" && TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ)"
 image="bypass-marker:$version"
 module_image="bypass-marker-envoy-module:$version"
 wasm_image="bypass-marker-wasm:$version"
@@ -169,6 +185,13 @@ tar_bin="$work/tarball/bypass-marker-$version-$triple/bypass-marker"
 ok=0
 [[ -x "$tar_bin" ]] && "$tar_bin" --version | grep -qx "bypass-marker $version" && ok=1
 count $ok "the tarball's bypass-marker runs: $("$tar_bin" --version 2>&1 | head -n 1)"
+ok=0
+for page in docs/sidecar.md docs/deploy.md docs/envoy.md bypass-marker.service; do
+  cmp -s "$root/${page/#bypass-marker.service/dist/bypass-marker.service}" \
+    "$work/tarball/bypass-marker-$version-$triple/$page" || { ok=0; break; }
+  ok=1
+done
+count $ok "the tarball ships the operator's pages (docs/sidecar.md, docs/deploy.md, docs/envoy.md) and the systemd unit"
 
 # Each SBOM is CycloneDX and lists what is compiled in.
 for pair in "bypass-marker:tokio" "bypass-marker-envoy-module:serde_json" "bypass-marker-wasm:proxy-wasm"; do
@@ -189,21 +212,27 @@ done
 # Each OCI archive holds its image: the tag as its ref name, the labels and the user.
 for ref in "$image" "$module_image" "$wasm_image"; do
   ok=0
-  "$python" - "$dist/${ref%%:*}-$version-oci-"*.tar "$ref" "$version" >"$work/oci.out" 2>&1 <<'PY' && ok=1
-import json, sys, tarfile
-archive, ref, version = sys.argv[1:4]
+  "$python" - "$dist/${ref%%:*}-$version-oci-"*.tar "$ref" "$version" "$revision" "$created" >"$work/oci.out" 2>&1 <<'PY' && ok=1
+import datetime, json, sys, tarfile
+archive, ref, version, revision, created = sys.argv[1:6]
 with tarfile.open(archive) as tar:
     blob = lambda digest: json.load(tar.extractfile("blobs/" + digest.replace(":", "/")))
     index = json.load(tar.extractfile("index.json"))
     (entry,) = index["manifests"]
     name = entry["annotations"]["org.opencontainers.image.ref.name"]
     assert name.endswith(ref), name
-    config = blob(blob(entry["digest"])["config"]["digest"])["config"]
+    image = blob(blob(entry["digest"])["config"]["digest"])
+    config = image["config"]
     assert config["Labels"]["org.opencontainers.image.version"] == version, config["Labels"]
+    # The commit's, although an image built by hand (revision unknown) was in the cache.
+    assert config["Labels"]["org.opencontainers.image.revision"] == revision, config["Labels"]
+    assert config["Labels"]["org.opencontainers.image.created"] == created, config["Labels"]
+    when = lambda text: datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    assert when(image["created"]) == when(created), (image["created"], created)
     assert config["User"] == "65532:65532", config["User"]
-    print(name)
+    print(f"{name}, revision {revision}, created {created}")
 PY
-  count $ok "the OCI archive of $ref holds it: $(tail -n 1 "$work/oci.out")"
+  count $ok "the OCI archive of $ref holds it, labelled with the commit (built by hand first): $(tail -n 1 "$work/oci.out")"
 done
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +413,7 @@ count $ok "Envoy 1.40.0 runs the plugin out of $wasm_image in V8 (wasm.envoy.was
 run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
   --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 
-# The probes of examples/k8s/: liveness, GET /metrics, answers from the proxy alone; readiness,
+# The probes of examples/k8s/: liveness, GET /livez on the metrics port, answers from the proxy alone; readiness,
 # GET /health, goes through to the frontend and answers with its status (Dynamo's frontend serves
 # /health; the simulated router has none, so the same 404 as straight to it).
 probe() { "$python" -c "
@@ -395,12 +424,12 @@ except urllib.error.HTTPError as e:
     print(e.code)
 except Exception as e:
     print(repr(e))" "$1"; }
-metrics="$(probe "http://127.0.0.1:$metrics_port/metrics")"
+metrics="$(probe "http://127.0.0.1:$metrics_port/livez")"
 health="$(probe "$proxy/health")"
 health_direct="$(probe "$router_behind/health")"
 ok=0
 [[ "$metrics" == 200 && "$health" =~ ^[0-9]+$ && "$health" == "$health_direct" ]] && ok=1
-count $ok "the manifest's probes reach the proxy container: GET /metrics $metrics; GET /health $health through the proxy, $health_direct straight to the frontend"
+count $ok "the manifest's probes reach the proxy container: GET /livez $metrics on the metrics port; GET /health $health through the proxy, $health_direct straight to the frontend"
 
 # The peak: every image and the three containers (vfs copies each one's root whole).
 log "disk used by podman's store, the artifacts and the logs: $(du -sh "$work" | cut -f1)"
