@@ -206,6 +206,11 @@ async def seen(upstream, test_id):
     return json.loads(res.body) if res.status == 200 else None
 
 
+async def head_seen(upstream, test_id):
+    """Whether the upstream got the request's head at all (even one whose body never came)."""
+    return (await request(upstream, f"/head?test_id={test_id}")).status == 200
+
+
 async def counts(upstream):
     return json.loads((await request(upstream, "/counts")).body)
 
@@ -276,11 +281,19 @@ async def run_checks(args):
             )
             entry = await seen(args.upstream, test_id)
             got = entry and entry["body"].get("nvext", {}).get("annotations")
+            # The body as rewritten goes on with its own content-length, never padded to the
+            # length the client sent (the plugin holds the head, as the module does).
+            raw = entry and entry.get("raw", "")
+            framed = args.front not in ("wasm", "module") or (
+                entry is not None and raw == raw.rstrip()
+                and entry.get("content_length") == str(len(raw.encode("latin-1"))))
             report(
-                res.status == 200 and entry is not None and not script.forces(entry["body"]),
+                res.status == 200 and entry is not None and not script.forces(entry["body"]) and framed,
                 f"{'streamed' if stream else 'non-streamed'} request naming {names!r}: "
-                f"the upstream got annotations {got!r}",
-                f"status {res.status}, upstream saw {entry and entry['body']}",
+                f"the upstream got annotations {got!r}, {len(raw or '')} bytes with a content-length "
+                "of as many, no padding",
+                f"status {res.status}, upstream saw {entry and entry['body']}, raw {raw!r}, "
+                f"content-length {entry and entry.get('content_length')}",
             )
     # A client that accepts gzip (the OpenAI SDKs do): the upstream, which compresses for such
     # clients, is asked for identity by the processor, so the stream is filtered, not passed
@@ -355,13 +368,17 @@ async def run_checks(args):
                 shaped = json.loads(res.body)["error"]["type"] == "invalid_request_error"
             except (ValueError, KeyError, TypeError):
                 shaped = False
-            # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text.
-            ok = res.status == 413 and entry is None and (want == "any 413" or shaped == (want == "processor 413"))
+            # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text. The plugin
+            # holds the head as the module does: not even it reaches the upstream.
+            head = args.front == "wasm" and await head_seen(args.upstream, test_id)
+            ok = (res.status == 413 and entry is None and not head
+                  and (want == "any 413" or shaped == (want == "processor 413")))
         report(
             ok,
             f"{what}: {res.status} ({show(res.body, 100)})"
             + (", the upstream got it without the marker" if want == 200 else ", the upstream never saw it"),
-            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}"
+            + ("" if want == 200 else f", its head: {head}"),
         )
         entry = None
 
@@ -378,11 +395,12 @@ async def run_checks(args):
         except (ValueError, KeyError, TypeError):
             shaped = False
         entry = await seen(args.upstream, test_id)
+        head = args.front == "wasm" and await head_seen(args.upstream, test_id)
         report(
-            res.status == 400 and shaped and entry is None,
+            res.status == 400 and shaped and entry is None and not head,
             f"{what}: refused by the processor with 400 and an OpenAI-shaped error ({show(res.body, 160)}), "
-            "the upstream never saw it",
-            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+            "the upstream never saw it" + (", not even its head" if args.front == "wasm" else ""),
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}, its head: {head}",
         )
     # JSON responses and the model list: the same bytes as straight from the upstream.
     for what, path, body in (

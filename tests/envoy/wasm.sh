@@ -102,6 +102,9 @@ shipped="$root/examples/envoy/wasm.yaml"
 for kind in buffer lua trailers; do
   variant "$shipped" "$kind" >"$work/wasm-$kind.yaml" || die "cannot write the $kind bootstrap"
 done
+# The test-panic build starts only where its configuration names it.
+variant "$shipped" 'config={"preset": "dynamo", "build": "test-panic"}' >"$work/wasm-panic.yaml" ||
+  die "cannot write the test-panic bootstrap"
 
 # ---------------------------------------------------------------------------------------------
 # The checks, in each Envoy
@@ -157,8 +160,8 @@ for version in $versions; do
     "$work/envoy-$version.log" && ok=1
   count $ok "$v: an encoded event stream is logged through Envoy's logger at error"
   ok=0
-  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with 400' "$work/envoy-$version.log" && ok=1
-  count $ok "$v: a refusal is logged through Envoy's logger at info"
+  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with (400|413).*logged at most once a minute' "$work/envoy-$version.log" && ok=1
+  count $ok "$v: a refusal is logged through Envoy's logger at info (at most once a minute)"
 
   # The counters, after the checks above: the module's names, their label from Envoy's tag
   # extraction (the bootstrap's stats_tags).
@@ -186,7 +189,7 @@ for version in $versions; do
 
   # A panic traps the VM: the stream fails (Envoy's 503, or a reset once the response has begun),
   # and FAIL_RELOAD gives the next stream a fresh VM.
-  start_envoy "panic-$version" "$version" "$shipped" "${upstream##*:}" "$panic_plugin"
+  start_envoy "panic-$version" "$version" "$work/wasm-panic.yaml" "${upstream##*:}" "$panic_plugin"
   for hook in request_headers request_body response_headers response_body; do
     run_client "$v: panic in $hook" "${client[@]}" panic --front wasm --envoy "$url" \
       --upstream "$upstream" --hook "$hook"
@@ -215,16 +218,25 @@ for version in $versions; do
   ok=0
   ((status == 0)) && ok=1
   count $ok "$v: envoy --mode validate -c examples/envoy/wasm.yaml: status $status"
-  for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe'; do
+  for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe' \
+    '{"max-body": 1073741825}|max-body' '{"max-body": 4294967296}|max-body' '{"build": "test-panic"}|build'; do
     config="${bad%|*}"
     field="${bad##*|}"
     variant "$work/validate.yaml" "config=$config" >"$work/bad.yaml"
     status=0
     timeout 120 "$envoy_bin" --disable-hot-restart --mode validate -c "$work/bad.yaml" >"$work/bad.log" 2>&1 || status=$?
     ok=0
-    ((status != 0)) && grep -q "bypass_marker: refused the plugin configuration: filter_config field \"$field\"" "$work/bad.log" && ok=1
+    ((status != 0)) && grep -q "bypass_marker: refused the plugin configuration: configuration field \"$field\"" "$work/bad.log" && ok=1
     count $ok "$v: configuration $config: Envoy refuses it (status $status) and its log names \"$field\""
   done
+  # The test-panic build refuses a configuration that does not name it: it cannot stand in for
+  # the release build by mistake.
+  render_bootstrap "$shipped" WASM_FILE="$panic_plugin" >"$work/panic-unnamed.yaml"
+  status=0
+  timeout 120 "$envoy_bin" --disable-hot-restart --mode validate -c "$work/panic-unnamed.yaml" >"$work/panic-unnamed.log" 2>&1 || status=$?
+  ok=0
+  ((status != 0)) && grep -q 'configuration field "build": this plugin is the test-panic build' "$work/panic-unnamed.log" && ok=1
+  count $ok "$v: the test-panic build ($(basename "$panic_plugin")) with the shipped configuration: Envoy refuses it (status $status)"
 done
 
 nothing_left
