@@ -102,6 +102,11 @@ shipped="$root/examples/envoy/wasm.yaml"
 for kind in buffer lua trailers; do
   variant "$shipped" "$kind" >"$work/wasm-$kind.yaml" || die "cannot write the $kind bootstrap"
 done
+# The plugin where Envoy's allow_on_headers_stop_iteration cannot be set (Envoy Gateway, Istio),
+# with a request_timeout of 3 s: told request-head forwarded, and not told.
+variant "$shipped" unheld >"$work/wasm-unheld-held.yaml" || die "cannot write the unheld bootstrap"
+variant "$work/wasm-unheld-held.yaml" 'config={"preset": "dynamo", "request-head": "forwarded"}' \
+  >"$work/wasm-unheld-forwarded.yaml" || die "cannot write the forwarded bootstrap"
 # The test-panic build starts only where its configuration names it.
 variant "$shipped" 'config={"preset": "dynamo", "build": "test-panic"}' >"$work/wasm-panic.yaml" ||
   die "cannot write the test-panic bootstrap"
@@ -202,6 +207,15 @@ for version in $versions; do
   grep -q 'bypass_marker test panic in response_body' "$work/panic-$version.log" && ok=1
   count $ok "$v: the panic is in Envoy's log (proxy-wasm's panic hook, at critical)"
   stop_last
+
+  # Without allow_on_headers_stop_iteration: request-head forwarded (the gateways' examples),
+  # and the default held head (fails closed: Envoy's request_timeout answers).
+  for kind in forwarded held; do
+    start_envoy "unheld-$kind-$version" "$version" "$work/wasm-unheld-$kind.yaml" "${upstream##*:}" "$plugin"
+    run_client "$v: no allow_on_headers_stop_iteration, request-head $kind" "${client[@]}" unheld \
+      --front wasm --envoy "$url" --upstream "$upstream" --kind "$kind"
+    stop_last
+  done
 
   # A filter before the plugin buffered the request body: each body reaches the upstream once.
   for kind in buffer lua; do
