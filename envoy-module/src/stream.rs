@@ -124,11 +124,12 @@ pub enum TrailersStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestHead {
     /// Held until the guard has judged the body: the dynamic module, whose headers hook may stop
-    /// iteration and still be called with the body. A spliced body gets its new `content-length`.
+    /// iteration and still be called with the body, and the proxy-wasm plugin where Envoy's
+    /// `allow_on_headers_stop_iteration` is set. A spliced body gets its new `content-length`.
     Held,
-    /// Passed on at once: the proxy-wasm plugin, since a proxy-wasm headers hook that stops
-    /// iteration also stops the body hooks in Envoy (unless the plugin's Envoy configuration sets
-    /// `allow_on_headers_stop_iteration`, which Istio's `WasmPlugin` cannot). The body is still
+    /// Passed on at once: the proxy-wasm plugin where its Envoy configuration cannot set
+    /// `allow_on_headers_stop_iteration` (Istio's `WasmPlugin`, Envoy Gateway), without which a
+    /// proxy-wasm headers hook that stops iteration also stops the body hooks. The body is still
     /// held whole and judged before any byte of it goes on, and a refusal resets the upstream
     /// request. A body the guard shortens keeps the `content-length` the upstream was already
     /// sent: it is padded with trailing spaces, which JSON ignores.

@@ -3,6 +3,11 @@
 # its 1.38.3 has no V8) with the shipped bootstrap (examples/envoy/wasm.yaml) running
 # bypass_marker.wasm in V8, real upstreams, real SDKs, all on 127.0.0.1. Every check runs in every
 # version:
+#   - the request head held until the guard has judged the body (allow_on_headers_stop_iteration):
+#     a refused request never reaches the upstream, not even its head (the upstream records every
+#     head), and a rewritten body arrives unpadded with its own content-length; without the
+#     setting, request-head forwarded pads, lets a refused head through and holds a stalled
+#     upload's upstream connection until request_timeout, and the held default fails closed;
 #   - the guard's hostile JSON: router-owned names never reach the upstream in any form; its
 #     refusals come back as its 400s; the body limits (the plugin's 413, OpenAI-shaped; a chunked
 #     body over Envoy's buffer limit gets a 413 from whichever of Envoy and the plugin sees it over
@@ -22,8 +27,9 @@
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
 #     100): each body reaches the upstream once, as sent (the marker stripped);
-#   - a bad configuration: Envoy refuses to start, and its log names the key; the bootstrap passes
-#     `envoy --mode validate`;
+#   - a bad configuration (max-body over 1 GiB, a build key in the release build): Envoy refuses
+#     to start, and its log names the key as written in `configuration`; the test-panic build
+#     refuses a configuration that does not name it; the bootstrap passes `envoy --mode validate`;
 #   - the counters in /stats/prometheus under the module's names, with their labels;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy wasm: N passed, M failed`; exits non-zero if anything failed.
