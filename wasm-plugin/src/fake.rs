@@ -162,6 +162,16 @@ impl Proxy for FakeProxy {
         })
     }
 
+    fn define_gauge(&mut self, name: &str) -> u32 {
+        self.define_counter(name)
+    }
+
+    fn raise_gauge(&mut self, id: u32, value: u64) {
+        let name = NAMES.with(|names| names.borrow()[id as usize].clone());
+        let held = self.counts.entry(name).or_default();
+        *held = (*held).max(value);
+    }
+
     fn increment(&mut self, id: u32, value: u64) {
         let name = NAMES.with(|names| names.borrow()[id as usize].clone());
         *self.counts.entry(name).or_default() += value;

@@ -108,5 +108,7 @@ impl<P: Proxy> Stream<P> {
     pub fn on_done(&mut self) {
         let mut host = WasmHost::new(&mut self.proxy, Hook::Done);
         self.filter.on_stream_complete(&mut host);
+        drop(host);
+        crate::metrics::report_memory(&mut self.proxy, crate::metrics::vm_memory());
     }
 }

@@ -525,3 +525,17 @@ fn metric_names_carry_the_label_as_istio_does() {
         "status=.=413;.;bypass_marker_requests_refused"
     );
 }
+
+#[test]
+fn the_vm_memory_gauge_is_reported_when_it_grows_and_only_then() {
+    let mut fake = FakeProxy::default();
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    crate::metrics::report_memory(&mut fake, 1 << 19);
+    assert_eq!(fake.counts.get(crate::metrics::VM_MEMORY), Some(&(1 << 20)));
+    let mut fake = FakeProxy::default();
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    assert!(fake.counts.is_empty(), "no growth, no host call");
+    crate::metrics::report_memory(&mut fake, 2 << 20);
+    assert_eq!(fake.counts.get(crate::metrics::VM_MEMORY), Some(&(2 << 20)));
+}
