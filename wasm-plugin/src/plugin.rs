@@ -13,10 +13,10 @@ use crate::proxy::{Hostcalls, Proxy};
 use crate::stream::Stream;
 
 /// The largest `max-body` the plugin takes: 1 GiB. A VM's memory is 32-bit (4 GiB at most, and
-/// Envoy's V8 may refuse to grow it before that), and a request being judged holds the body Envoy
-/// copied into the VM and, when the guard rewrites it, the rewritten body beside it, in every
-/// worker that receives such a body. Past 1 GiB one client could push a worker's VM out of
-/// memory, which traps it and fails every stream of that VM.
+/// Envoy's V8 may refuse to grow it before that), and every request body being judged on a
+/// worker is held in that worker's VM at once (one copy each; a rewrite is made of its pieces).
+/// Past 1 GiB a few clients could push a worker's VM out of memory, which traps it and fails
+/// every stream of that VM.
 pub const MAX_BODY_LIMIT: u64 = 1 << 30;
 
 /// Which build this is: `None` for the release build, else the name of a test or benchmark build
@@ -93,8 +93,8 @@ pub fn parse(text: &[u8]) -> Result<PluginConfig, String> {
         if n > MAX_BODY_LIMIT {
             return Err(format!(
                 "configuration field \"max-body\": {n} bytes is more than one plugin VM can hold; \
-                 at most {MAX_BODY_LIMIT} (1 GiB: the body and its rewrite live in the VM's 32-bit \
-                 memory, in each worker)"
+                 at most {MAX_BODY_LIMIT} (1 GiB: each body being judged lives in the worker's VM, \
+                 whose memory is 32-bit)"
             ));
         }
     }
