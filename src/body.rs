@@ -110,7 +110,7 @@ pin_project! {
     /// ([`encoded_stream_refused`](crate::FrameObserver::encoded_stream_refused)). When nothing is to
     /// be removed (the client opted in to every configured name that is not never-forwarded), the
     /// encoded stream passes through untouched. The same holds at every front door: the JSON guard's
-    /// `json::Exchange` (feature `json`; the Envoy processor and module drive it) answers
+    /// `sans_io::GatewayExchange` (feature `json`; the Envoy processor and module drive it) answers
     /// `ResponseStep::Refuse` with the same error, the sidecar answers the same 502, and a host of
     /// your own asks [`BypassMarkerLayer::refuses_encoded`](crate::BypassMarkerLayer::refuses_encoded).
     ///

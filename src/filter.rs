@@ -36,7 +36,8 @@ const HELD_CAPACITY: usize = 4096;
 ///
 /// ```
 /// use bytes::Bytes;
-/// use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, RequestedAnnotations};
+/// use tower_bypass_marker::sans_io::FilterOutput;
+/// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 ///
 /// let layer = BypassMarkerLayer::new();
 /// let mut filter = layer.event_stream_filter(&RequestedAnnotations::new()).unwrap();
@@ -62,7 +63,8 @@ const HELD_CAPACITY: usize = 4096;
 /// ```rust
 /// use bytes::Bytes;
 /// use http::{header, HeaderMap, Method, StatusCode};
-/// use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, RequestedAnnotations};
+/// use tower_bypass_marker::sans_io::FilterOutput;
+/// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 ///
 /// let layer = BypassMarkerLayer::dynamo();
 /// let mut headers = HeaderMap::new();
@@ -250,7 +252,8 @@ impl EventStreamFilter {
     /// body call [`edit_end`](Self::edit_end).
     ///
     /// ```
-    /// use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit, RequestedAnnotations};
+    /// use tower_bypass_marker::sans_io::ChunkEdit;
+    /// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
     ///
     /// let layer = BypassMarkerLayer::new();
     /// let mut filter = layer.event_stream_filter(&RequestedAnnotations::new()).unwrap();

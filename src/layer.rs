@@ -325,7 +325,7 @@ impl BypassMarkerLayer {
     /// a `content-encoding` other than `identity`, and something would be removed for a client
     /// that asked for `requested`. Answer such a response with a 502 instead, before any byte of
     /// it, as [`BypassMarker`] does (see [Encoded bodies](crate::BypassMarkerBody#encoded-bodies);
-    /// `json::Refusal::encoded_event_stream` makes the error, with feature `json`). Tells the
+    /// `sans_io::Refusal::encoded_event_stream` makes the error, with feature `json`). Tells the
     /// [observer](Self::observe).
     ///
     /// ```

@@ -163,7 +163,7 @@
 //! - `json`: `JsonGuardLayer` (made by `BypassMarkerLayer::json_guard`), the request guard as
 //!   middleware: it reads JSON request bodies, strips router-owned names from `nvext.annotations`
 //!   by splicing the array (never re-serialising the body) and puts the client's opt-in in the
-//!   request's extensions; and `json::Exchange`, a request and its response through a gateway.
+//!   request's extensions; and, in [`sans_io`], the guard's core and `GatewayExchange`, a request and its response through a gateway.
 //!   See the `json` module (docs.rs builds with every feature).
 //! - `tracing`: logs every removed frame at `debug` (its event type and size), and a summary per
 //!   filtered body: removed frames and bytes when it ends, the limit when it fails with
@@ -183,8 +183,9 @@
 //!   memory, and encoded bodies.
 //! - [`RequestedAnnotations`]: the client's opt-in; the [`annotations`] module: a handler that
 //!   parses the request itself.
-//! - Without tower: [`EventStreamFilter`] (made by [`BypassMarkerLayer::response_filter`] from a
-//!   response head) and, with `json`, `json::RequestGuard`, the two sans-IO cores every front
+//! - Without tower: the [`sans_io`] module, [`sans_io::EventStreamFilter`] (made by
+//!   [`BypassMarkerLayer::response_filter`] from a response head) and, with `json`,
+//!   `sans_io::RequestGuard`, the two sans-IO cores every front
 //!   door drives, for a host of your own; [`FrameObserver`] counts what they remove and forward.
 //! - In front of a server you cannot rebuild, or inside Envoy: the sidecar and the Envoy external
 //!   processor of the [`bypass-marker`](https://docs.rs/bypass-marker) package, and the Envoy
@@ -207,6 +208,7 @@ mod future;
 pub mod json;
 mod layer;
 mod observe;
+pub mod sans_io;
 mod scan;
 mod service;
 
@@ -224,7 +226,7 @@ pub use config::{
     InvalidName, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES,
     MAX_NAME_LEN,
 };
-pub use filter::{ChunkEdit, EventStreamFilter, FilterOutput, FrameTooLarge, Piece};
+pub use filter::FrameTooLarge;
 pub use future::ResponseFuture;
 #[cfg(feature = "json")]
 #[cfg_attr(docsrs, doc(cfg(feature = "json")))]

@@ -444,7 +444,7 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
     #[cfg(feature = "json")]
     assert_eq!(
         body,
-        tower_bypass_marker::json::Refusal::encoded_event_stream("br").body()
+        tower_bypass_marker::sans_io::Refusal::encoded_event_stream("br").body()
     );
 }
 

@@ -15,9 +15,8 @@ use http::{header, HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use proptest::prelude::*;
 use tower::{service_fn, Layer, Service};
-use tower_bypass_marker::{
-    BypassMarkerLayer, FilterOutput, FrameObserver, Overflow, RequestedAnnotations,
-};
+use tower_bypass_marker::sans_io::FilterOutput;
+use tower_bypass_marker::{BypassMarkerLayer, FrameObserver, Overflow, RequestedAnnotations};
 
 const PIECES: &[&[u8]] = &[
     b"event: x-bypass-remote-prefill\n",
@@ -458,7 +457,7 @@ fn the_tower_body_reports_to_the_observer_too() {
 /// held for the next chunk, whatever the cut.
 #[test]
 fn edit_of_a_chunk_in_slices_is_the_edit_of_the_whole_chunk() {
-    use tower_bypass_marker::{ChunkEdit, Piece};
+    use tower_bypass_marker::sans_io::{ChunkEdit, Piece};
     let layer = BypassMarkerLayer::new();
     let body: &[u8] = b"data: 1\n\nevent: x-bypass-remote-prefill\n: true\n\ndata: 2\n\ndata: 3";
     let whole = {

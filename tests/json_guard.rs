@@ -582,7 +582,7 @@ fn the_response_body_of_a_refusal_is_exact() {
 /// refusal (status and body), the same bytes forwarded, the same opt-in.
 #[tokio::test]
 async fn the_request_guard_decides_as_the_middleware_does() {
-    use tower_bypass_marker::json::{BodyDecision, HeadDecision};
+    use tower_bypass_marker::sans_io::{BodyDecision, HeadDecision};
 
     let cases: &[(&[(&str, &str)], &str)] = &[
         (&[("content-type", "application/json")], WITH_MARKER),

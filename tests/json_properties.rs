@@ -424,7 +424,7 @@ fn content_type() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-fn reads(guard: &tower_bypass_marker::json::RequestGuard, values: &[&[u8]]) -> bool {
+fn reads(guard: &tower_bypass_marker::sans_io::RequestGuard, values: &[&[u8]]) -> bool {
     let mut headers = http::HeaderMap::new();
     for v in values {
         headers.append(
@@ -433,8 +433,8 @@ fn reads(guard: &tower_bypass_marker::json::RequestGuard, values: &[&[u8]]) -> b
         );
     }
     match guard.check_head(&headers, false) {
-        tower_bypass_marker::json::HeadDecision::Read => true,
-        tower_bypass_marker::json::HeadDecision::Skip => false,
+        tower_bypass_marker::sans_io::HeadDecision::Read => true,
+        tower_bypass_marker::sans_io::HeadDecision::Skip => false,
         other => panic!("{other:?}"),
     }
 }

@@ -107,7 +107,7 @@ use crate::forward::{error, remove_hop_by_hop, stalled, FromForward};
 use crate::logs::Exchange;
 use crate::metrics::{removed_on_this_thread, Metrics, UpstreamError};
 use crate::{Forward, UpstreamBody};
-use tower_bypass_marker::json::{HeadDecision, RequestGuard};
+use tower_bypass_marker::sans_io::{HeadDecision, RequestGuard};
 use tower_bypass_marker::BoxError;
 
 /// Listens on `addr` with a queue of `backlog` connections.

@@ -4,7 +4,8 @@
 use std::fmt;
 
 use serde_json::{Map, Value};
-use tower_bypass_marker::json::{RequestGuard, DEFAULT_MAX_BODY_BYTES};
+use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
+use tower_bypass_marker::sans_io::RequestGuard;
 use tower_bypass_marker::{BypassMarkerLayer, Overflow};
 
 use crate::metrics::Tally;

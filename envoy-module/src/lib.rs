@@ -21,7 +21,7 @@
 //! preset. A configuration with an unknown key, a wrong type or an invalid name is refused when
 //! Envoy loads it, with a log line that names the key ([`config`]).
 //!
-//! Each stream drives [`tower_bypass_marker::json::Exchange`], the state machine
+//! Each stream drives [`tower_bypass_marker::sans_io::GatewayExchange`], the state machine
 //! `bypass-marker ext-proc` drives too, so the module and the processor answer the same input with
 //! the same bytes ([`stream`]). The package is layered as the -sys crates are: `abi/` holds every
 //! `unsafe` block, split into the raw declarations alone (`abi/sys.rs`), the exported hooks with

@@ -1,14 +1,14 @@
 //! What the filter does for one HTTP stream, in safe Rust: the shared
-//! [`Exchange`] state machine driven from Envoy's hooks,
+//! [`GatewayExchange`] state machine driven from Envoy's hooks,
 //! over the few stream operations of [`Host`]. The FFI file implements `Host` on Envoy's
 //! callbacks; the tests implement it on a fake stream.
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, Method, StatusCode};
-use tower_bypass_marker::json::{
-    BodyStep, Exchange, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
+use tower_bypass_marker::sans_io::{
+    BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestStep, ResponseStep,
+    UnseenRequest,
 };
-use tower_bypass_marker::ChunkEdit;
 
 use crate::config::Config;
 use crate::metrics::{self, Counter};
@@ -204,7 +204,7 @@ fn now_secs() -> u64 {
 /// The filter's state for one stream.
 #[derive(Debug)]
 pub struct StreamFilter {
-    exchange: Exchange,
+    exchange: GatewayExchange,
     head: RequestHead,
     /// The request's body is being buffered for the guard.
     reading: bool,
@@ -246,7 +246,7 @@ impl StreamFilter {
             // Envoy calls the request hooks of every request it forwards through this filter;
             // a response without them is a reply Envoy made itself (another filter's, or one made
             // before this filter ran), filtered for a client that asked for nothing.
-            exchange: Exchange::new(
+            exchange: GatewayExchange::new(
                 config.layer(),
                 config.guard().clone(),
                 UnseenRequest::Filter,

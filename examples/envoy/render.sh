@@ -36,11 +36,30 @@ shift
 [[ -f "$src" ]] || fail "no such bootstrap: $src"
 
 script=()
-# Adds a sed expression for the line tagged NAME ($1), after checking the file has one.
+# What the bootstrap puts in Envoy, for the errors of the options it has no line for.
+loads() {
+  if grep -q 'envoy.filters.http.dynamic_modules' "$src"; then
+    echo "the dynamic module (Envoy finds libbypass_marker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH, not through an option)"
+  elif grep -q 'envoy.filters.http.wasm' "$src"; then
+    echo "the proxy-wasm plugin (--plugin PATH sets its file)"
+  elif grep -q 'envoy.filters.http.ext_proc' "$src"; then
+    echo "the external processor (--ext-proc HOST:PORT sets its address)"
+  else
+    echo "none of the three filters"
+  fi
+}
+# Adds a sed expression for the line tagged NAME ($1), after checking the file has one; $3, if
+# given, is the option, which only some bootstraps take.
 edit() {
-  local name="$1" expression="$2"
-  grep -Eq "# template: $name\$" "$src" || fail "$src has no line marked \"# template: $name\""
-  script+=(-e "/# template: $name\$/$expression")
+  local name="$1" expression="$2" option="${3:-}"
+  if ! grep -Eq "# template: $name\$" "$src"; then
+    case "$option" in
+    --plugin) fail "--plugin sets the proxy-wasm plugin's file, which only examples/envoy/wasm.yaml loads; $src loads $(loads)" ;;
+    --ext-proc) fail "--ext-proc sets the external processor's address, which only examples/envoy/ext-proc.yaml uses; $src loads $(loads)" ;;
+    *) fail "$src has no line marked \"# template: $name\"" ;;
+    esac
+  fi
+  [[ -z "$expression" ]] || script+=(-e "/# template: $name\$/$expression")
 }
 # Splits HOST:PORT ($2, for option $1) into `host` and `port`.
 split_address() {
@@ -76,6 +95,7 @@ while [[ $# -gt 0 ]]; do
   --upstream | --ext-proc)
     split_address "$option" "$value"
     name="$( [[ "$option" == --upstream ]] && echo UPSTREAM || echo EXT_PROC)"
+    edit "${name}_PORT" "" "$option"
     set_address "${name}_PORT" "$host" "$port"
     if is_ip "$host"; then
       edit "${name}_TYPE" "s#type: [A-Z_]+#type: STATIC#"
@@ -90,7 +110,7 @@ while [[ $# -gt 0 ]]; do
   --plugin)
     [[ -n "$value" && "$value" != *[\"\\\#\&\|]* && "$value" != *$'\n'* ]] ||
       fail "--plugin $value: expected a file path without quotes, backslashes, #, & or |"
-    edit WASM_FILE "s#filename: [^ ]+#filename: \"$value\"#"
+    edit WASM_FILE "s#filename: [^ ]+#filename: \"$value\"#" --plugin
     ;;
   *) fail "unknown option $option (see the top of $0)" ;;
   esac

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use tower::{service_fn, Layer, Service};
-use tower_bypass_marker::{BypassMarkerLayer, FilterOutput, FrameTooLarge};
+use tower_bypass_marker::sans_io::FilterOutput;
+use tower_bypass_marker::{BypassMarkerLayer, FrameTooLarge};
 
 use crate::body::{noop_waker, ready, Item, Scripted};
 use crate::case::{Case, CONTENT_TYPES};

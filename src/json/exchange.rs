@@ -1,4 +1,4 @@
-//! [`Exchange`]: one request and its response through a gateway that calls a filter at each
+//! [`GatewayExchange`]: one request and its response through a gateway that calls a filter at each
 //! step (Envoy's external processor, the Envoy dynamic module), sans-IO.
 
 use std::fmt;
@@ -6,8 +6,9 @@ use std::fmt;
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, StatusCode};
 
-use super::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
-use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, RequestedAnnotations};
+use super::guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
+use crate::filter::{ChunkEdit, EventStreamFilter};
+use crate::{BypassMarkerLayer, FrameTooLarge, RequestedAnnotations};
 
 /// One HTTP request and its response, as a gateway's filter sees them: the JSON guard on the
 /// request, the client's opt-in carried to the response, the response body through an
@@ -29,7 +30,7 @@ use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, Requ
 /// Steps out of that order are errors ([`ExchangeError::Order`]) that the host turns into a
 /// failed stream, never into a request or response forwarded unjudged. A response whose request
 /// headers were never seen is an error or is filtered for a client that asked for nothing, as
-/// [`Exchange::new`] is told ([`UnseenRequest`]).
+/// [`GatewayExchange::new`] is told ([`UnseenRequest`]).
 ///
 /// `bypass-marker ext-proc` and the Envoy dynamic module both drive this type, so that they
 /// answer the same input with the same bytes.
@@ -37,11 +38,13 @@ use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, Requ
 /// ```
 /// use bytes::Bytes;
 /// use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-/// use tower_bypass_marker::json::{BodyStep, Exchange, RequestStep, ResponseStep, UnseenRequest};
-/// use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit};
+/// use tower_bypass_marker::sans_io::{
+///     BodyStep, ChunkEdit, GatewayExchange, RequestStep, ResponseStep, UnseenRequest,
+/// };
+/// use tower_bypass_marker::BypassMarkerLayer;
 ///
 /// let layer = BypassMarkerLayer::dynamo();
-/// let mut exchange = Exchange::new(&layer, layer.request_guard(), UnseenRequest::Fail);
+/// let mut exchange = GatewayExchange::new(&layer, layer.request_guard(), UnseenRequest::Fail);
 ///
 /// let mut json = HeaderMap::new();
 /// json.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -59,10 +62,10 @@ use crate::{BypassMarkerLayer, ChunkEdit, EventStreamFilter, FrameTooLarge, Requ
 /// let mut edit = ChunkEdit::new();
 /// exchange.response_body(&[chunk], true, &mut edit)?;
 /// assert_eq!(edit.to_vec(&[&chunk[..]]), b"data: {}\n\n");
-/// # Ok::<_, tower_bypass_marker::json::ExchangeError>(())
+/// # Ok::<_, tower_bypass_marker::sans_io::ExchangeError>(())
 /// ```
 #[derive(Debug)]
-pub struct Exchange {
+pub struct GatewayExchange {
     layer: BypassMarkerLayer,
     guard: RequestGuard,
     unseen: UnseenRequest,
@@ -72,7 +75,7 @@ pub struct Exchange {
     response: ResponseState,
 }
 
-/// What [`Exchange::response_headers`] does when the request's headers never came to it.
+/// What [`GatewayExchange::response_headers`] does when the request's headers never came to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UnseenRequest {
@@ -86,19 +89,19 @@ pub enum UnseenRequest {
     Filter,
 }
 
-/// The answer to [`Exchange::request_headers`].
+/// The answer to [`GatewayExchange::request_headers`].
 #[derive(Debug)]
 #[must_use]
 pub enum RequestStep {
     /// Forward the request; its body (if any) is not read.
     Forward,
-    /// Read the whole body, then call [`Exchange::request_body`]; forward nothing before.
+    /// Read the whole body, then call [`GatewayExchange::request_body`]; forward nothing before.
     ReadBody,
     /// Answer the client with this refusal; forward nothing.
     Refuse(Refusal),
 }
 
-/// The answer to [`Exchange::request_body`].
+/// The answer to [`GatewayExchange::request_body`].
 #[derive(Debug)]
 #[must_use]
 pub enum BodyStep {
@@ -116,13 +119,13 @@ pub enum BodyStep {
     Refuse(Refusal),
 }
 
-/// The answer to [`Exchange::response_headers`].
+/// The answer to [`GatewayExchange::response_headers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum ResponseStep {
     /// Pass the response through untouched: there is nothing to remove from it.
     Pass,
-    /// Filter the body: call [`Exchange::response_body`] for every chunk.
+    /// Filter the body: call [`GatewayExchange::response_body`] for every chunk.
     #[non_exhaustive]
     Filter {
         /// The response has a `content-length`, which no longer holds: remove it.
@@ -134,7 +137,7 @@ pub enum ResponseStep {
     Refuse(Refusal),
 }
 
-/// Why an [`Exchange`] cannot go on: the host must fail the stream (reset it, or answer 5xx
+/// Why an [`GatewayExchange`] cannot go on: the host must fail the stream (reset it, or answer 5xx
 /// before the response started), never end it cleanly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -194,7 +197,7 @@ enum ResponseState {
     Done,
 }
 
-impl Exchange {
+impl GatewayExchange {
     /// An exchange with this layer's names and this guard's limits.
     pub fn new(layer: &BypassMarkerLayer, guard: RequestGuard, unseen: UnseenRequest) -> Self {
         Self {
@@ -404,8 +407,12 @@ mod tests {
     use http::HeaderValue;
 
     /// An exchange whose request (a JSON body listing `annotations`) has been judged.
-    fn after_request(layer: &BypassMarkerLayer, method: Method, annotations: &str) -> Exchange {
-        let mut exchange = Exchange::new(layer, layer.request_guard(), UnseenRequest::Fail);
+    fn after_request(
+        layer: &BypassMarkerLayer,
+        method: Method,
+        annotations: &str,
+    ) -> GatewayExchange {
+        let mut exchange = GatewayExchange::new(layer, layer.request_guard(), UnseenRequest::Fail);
         let mut json = HeaderMap::new();
         json.insert(
             header::CONTENT_TYPE,

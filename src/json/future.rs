@@ -10,7 +10,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::json::guard::join;
-use crate::json::{BodyDecision, JsonGuardBody, Refusal, RequestGuard, ResponseBody};
+use crate::json::guard::{BodyDecision, Refusal, RequestGuard};
+use crate::json::{JsonGuardBody, ResponseBody};
 use crate::RequestedAnnotations;
 
 pin_project! {

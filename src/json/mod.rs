@@ -125,18 +125,16 @@
 //! Entries that are not strings, and strings the configuration does not know, stay.
 
 mod body;
-mod exchange;
+pub(crate) mod exchange;
 mod future;
-mod guard;
+pub(crate) mod guard;
 mod layer;
 mod response;
 mod service;
 mod splice;
 
 pub use body::JsonGuardBody;
-pub use exchange::{BodyStep, Exchange, ExchangeError, RequestStep, ResponseStep, UnseenRequest};
 pub use future::ResponseFuture;
-pub use guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
 pub use layer::JsonGuardLayer;
 pub use response::ResponseBody;
 pub use service::JsonGuard;

@@ -6,7 +6,7 @@ use http::{header, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::json::Refusal;
+use crate::json::guard::Refusal;
 
 pin_project! {
     /// The response body of [`JsonGuard`](crate::json::JsonGuard): the inner service's body,

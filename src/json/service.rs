@@ -4,10 +4,8 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::json::{
-    HeadDecision, JsonGuardBody, JsonGuardLayer, Refusal, RequestGuard, ResponseBody,
-    ResponseFuture,
-};
+use crate::json::guard::{HeadDecision, Refusal, RequestGuard};
+use crate::json::{JsonGuardBody, JsonGuardLayer, ResponseBody, ResponseFuture};
 
 /// Middleware that strips router-owned names from the `nvext.annotations` of JSON request bodies
 /// and puts the client's opt-in in the request's extensions.

@@ -28,10 +28,14 @@ CORPUS = [
     "Clients that did not ask for an annotation never see it.",
     "Hello from the real Dynamo frontend, through the proxy.",
     "Streaming chat and completions work with every SDK.",
+    "Named events of the Responses API pass byte for byte.",
+    "Anthropic message events reach the SDK untouched.",
 ]
 REPLIES = {
     "chat": "Hello from the real Dynamo frontend, through the proxy.",
     "completion": "The sidecar removes router annotations from event streams.",
+    "responses": "Named events of the Responses API pass byte for byte.",
+    "messages": "Anthropic message events reach the SDK untouched.",
 }
 EOS = "<|endoftext|>"
 CHAT_TEMPLATE = (

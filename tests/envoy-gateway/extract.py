@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Extracts the structure of CRDs into tests/envoy-gateway/schemas/, tests/dynamo-operator/schemas/
-and tests/istio/schemas/, for validate.py.
+"""Extracts the structure of CRDs into tests/envoy-gateway/schemas/, tests/dynamo-operator/schemas/,
+tests/istio/schemas/ and tests/agentgateway/schemas/, for validate.py.
 
 Keeps what validation needs (field names, types, formats, enums, patterns, bounds, defaults,
 required fields, `x-kubernetes-*` markers and the CEL rules of `x-kubernetes-validations`) and
@@ -14,7 +14,7 @@ repositories given are extracted:
 
     python3 tests/envoy-gateway/extract.py --refresh \
         --envoy-gateway /path/to/envoyproxy/gateway --gateway-api /path/to/kubernetes-sigs/gateway-api \
-        --dynamo /path/to/ai-dynamo/dynamo.git \
+        --dynamo /path/to/ai-dynamo/dynamo.git --agentgateway /path/to/agentgateway/agentgateway \
         --istio /path/to/istio-1.30.3/customresourcedefinitions.gen.yaml
 
 Istio publishes every CRD of a release in one file (istio/api, kubernetes/customresourcedefinitions.gen.yaml):
@@ -37,6 +37,7 @@ TESTS = HERE.parent
 SCHEMAS = HERE / "schemas"
 DYNAMO_SCHEMAS = TESTS / "dynamo-operator" / "schemas"
 ISTIO_SCHEMAS = TESTS / "istio" / "schemas"
+AGENTGATEWAY_SCHEMAS = TESTS / "agentgateway" / "schemas"
 
 # (schemas folder, folder, repository, tag or commit, [paths], note): the CRDs of the kinds
 # examples/envoy-gateway/ and examples/dynamo-operator/ use.
@@ -58,6 +59,10 @@ SOURCES = [
      ["deploy/operator/config/crd/bases/nvidia.com_dynamographdeployments.yaml"],
      "main before the 1.6 release (version 1.5.0 in its Cargo.toml), standing in for the 1.6.1 tag's "
      "file, which could not be fetched here"),
+    # agentgateway v1.4.1 (it builds against Gateway API v1.6.1): the policy that attaches an
+    # ext_proc processor.
+    (AGENTGATEWAY_SCHEMAS, "agentgateway-v1.4.1", "agentgateway/agentgateway", "v1.4.1",
+     ["controller/install/helm/agentgateway-crds/templates/agentgateway.dev_agentgatewaypolicies.yaml"], None),
 ]
 
 # Istio's CRDs of a release, all in one file of istio/api: (schemas folder, folder, repository,
@@ -159,12 +164,13 @@ def main():
     parser.add_argument("--gateway-api", help="a clone of kubernetes-sigs/gateway-api (its tags)")
     parser.add_argument("--dynamo", help="a clone or git directory of ai-dynamo/dynamo holding the commit")
     parser.add_argument("--istio", help="Istio's customresourcedefinitions.gen.yaml as released, or a clone of istio/api")
+    parser.add_argument("--agentgateway", help="a clone or git directory of agentgateway/agentgateway (its tags)")
     parser.add_argument("--refresh", action="store_true", help="write the files (default: compare)")
     args = parser.parse_args()
     clones = {"envoyproxy/gateway": args.envoy_gateway, "kubernetes-sigs/gateway-api": args.gateway_api,
-              "ai-dynamo/dynamo": args.dynamo, "istio/api": args.istio}
+              "ai-dynamo/dynamo": args.dynamo, "istio/api": args.istio, "agentgateway/agentgateway": args.agentgateway}
     if not any(clones.values()):
-        parser.error("give at least one of --envoy-gateway, --gateway-api, --dynamo, --istio")
+        parser.error("give at least one of --envoy-gateway, --gateway-api, --dynamo, --istio, --agentgateway")
     found = []  # (schemas folder, folder, what it is from, data)
     for schemas, folder, repo, ref, paths, why in SOURCES:
         if clones[repo]:

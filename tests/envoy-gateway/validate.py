@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Validates the custom resources of a suite's examples (and any files given) against the CRD
 structures kept in the suite's folder (extract.py), offline, the way the API server would on
-create. Three suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
-default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/) and
-`istio` (examples/istio/, tests/istio/schemas/).
+create. Four suites: `envoy-gateway` (examples/envoy-gateway/, tests/envoy-gateway/schemas/, the
+default), `dynamo-operator` (examples/dynamo-operator/, tests/dynamo-operator/schemas/), `istio`
+(examples/istio/, tests/istio/schemas/) and `agentgateway` (examples/agentgateway/,
+tests/agentgateway/schemas/). A suite may use another's folder (`SUITE/schemas/FOLDER`).
 
 1. the CRD's defaults are applied;
 2. the OpenAPI schema is checked with `jsonschema` (PyPI), strict: a field the CRD does not
@@ -327,10 +328,15 @@ def schema_path(path):
     return re.sub(r"\[\d+\]", "[]", path)
 
 
+def schema_folder(suite, folder):
+    """A folder of the suite's schemas, or, given as `SUITE/schemas/FOLDER`, another suite's."""
+    return ROOT / "tests" / folder if "/" in folder else suite.schemas / folder
+
+
 def load_release(suite, folders):
     crds = {}
     for folder in folders:
-        for file in sorted((suite.schemas / folder).glob("*.json")):
+        for file in sorted(schema_folder(suite, folder).glob("*.json")):
             data = json.loads(file.read_text())
             for version, schema in data["versions"].items():
                 crds[(f"{data['group']}/{version}", data["kind"])] = (schema, data["source"])
@@ -369,6 +375,11 @@ def documents(files):
                 yield f"{shown} #{index + 1} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}", doc
 
 
+def core_kind(doc):
+    """A kind of Kubernetes' core group (`apiVersion: v1`): tests/k8s/validate.sh checks those."""
+    return "/" not in str(doc.get("apiVersion", ""))
+
+
 def validate(suite, files, quiet=False):
     """(number of failures, Rules) for `files` against every release of `suite`."""
     rules = Rules()
@@ -376,6 +387,10 @@ def validate(suite, files, quiet=False):
     for release, folders in suite.releases:
         crds = load_release(suite, folders)
         for name, doc in documents(files):
+            if core_kind(doc):
+                if not quiet:
+                    suite.say(f"core {name}: not a custom resource (tests/k8s/validate.sh checks it)")
+                continue
             errors = check_document(doc, crds, rules)
             failures += bool(errors)
             if not quiet:
@@ -408,8 +423,13 @@ def self_test(suite, files):
 def envoy_gateway_cases(mutated):
     wasm = lambda d: "wasm" in d["spec"]  # noqa: E731  (wasm.yaml's policy)
 
+    ext_proc = lambda d: "extProc" in d["spec"]  # noqa: E731  (ext-proc.yaml's policy)
+
     def plugin(doc):
         return doc["spec"]["wasm"][0]
+
+    def processor(doc):
+        return doc["spec"]["extProc"][0]
 
     return [
         ("a CEL rule: an Image code source without image", mutated("EnvoyExtensionPolicy", lambda d: plugin(d)["code"].pop("image"), wasm)),
@@ -426,6 +446,10 @@ def envoy_gateway_cases(mutated):
         ("a CEL rule: a policy targeting nothing", mutated("EnvoyExtensionPolicy", lambda d: d["spec"].pop("targetRefs"))),
         ("a missing required field", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("name"))),
         ("a bad metadata name", mutated("Gateway", lambda d: d["metadata"].update(name="Dynamo_Gateway"))),
+        ("extProc with the singular backendRef", mutated("EnvoyExtensionPolicy", lambda d: processor(d).update(backendRef=processor(d)["backendRefs"][0]), ext_proc)),
+        ("a CEL rule: extProc FullDuplexStreamed with failOpen", mutated("EnvoyExtensionPolicy", lambda d: processor(d).update(failOpen=True, processingMode={"request": {"body": "FullDuplexStreamed"}}), ext_proc)),
+        ("an extProc body mode outside the enum", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["processingMode"]["request"].update(body="BUFFERED"), ext_proc)),
+        ("a CEL rule: an extProc backend of another kind", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["backendRefs"][0].update(kind="Pod"), ext_proc)),
     ]
 
 
@@ -492,6 +516,8 @@ def dynamo_operator_agrees():
 
 def istio_cases(mutated):
     extension = "TrafficExtension"
+    module = lambda d: "parametersRef" in d["spec"].get("infrastructure", {})  # noqa: E731  (dynamic-module.yaml's Gateway)
+    module_filter = lambda d: d["metadata"]["name"] == "bypass-marker-module"  # noqa: E731
     return [
         ("an unknown field in spec", mutated("WasmPlugin", lambda d: d["spec"].update(failPolicy="FAIL_CLOSE"))),
         ("a failStrategy outside the enum", mutated("WasmPlugin", lambda d: d["spec"].update(failStrategy="FAIL_CLOSED"))),
@@ -506,6 +532,11 @@ def istio_cases(mutated):
         ("the plugin's settings at the TrafficExtension's top", mutated(extension, lambda d: d["spec"].update(url=d["spec"]["wasm"]["url"]))),
         ("an EnvoyFilter patch applied to a thing that is not", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0].update(applyTo="LISTENERS"))),
         ("a bad metadata name", mutated("WasmPlugin", lambda d: d["metadata"].update(name="Bypass_Marker"))),
+        ("a Gateway parametersRef without its name", mutated("Gateway", lambda d: d["spec"]["infrastructure"]["parametersRef"].pop("name"), module)),
+        ("a module EnvoyFilter operation outside the enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0]["patch"].update(operation="INSERT_BEFORE_ROUTER"), module_filter)),
+        ("a module EnvoyFilter match context outside the enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0]["match"].update(context="GATEWAYS"), module_filter)),
+        ("a CEL rule: an HTTPRoute Service backend without port", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("port"))),
+        ("a Gateway listener port of the wrong type", mutated("Gateway", lambda d: d["spec"]["listeners"][0].update(port="80"))),
     ]
 
 
@@ -536,36 +567,92 @@ def module_config():
 
 
 def envoy_gateway_agrees():
-    """wasm.yaml is dynamic-module.yaml with the plugin for the module: the same Gateway (but for
-    its EnvoyProxy), policies and route, the plugin's config the module's, fail-closed."""
-    module, wasm = documents_of("envoy-gateway", "dynamic-module.yaml"), documents_of("envoy-gateway", "wasm.yaml")
+    """wasm.yaml and ext-proc.yaml are dynamic-module.yaml with the plugin or the processor for the
+    module: the same Gateway (but for its EnvoyProxy), policies and route, on the same targets;
+    the plugin's config the module's, fail-closed; the processor the Service of
+    examples/k8s/ext-proc.yaml, fail-closed, with the bootstrap's modes and message timeout; the
+    module's Envoy image pinned to a release the module is tested with."""
+    module = documents_of("envoy-gateway", "dynamic-module.yaml")
     problems = []
-    for kind in ("Gateway", "ClientTrafficPolicy", "HTTPRoute", "BackendTrafficPolicy"):
-        expected = copy.deepcopy(module.get(kind))
-        if kind == "Gateway" and expected:
-            expected[0]["spec"].pop("infrastructure", None)
-        if wasm.get(kind) != expected:
-            problems.append(f"examples/envoy-gateway/wasm.yaml: its {kind} differs from dynamic-module.yaml's")
-    if sorted(wasm) != sorted(set(module) - {"EnvoyProxy"}):
-        problems.append(f"examples/envoy-gateway/wasm.yaml has the kinds {sorted(wasm)}, not dynamic-module.yaml's but EnvoyProxy")
-    (policy,) = wasm.get("EnvoyExtensionPolicy", [{"spec": {}}])
-    plugins = policy["spec"].get("wasm", [])
     module_policy = module["EnvoyExtensionPolicy"][0]
-    if policy["spec"].get("targetRefs") != module_policy["spec"]["targetRefs"]:
-        problems.append("examples/envoy-gateway/wasm.yaml: the policy's targetRefs differ from dynamic-module.yaml's")
-    if len(plugins) != 1 or shared_config(plugins[0].get("config")) != module_config():
-        problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config "
-                        "and request-head: forwarded")
-    if any(p.get("failOpen") is not False for p in plugins):
-        problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
+    for name in ("wasm.yaml", "ext-proc.yaml"):
+        other = documents_of("envoy-gateway", name)
+        for kind in ("Gateway", "ClientTrafficPolicy", "HTTPRoute", "BackendTrafficPolicy"):
+            expected = copy.deepcopy(module.get(kind))
+            if kind == "Gateway" and expected:
+                expected[0]["spec"].pop("infrastructure", None)
+            if other.get(kind) != expected:
+                problems.append(f"examples/envoy-gateway/{name}: its {kind} differs from dynamic-module.yaml's")
+        if sorted(other) != sorted(set(module) - {"EnvoyProxy"}):
+            problems.append(f"examples/envoy-gateway/{name} has the kinds {sorted(other)}, not dynamic-module.yaml's but EnvoyProxy")
+        (policy,) = other.get("EnvoyExtensionPolicy", [{"spec": {}}])
+        if policy["spec"].get("targetRefs") != module_policy["spec"]["targetRefs"]:
+            problems.append(f"examples/envoy-gateway/{name}: the policy's targetRefs differ from dynamic-module.yaml's")
+        if name == "wasm.yaml":
+            plugins = policy["spec"].get("wasm", [])
+            if len(plugins) != 1 or shared_config(plugins[0].get("config")) != module_config():
+                problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config "
+                                "and request-head: forwarded")
+            if any(p.get("failOpen") is not False for p in plugins):
+                problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
+        else:
+            problems += ext_proc_agrees(policy)
+    problems += envoy_image_pinned(module)
     return problems
+
+
+def ext_proc_agrees(policy):
+    """ext-proc.yaml's processor: the Service of examples/k8s/ext-proc.yaml, in the policy's
+    namespace, fail-closed, with the modes and message timeout of examples/envoy/ext-proc.yaml."""
+    where = "examples/envoy-gateway/ext-proc.yaml"
+    problems = []
+    processors = policy["spec"].get("extProc", [])
+    if len(processors) != 1:
+        return [f"{where}: {len(processors)} extProc entries, not one"]
+    (processor,) = processors
+    services = [d for d in yaml.safe_load_all((ROOT / "examples" / "k8s" / "ext-proc.yaml").read_text())
+                if d and d.get("kind") == "Service"]
+    expected = [{"name": s["metadata"]["name"], "port": port["port"]} for s in services for port in s["spec"]["ports"]
+                if s["metadata"].get("namespace") == policy["metadata"].get("namespace")]
+    if processor.get("backendRefs") != expected:
+        problems.append(f"{where}: backendRefs {processor.get('backendRefs')} are not examples/k8s/ext-proc.yaml's Service {expected}")
+    if processor.get("failOpen") is not False:
+        problems.append(f"{where}: the processor does not say failOpen: false")
+    bootstrap = (ROOT / "examples" / "envoy" / "ext-proc.yaml").read_text()
+    timeout = re.search(r"^ +message_timeout: (\S+)", bootstrap, re.M)
+    if not timeout or processor.get("messageTimeout") != timeout.group(1):
+        problems.append(f"{where}: messageTimeout {processor.get('messageTimeout')} is not the bootstrap's message_timeout")
+    mode = processor.get("processingMode", {})
+    if mode != {"request": {"body": "Buffered"}, "response": {"body": "Streamed"}, "allowModeOverride": True}:
+        problems.append(f"{where}: processingMode {mode} is not the bootstrap's (request BUFFERED, response STREAMED, "
+                        "allow_mode_override)")
+    return problems
+
+
+def envoy_image_pinned(module):
+    """The module loads in the Envoy releases tests/envoy/module.sh runs it in, and no other is
+    known: the EnvoyProxy pins Envoy's image to one of them."""
+    suite = (ROOT / "tests" / "envoy" / "module.sh").read_text()
+    older = re.search(r'older="\$\{ENVOY_OLDER:-([0-9. ]+)\}"', suite)
+    tested = (older.group(1).split() if older else []) + re.findall(r"^install_envoys ([0-9.]+)", suite, re.M)
+    (proxy,) = module["EnvoyProxy"]
+    image = proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].get("image", "")
+    pinned = re.fullmatch(r"docker\.io/envoyproxy/envoy:distroless-v([0-9.]+)(@sha256:[0-9a-f]{64})?", image)
+    if not pinned or pinned.group(1) not in tested:
+        return [f"examples/envoy-gateway/dynamic-module.yaml: the EnvoyProxy's image {image!r} is not Envoy's distroless "
+                f"image at a release the module is tested with ({', '.join(sorted(tested)) or 'none found'})"]
+    return []
 
 
 def istio_agrees():
     """The WasmPlugin and the TrafficExtension set the plugin alike (the TrafficExtension's `wasm`
     holds the WasmPlugin's plugin fields), fail closed as examples/envoy/wasm.yaml does, with the
-    module's config, and carry the same EnvoyFilter."""
+    module's config; the three files carry the same Gateway (but for its infrastructure), HTTPRoute
+    and buffer-limit EnvoyFilter; the plugin's Gateway asks for the tags examples/envoy/wasm.yaml
+    extracts; the module's file loads the module as examples/envoy-gateway/dynamic-module.yaml does
+    (its image, its copy, its config) from the directory Envoy searches."""
     plugin_file, extension_file = documents_of("istio", "wasm-plugin.yaml"), documents_of("istio", "traffic-extension.yaml")
+    module_file = documents_of("istio", "dynamic-module.yaml")
     problems = []
     (plugin,) = plugin_file.get("WasmPlugin", [{"spec": {}}])
     (extension,) = extension_file.get("TrafficExtension", [{"spec": {}}])
@@ -576,7 +663,8 @@ def istio_agrees():
         problems.append("examples/istio/traffic-extension.yaml: its TrafficExtension is not wasm-plugin.yaml's WasmPlugin")
     # Fail closed (Istio passes requests through a failed plugin with FAIL_OPEN alone), and as the
     # shipped bootstrap: FAIL_RELOAD there, FAIL_RELOAD here; FAIL_CLOSED there, FAIL_CLOSE here.
-    bootstrap = re.search(r"^ +failure_policy: (\w+)", (ROOT / "examples" / "envoy" / "wasm.yaml").read_text(), re.M)
+    bootstrap_text = (ROOT / "examples" / "envoy" / "wasm.yaml").read_text()
+    bootstrap = re.search(r"^ +failure_policy: (\w+)", bootstrap_text, re.M)
     expected = {"FAIL_RELOAD": "FAIL_RELOAD", "FAIL_CLOSED": "FAIL_CLOSE"}.get(bootstrap.group(1) if bootstrap else "")
     if not expected or plugin["spec"].get("failStrategy") != expected:
         problems.append(f"examples/istio/wasm-plugin.yaml: failStrategy {plugin['spec'].get('failStrategy')} is not "
@@ -585,10 +673,165 @@ def istio_agrees():
     if shared_config(plugin["spec"].get("pluginConfig")) != module_config():
         problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml) "
                         "and request-head: forwarded")
-    if plugin_file.get("EnvoyFilter") != extension_file.get("EnvoyFilter") or not plugin_file.get("EnvoyFilter"):
-        problems.append("examples/istio/: the two files' EnvoyFilters differ")
-    if sorted(plugin_file) != ["EnvoyFilter", "WasmPlugin"] or sorted(extension_file) != ["EnvoyFilter", "TrafficExtension"]:
-        problems.append("examples/istio/: a file has other kinds than its plugin resource and the EnvoyFilter")
+    files = {"wasm-plugin.yaml": plugin_file, "traffic-extension.yaml": extension_file, "dynamic-module.yaml": module_file}
+    kinds = {"wasm-plugin.yaml": ["WasmPlugin"], "traffic-extension.yaml": ["TrafficExtension"],
+             "dynamic-module.yaml": ["ConfigMap"]}
+    for name, docs in files.items():
+        expected_kinds = sorted(kinds[name] + ["EnvoyFilter", "Gateway", "HTTPRoute"])
+        if sorted(docs) != expected_kinds:
+            problems.append(f"examples/istio/{name} has the kinds {sorted(docs)}, not {expected_kinds}")
+
+    def buffer_limit(docs):
+        return [d for d in docs.get("EnvoyFilter", []) if d["metadata"]["name"] == "bypass-marker-buffer-limit"]
+
+    def gateway(docs, infrastructure):
+        found = copy.deepcopy(docs.get("Gateway"))
+        for doc in found or []:
+            infrastructure.append(doc["spec"].pop("infrastructure", {}))
+        return found
+
+    infrastructures = {}
+    reference = gateway(plugin_file, infrastructures.setdefault("wasm-plugin.yaml", []))
+    for name, docs in files.items():
+        if name != "wasm-plugin.yaml" and gateway(docs, infrastructures.setdefault(name, [])) != reference:
+            problems.append(f"examples/istio/{name}: its Gateway differs from wasm-plugin.yaml's (but for infrastructure)")
+        if docs.get("HTTPRoute") != plugin_file.get("HTTPRoute"):
+            problems.append(f"examples/istio/{name}: its HTTPRoute differs from wasm-plugin.yaml's")
+        if not buffer_limit(docs) or buffer_limit(docs) != buffer_limit(plugin_file):
+            problems.append(f"examples/istio/{name}: its buffer-limit EnvoyFilter differs from wasm-plugin.yaml's")
+    if any(d["spec"].get("gatewayClassName") != "istio" for d in reference or []):
+        problems.append("examples/istio/wasm-plugin.yaml: the Gateway is not of the class istio")
+    # The plugin's labels: Istio makes a stats tag `(NAME=\.=(.*?);\.;)` for each extraStatTags name,
+    # as examples/envoy/wasm.yaml's stats_tags.
+    tags = sorted(re.findall(r"tag_name: (\w+)", bootstrap_text))
+    # Istio 1.30's bootstrap template writes `({{ $tag }}=\\.=(.*?);\\.;)` for each name: the same
+    # regex as the shipped bootstrap's, or the labels would differ between the two.
+    for name, regex in re.findall(r"tag_name: (\w+), regex: '([^']*)'", bootstrap_text):
+        if regex != f"({name}=\\.=(.*?);\\.;)":
+            problems.append(f"examples/envoy/wasm.yaml: the stats tag {name}'s regex {regex} is not the one Istio "
+                            "generates from extraStatTags")
+    for name in ("wasm-plugin.yaml", "traffic-extension.yaml"):
+        annotations = [i.get("annotations", {}) for i in infrastructures[name]]
+        asked = sorted(annotations[0].get("sidecar.istio.io/extraStatTags", "").split(",")) if annotations else []
+        if not tags or asked != tags:
+            problems.append(f"examples/istio/{name}: the Gateway's sidecar.istio.io/extraStatTags {asked} are not "
+                            f"examples/envoy/wasm.yaml's stats_tags {tags}")
+    problems += istio_module_agrees(module_file, infrastructures["dynamic-module.yaml"])
+    return problems
+
+
+def istio_module_agrees(docs, infrastructures):
+    """examples/istio/dynamic-module.yaml: the EnvoyFilter loads lib<name>.so with the module's
+    config; the Gateway's ConfigMap patch copies that file, from the image and with the command of
+    examples/envoy-gateway/dynamic-module.yaml's init container, into the directory istio-proxy
+    mounts and names in ENVOY_DYNAMIC_MODULES_SEARCH_PATH; Istio keeps the module's counters."""
+    where = "examples/istio/dynamic-module.yaml"
+    problems = []
+    filters = [d for d in docs.get("EnvoyFilter", []) if d["metadata"]["name"] == "bypass-marker-module"]
+    try:
+        (module_filter,) = filters
+        (patch,) = module_filter["spec"]["configPatches"]
+        typed = patch["patch"]["value"]["typed_config"]
+        name = typed["dynamic_module_config"]["name"]
+        config = json.loads(typed["filter_config"]["value"])
+    except (ValueError, KeyError, TypeError) as error:
+        return [f"{where}: no EnvoyFilter bypass-marker-module with one patch naming the module and its config ({error!r})"]
+    if config != module_config():
+        problems.append(f"{where}: the module's filter_config {config} is not examples/envoy-gateway/dynamic-module.yaml's config")
+    if patch["applyTo"] != "HTTP_FILTER" or patch["patch"]["operation"] != "INSERT_BEFORE" or \
+            patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"] != "envoy.filters.http.router":
+        problems.append(f"{where}: the module is not inserted before the router in the HTTP filter chain")
+    if typed.get("filter_name") != "bypass_marker":
+        problems.append(f"{where}: filter_name is not bypass_marker")
+    if module_filter["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "dynamo"}]:
+        problems.append(f"{where}: the module's EnvoyFilter does not target the Gateway dynamo")
+    (infrastructure,) = infrastructures or [{}]
+    if "dynamicmodulescustom" not in infrastructure.get("annotations", {}).get(
+            "sidecar.istio.io/statsInclusionPrefixes", "").split(","):
+        problems.append(f"{where}: the Gateway does not keep dynamicmodulescustom.* in istio-proxy's stats "
+                        "(sidecar.istio.io/statsInclusionPrefixes)")
+    reference = infrastructure.get("parametersRef", {})
+    maps = [d for d in docs.get("ConfigMap", []) if d["metadata"]["name"] == reference.get("name")]
+    if reference.get("kind") != "ConfigMap" or reference.get("group") != "" or len(maps) != 1:
+        return problems + [f"{where}: the Gateway's parametersRef names no ConfigMap of this file"]
+    deployment = yaml.safe_load(maps[0]["data"]["deployment"])
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    (proxy,) = [c for c in pod.get("containers", []) if c["name"] == "istio-proxy"] or [{}]
+    env = {e["name"]: e.get("value") for e in proxy.get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in proxy.get("volumeMounts", []) if m["name"] in volumes}
+    search = env.get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+    if search is None or search not in mounts.values():
+        problems.append(f"{where}: ENVOY_DYNAMIC_MODULES_SEARCH_PATH ({search}) is not a volume istio-proxy mounts ({mounts})")
+    (eg_proxy,) = documents_of("envoy-gateway", "dynamic-module.yaml")["EnvoyProxy"]
+    (eg_init,) = eg_proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["initContainers"]
+    inits = pod.get("initContainers", [])
+    if len(inits) != 1:
+        return problems + [f"{where}: the Deployment patch has {len(inits)} init containers, not one"]
+    (init,) = inits
+    if init.get("image") != eg_init["image"] or init.get("command") != eg_init["command"]:
+        problems.append(f"{where}: the init container's image and command are not examples/envoy-gateway/dynamic-module.yaml's")
+    command = init.get("command", [])
+    copied = pathlib.PurePosixPath(command[-1]) if command else None
+    init_mounts = {m["mountPath"]: m["name"] for m in init.get("volumeMounts", [])}
+    volume = init_mounts.get(str(copied.parent)) if copied else None
+    if copied is None or copied.name != f"lib{name}.so":
+        problems.append(f"{where}: the init container copies {copied}, not lib{name}.so that the EnvoyFilter loads")
+    if volume is None or mounts.get(volume) != search:
+        problems.append(f"{where}: the init container copies into {copied.parent if copied else None}, which is not the "
+                        f"volume istio-proxy mounts at ENVOY_DYNAMIC_MODULES_SEARCH_PATH {search}")
+    return problems
+
+
+def agentgateway_cases(mutated):
+    policy = "AgentgatewayPolicy"
+
+    def processor(doc):
+        return doc["spec"]["traffic"]["extProc"]
+
+    return [
+        ("a body mode outside the enum", mutated(policy, lambda d: processor(d)["processingOptions"].update(requestBodyMode="FULL_DUPLEX_STREAMED"))),
+        ("a failure mode outside the enum", mutated(policy, lambda d: processor(d).update(failureMode="failClosed"))),
+        ("a misspelt processing option", mutated(policy, lambda d: processor(d)["processingOptions"].update(requestBodyModes="Buffered"))),
+        ("a CEL rule: a Service backend without port", mutated(policy, lambda d: processor(d)["backendRef"].pop("port"))),
+        ("a CEL rule: extProc without backendRef", mutated(policy, lambda d: processor(d).pop("backendRef"))),
+        ("a CEL rule: conditional with other fields", mutated(policy, lambda d: processor(d).update(conditional=[{"policy": {"backendRef": {"name": "x", "port": 1}}}]))),
+        ("a CEL rule: targetRefs and targetSelectors both", mutated(policy, lambda d: d["spec"].update(targetSelectors=[{"group": "gateway.networking.k8s.io", "kind": "Gateway", "matchLabels": {"a": "b"}}]))),
+        ("a CEL rule: a policy with no traffic, frontend or backend", mutated(policy, lambda d: d["spec"].pop("traffic"))),
+        ("a CEL rule: traffic on a Service target", mutated(policy, lambda d: d["spec"]["targetRefs"][0].update(group="", kind="Service"))),
+        ("a CEL rule: an HTTPRoute Service backend without port", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("port"))),
+    ]
+
+
+def agentgateway_agrees():
+    """The processor is examples/k8s/ext-proc.yaml's Service, fail-closed, in the mode it serves
+    for agentgateway (FULL_DUPLEX_STREAMED both ways, trailers sent, no mode override), on the
+    Gateway of the file; the route is the Istio and Envoy Gateway examples' route."""
+    where = "examples/agentgateway/ext-proc.yaml"
+    docs = documents_of("agentgateway", "ext-proc.yaml")
+    problems = []
+    if sorted(docs) != ["AgentgatewayPolicy", "Gateway", "HTTPRoute"]:
+        problems.append(f"{where} has the kinds {sorted(docs)}, not AgentgatewayPolicy, Gateway and HTTPRoute")
+    (policy,) = docs.get("AgentgatewayPolicy", [{"spec": {}, "metadata": {}}])
+    (gateway,) = docs.get("Gateway", [{"metadata": {}}])
+    if policy["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                              "name": gateway["metadata"].get("name")}]:
+        problems.append(f"{where}: the policy does not target the file's Gateway")
+    processor = policy["spec"].get("traffic", {}).get("extProc", {})
+    services = [d for d in yaml.safe_load_all((ROOT / "examples" / "k8s" / "ext-proc.yaml").read_text())
+                if d and d.get("kind") == "Service" and d["metadata"].get("namespace") == policy["metadata"].get("namespace")]
+    expected = [{"name": s["metadata"]["name"], "port": port["port"]} for s in services for port in s["spec"]["ports"]]
+    if [processor.get("backendRef")] != expected:
+        problems.append(f"{where}: backendRef {processor.get('backendRef')} is not examples/k8s/ext-proc.yaml's Service {expected}")
+    if processor.get("failureMode") != "FailClosed":
+        problems.append(f"{where}: failureMode is not FailClosed")
+    served = {"requestHeaderMode": "Send", "requestBodyMode": "FullDuplexStreamed", "requestTrailerMode": "Send",
+              "responseHeaderMode": "Send", "responseBodyMode": "FullDuplexStreamed", "responseTrailerMode": "Send",
+              "allowModeOverride": False}
+    if processor.get("processingOptions") != served:
+        problems.append(f"{where}: processingOptions {processor.get('processingOptions')} are not the mode the processor serves {served}")
+    if docs.get("HTTPRoute") != documents_of("istio", "wasm-plugin.yaml").get("HTTPRoute"):
+        problems.append(f"{where}: its HTTPRoute differs from examples/istio/wasm-plugin.yaml's")
     return problems
 
 
@@ -602,10 +845,18 @@ SUITES = {suite.name: suite for suite in [
     Suite("dynamo-operator", [
         ("the Dynamo operator CRD of ai-dynamo/dynamo main 2026-08-21", ["dynamo-main-2026-08-21"]),
     ], dynamo_operator_cases, dynamo_operator_agrees),
-    # Istio's CRDs of 1.30.3, from the release's customresourcedefinitions.gen.yaml (extract.py).
+    # Istio's CRDs of 1.30.3, from the release's customresourcedefinitions.gen.yaml (extract.py),
+    # with the Gateway API release Istio 1.30 builds against (v1.5.1), and v1.6.1 for Istio 1.31
+    # (which builds against v1.6.0), kept by the envoy-gateway suite.
     Suite("istio", [
-        ("Istio 1.30.3", ["istio-1.30.3"]),
+        ("Istio 1.30.3 + Gateway API v1.5.1", ["istio-1.30.3", "envoy-gateway/schemas/gateway-api-v1.5.1"]),
+        ("Istio 1.30.3 + Gateway API v1.6.1", ["istio-1.30.3", "envoy-gateway/schemas/gateway-api-v1.6.1"]),
     ], istio_cases, istio_agrees),
+    # agentgateway v1.4.1's AgentgatewayPolicy (extract.py), with the Gateway API release it
+    # builds against (v1.6.1), kept by the envoy-gateway suite.
+    Suite("agentgateway", [
+        ("agentgateway v1.4.1 + Gateway API v1.6.1", ["agentgateway-v1.4.1", "envoy-gateway/schemas/gateway-api-v1.6.1"]),
+    ], agentgateway_cases, agentgateway_agrees),
 ]}
 
 

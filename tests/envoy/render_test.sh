@@ -76,5 +76,18 @@ for bad in "dynamic-module.yaml --listen dynamo:8080" "dynamic-module.yaml --ups
   count $ok "render.sh $bad is refused (status $status): $(head -n 1 "$work/err")"
 done
 
+# An option for another bootstrap's filter says which bootstrap takes it and what this one loads.
+for case in "dynamic-module.yaml --plugin /opt/bypass_marker.wasm|only examples/envoy/wasm.yaml loads|loads the dynamic module" \
+  "ext-proc.yaml --plugin /opt/bypass_marker.wasm|only examples/envoy/wasm.yaml loads|loads the external processor" \
+  "wasm.yaml --ext-proc 127.0.0.1:50051|only examples/envoy/ext-proc.yaml uses|loads the proxy-wasm plugin" \
+  "pass-through.yaml --ext-proc 127.0.0.1:50051|only examples/envoy/ext-proc.yaml uses|loads none of the three filters"; do
+  IFS='|' read -r bad which what <<<"$case"
+  status=0
+  eval "bash \"$render\" \"$root/examples/envoy/\"$bad" >"$work/out" 2>"$work/err" || status=$?
+  ok=0
+  ((status != 0)) && [[ ! -s "$work/out" ]] && grep -qF -- "$which" "$work/err" && grep -qF -- "$what" "$work/err" && ok=1
+  count $ok "render.sh $bad says which bootstrap takes the option and what this one loads: $(head -n 1 "$work/err")"
+done
+
 echo "envoy render: $passed passed, $failed failed"
 ((failed == 0 && passed > 0))

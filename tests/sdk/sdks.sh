@@ -1,7 +1,9 @@
 # The OpenAI SDKs for the suites that stream with them (tests/sdk/run.sh, tests/envoy/*.sh,
 # tests/dynamo/run.sh):
 # openai-python and openai-node, each pinned and newest, each in its own directory under
-# $sdk_cache, kept across runs, so each suite uses the other's installs.
+# $sdk_cache, kept across runs, so each suite uses the other's installs. Also the version of
+# Anthropic's Python SDK that tests/dynamo/run.sh streams Dynamo's /v1/messages with (pinned only:
+# `install_py "$ANTHROPIC_PINNED" anthropic`).
 #
 # Sourced, not run. The caller sets `sdk_cache` and `python` and defines `log` and `die`;
 # `install_sdks` then fills `py_versions`, `node_versions`, `py_bin`, `node_dir` and `node_bin`,
@@ -10,6 +12,7 @@
 
 PY_PINNED=2.28.0
 NODE_PINNED=6.9.0
+ANTHROPIC_PINNED=2.16.0
 # A Node.js from PyPI, for an openai-node that needs a newer Node than the machine has.
 NODE_WHEEL=24.19.0
 
@@ -34,14 +37,15 @@ newest_cached() {
   return 0
 }
 
-# Installs openai==$1 in its own venv; prints the venv's python.
+# Installs $2 (default openai) at version $1 in its own venv; prints the venv's python.
 install_py() {
-  local version="$1" dir="$sdk_cache/py-openai-$1"
-  if ! "$dir/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$version')" 2>/dev/null; then
-    log "installing openai $version from PyPI into $dir"
+  local version="$1" package="${2:-openai}"
+  local dir="$sdk_cache/py-$package-$version"
+  if ! "$dir/bin/python" -c "import $package, sys; sys.exit($package.__version__ != '$version')" 2>/dev/null; then
+    log "installing $package $version from PyPI into $dir"
     rm -rf "$dir" "$dir.tmp"
     "$python" -m venv "$dir.tmp" >&2
-    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$version" >&2
+    "$dir.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "$package==$version" >&2
     # Only complete installs get the real name. (Only bin/python is used, and it finds its venv
     # from where it is, so the rename is safe; bin/pip would not be.)
     mv "$dir.tmp" "$dir"

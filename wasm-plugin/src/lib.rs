@@ -26,7 +26,7 @@
 //! key. The request head waits until the guard has judged the body, which needs Envoy's
 //! `allow_on_headers_stop_iteration` (Envoy 1.35 and later); where a gateway cannot set it, the
 //! configuration says `"request-head": "forwarded"` (docs/envoy.md, "Holding the request head"). Each stream drives the module's per-stream adapter
-//! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::json::Exchange`), so
+//! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::sans_io::GatewayExchange`), so
 //! the plugin, the module and `bypass-marker ext-proc` answer the same input with the same bytes.
 //! The layers: [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes
 //! them on Envoy); [`host`] implements the module's `Host` with them; [`stream::Stream`] maps

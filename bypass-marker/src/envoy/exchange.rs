@@ -14,15 +14,16 @@ use tonic::Status;
 
 use super::budget::Charge;
 use super::proto;
-use tower_bypass_marker::json::{
-    self, BodyStep, ExchangeError, Refusal, RequestStep, ResponseStep, UnseenRequest,
+use tower_bypass_marker::sans_io::{
+    BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestGuard, RequestStep,
+    ResponseStep, UnseenRequest,
 };
-use tower_bypass_marker::{BypassMarkerLayer, ChunkEdit};
+use tower_bypass_marker::BypassMarkerLayer;
 
 /// One HTTP request through Envoy's external processing filter: the shared
-/// [`json::Exchange`] state machine, spoken in ext_proc's messages.
+/// [`GatewayExchange`] state machine, spoken in ext_proc's messages.
 pub(crate) struct Exchange {
-    exchange: json::Exchange,
+    exchange: GatewayExchange,
     /// Body modes Envoy announced in `protocol_config` (first message), else the documented
     /// configuration's (BUFFERED, STREAMED).
     request_body_mode: i32,
@@ -56,15 +57,11 @@ pub(crate) struct Exchange {
 const STREAMED_CHUNK: usize = 64 << 10;
 
 impl Exchange {
-    pub(crate) fn new(
-        layer: &BypassMarkerLayer,
-        guard: tower_bypass_marker::json::RequestGuard,
-        charge: Charge,
-    ) -> Self {
+    pub(crate) fn new(layer: &BypassMarkerLayer, guard: RequestGuard, charge: Charge) -> Self {
         Self {
             // Request headers that never came mean `request_header_mode: SKIP`: the guard did
             // not run, so the response is failed rather than passed as if all were well.
-            exchange: json::Exchange::new(layer, guard, UnseenRequest::Fail),
+            exchange: GatewayExchange::new(layer, guard, UnseenRequest::Fail),
             request_body_mode: proto::BODY_BUFFERED,
             response_body_mode: proto::BODY_STREAMED,
             announced: false,

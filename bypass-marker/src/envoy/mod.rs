@@ -6,7 +6,7 @@
 //! so Envoy, the `BypassMarkerLayer` and the `JsonGuard` layer cannot disagree:
 //!
 //! - **Request headers and body**: the JSON guard's rules
-//!   ([`RequestGuard`](tower_bypass_marker::json::RequestGuard)). Every request that goes on asks the upstream
+//!   ([`RequestGuard`](tower_bypass_marker::sans_io::RequestGuard)). Every request that goes on asks the upstream
 //!   for `accept-encoding: identity`, as the sidecar does: an encoded event stream cannot be
 //!   filtered, so a compressing upstream's stream would be refused (put Envoy's compressor filter
 //!   before `ext_proc` in the chain to compress for clients). A request the guard does not read goes on otherwise untouched (and Envoy is
@@ -23,9 +23,9 @@
 //!   `mode_override` to `STREAMED`, whatever body mode Envoy announced (Envoy before 1.34
 //!   announces none). An event stream in a `content-encoding` other than `identity` with
 //!   something to remove for this client gets Envoy's local reply instead: a 502
-//!   [`encoded_event_stream`](tower_bypass_marker::json::Refusal::encoded_event_stream), before any byte of it
+//!   [`encoded_event_stream`](tower_bypass_marker::sans_io::Refusal::encoded_event_stream), before any byte of it
 //!   (the layer's observer hears of it once).
-//! - **Response body**: every chunk through an [`EventStreamFilter`](tower_bypass_marker::EventStreamFilter).
+//! - **Response body**: every chunk through an [`EventStreamFilter`](tower_bypass_marker::sans_io::EventStreamFilter).
 //!   A chunk the filter forwards as it is gets an answer without a body mutation (Envoy forwards
 //!   the chunk it holds; nothing is copied back); otherwise the answer carries the bytes to
 //!   forward for that chunk: the complete frames, without the removed ones. A frame that spans

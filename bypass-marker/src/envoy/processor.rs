@@ -13,7 +13,7 @@ use super::connection::Origin;
 use super::exchange::Exchange;
 use super::stream::ProcessStream;
 use super::ExtProcService;
-use tower_bypass_marker::json::RequestGuard;
+use tower_bypass_marker::sans_io::RequestGuard;
 use tower_bypass_marker::BypassMarkerLayer;
 
 /// Room for the headers and attributes that come with a request body in one message.

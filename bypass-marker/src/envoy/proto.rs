@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use tonic::Status;
 
-use tower_bypass_marker::json::Refusal;
+use tower_bypass_marker::sans_io::Refusal;
 
 /// The most header entries (pseudo-headers included) one headers message may carry: far more
 /// than Envoy forwards by default (`max_headers_count`, 100), and well under what one
