@@ -27,7 +27,7 @@
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
 #     100): each body reaches the upstream once, as sent (the marker stripped);
-#   - a bad configuration (max-body over 1 GiB, a build key in the release build): Envoy refuses
+#   - a bad configuration (max-body over 512 MiB, a build key in the release build): Envoy refuses
 #     to start, and its log names the key as written in `configuration`; the test-panic build
 #     refuses a configuration that does not name it; the bootstrap passes `envoy --mode validate`;
 #   - the counters in /stats/prometheus under the module's names, with their labels;
@@ -239,7 +239,7 @@ for version in $versions; do
   ((status == 0)) && ok=1
   count $ok "$v: envoy --mode validate -c examples/envoy/wasm.yaml: status $status"
   for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe' \
-    '{"max-body": 1073741825}|max-body' '{"max-body": 4294967296}|max-body' '{"build": "test-panic"}|build'; do
+    '{"max-body": 536870913}|max-body' '{"max-body": 4294967296}|max-body' '{"build": "test-panic"}|build'; do
     config="${bad%|*}"
     field="${bad##*|}"
     variant "$work/validate.yaml" "config=$config" >"$work/bad.yaml"
