@@ -427,8 +427,26 @@ impl Setup {
             ("ADMIN_PORT", admin.to_string()),
             ("UPSTREAM_PORT", self.upstream.port().to_string()),
         ];
-        values.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+        values.extend(
+            extra
+                .iter()
+                .filter(|(k, _)| *k != "WASM_BUILD")
+                .map(|(k, v)| (*k, v.clone())),
+        );
         let mut shipped = shipped;
+        if let Some((_, build)) = extra.iter().find(|(k, _)| *k == "WASM_BUILD") {
+            // A test or benchmark build of the plugin starts only where its configuration names
+            // it (docs/envoy.md, "The plugin: configuration").
+            let plain = r#"value: '{"preset": "dynamo"}'"#;
+            assert!(
+                shipped.contains(plain),
+                "{file}: no plugin configuration to name the build in"
+            );
+            shipped = shipped.replace(
+                plain,
+                &format!(r#"value: '{{"preset": "dynamo", "build": "{build}"}}'"#),
+            );
+        }
         if let Some(port) = ext_proc {
             values.push(("EXT_PROC_PORT", port.to_string()));
             // A bootstrap of one's own may also name the port inside a value (a `google_grpc`
@@ -482,12 +500,16 @@ impl Setup {
                 .map_or(String::new(), |n| n.to_string_lossy().into_owned());
             format!("Envoy + wasm {label}")
         };
-        let (child, addr) = self.envoy_with(
-            &format!("envoy-wasm-{k}"),
-            "wasm.yaml",
-            None,
-            &[("WASM_FILE", file.display().to_string())],
-        );
+        // `bash wasm-plugin/build.sh --features floor-read` writes bypass_marker-floor-read.wasm.
+        let mut values = vec![("WASM_FILE", file.display().to_string())];
+        if let Some(build) = file
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .and_then(|stem| stem.strip_prefix("bypass_marker-"))
+        {
+            values.push(("WASM_BUILD", build.to_owned()));
+        }
+        let (child, addr) = self.envoy_with(&format!("envoy-wasm-{k}"), "wasm.yaml", None, &values);
         Target {
             name,
             addr,

@@ -9,6 +9,7 @@ use tower_bypass_marker::sans_io::RequestGuard;
 use tower_bypass_marker::{BypassMarkerLayer, Overflow};
 
 use crate::metrics::Tally;
+use crate::stream::LogLimit;
 
 /// The keys a configuration may have: the naming flags of `bypass-marker ext-proc`.
 const KEYS: [&str; 6] = [
@@ -25,6 +26,7 @@ const KEYS: [&str; 6] = [
 pub struct Config {
     layer: BypassMarkerLayer,
     guard: RequestGuard,
+    refusal_lines: std::sync::Arc<LogLimit>,
 }
 
 /// Why a configuration was refused: the field, and what is wrong with it.
@@ -45,6 +47,11 @@ impl ConfigError {
     /// The key at fault, if the error is about one.
     pub fn key(&self) -> Option<&str> {
         self.field.as_deref()
+    }
+
+    /// What is wrong, without the key.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -122,10 +129,20 @@ impl Config {
         };
         let max_body = match object.get("max-body") {
             None => DEFAULT_MAX_BODY_BYTES,
-            Some(value) => value
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| ConfigError::field("max-body", "must be a whole number of bytes"))?,
+            Some(value) => {
+                let n = value.as_u64().ok_or_else(|| {
+                    ConfigError::field("max-body", "must be a whole number of bytes")
+                })?;
+                usize::try_from(n).map_err(|_| {
+                    ConfigError::field(
+                        "max-body",
+                        format!(
+                            "{n} bytes is more than this build can address ({} bytes at most)",
+                            usize::MAX
+                        ),
+                    )
+                })?
+            }
         };
         // Memory per stream is bounded by the layer's frame limit; past it the stream is reset
         // rather than the frame forwarded unfiltered.
@@ -140,7 +157,14 @@ impl Config {
         Self {
             guard: layer.request_guard().max_body_bytes(max_body),
             layer,
+            refusal_lines: std::sync::Arc::new(LogLimit::new(60)),
         }
+    }
+
+    /// The limit on the refusals' log lines, shared by the streams of this configuration: one
+    /// line a minute.
+    pub fn refusal_lines(&self) -> std::sync::Arc<LogLimit> {
+        std::sync::Arc::clone(&self.refusal_lines)
     }
 
     /// The layer the streams filter responses with.

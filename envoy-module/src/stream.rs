@@ -64,6 +64,18 @@ pub trait Host {
     /// Calls `f` with the slices of a body buffer, in order (Envoy's own memory: valid only until
     /// something changes the stream, so only within `f`).
     fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R;
+    /// The bytes of a body buffer as one owned buffer, to judge. The default copies them out of
+    /// [`Host::with_body`]; a host whose read is already a copy of its own (the proxy-wasm plugin,
+    /// whose Envoy copies the body into the VM) hands that copy over instead of copying it again.
+    fn body_bytes(&self, body: Body) -> Bytes {
+        let mut bytes = Vec::with_capacity(self.body_len(body));
+        self.with_body(body, |slices| {
+            for slice in slices {
+                bytes.extend_from_slice(slice);
+            }
+        });
+        Bytes::from(bytes)
+    }
     /// Removes the first `n` bytes of a body buffer.
     fn drain_body(&mut self, body: Body, n: usize) -> bool;
     /// Appends `data` to a body buffer.
@@ -112,11 +124,12 @@ pub enum TrailersStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestHead {
     /// Held until the guard has judged the body: the dynamic module, whose headers hook may stop
-    /// iteration and still be called with the body. A spliced body gets its new `content-length`.
+    /// iteration and still be called with the body, and the proxy-wasm plugin where Envoy's
+    /// `allow_on_headers_stop_iteration` is set. A spliced body gets its new `content-length`.
     Held,
-    /// Passed on at once: the proxy-wasm plugin, since a proxy-wasm headers hook that stops
-    /// iteration also stops the body hooks in Envoy (unless the plugin's Envoy configuration sets
-    /// `allow_on_headers_stop_iteration`, which Istio's `WasmPlugin` cannot). The body is still
+    /// Passed on at once: the proxy-wasm plugin where its Envoy configuration cannot set
+    /// `allow_on_headers_stop_iteration` (Istio's `WasmPlugin`, Envoy Gateway), without which a
+    /// proxy-wasm headers hook that stops iteration also stops the body hooks. The body is still
     /// held whole and judged before any byte of it goes on, and a refusal resets the upstream
     /// request. A body the guard shortens keeps the `content-length` the upstream was already
     /// sent: it is padded with trailing spaces, which JSON ignores.
@@ -134,8 +147,59 @@ fn request_parts(host: &impl Host) -> &'static [Body] {
     }
 }
 
-/// Whether the process has logged an encoded event stream refused (once, the first).
+/// Whether an encoded event stream refused has been logged (once, the first): once per process
+/// in the dynamic module; in the proxy-wasm plugin, whose statics live in its VM, once per VM
+/// (each worker's, and again in a VM reloaded after a trap).
 static ENCODED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At most one log line per period; how many were held back in between. The refusals' lines,
+/// which any client can cause, go at most once a minute, as the processor's: one limit per
+/// configuration ([`Config::refusal_lines`]: per filter configuration in the dynamic module, per
+/// VM in the proxy-wasm plugin), each line saying how many refusals went unlogged since the one
+/// before. `bypass_marker_requests_refused` counts every one.
+#[derive(Debug)]
+pub struct LogLimit {
+    period: u64,
+    /// The second (of the Unix epoch) from which the next line may go.
+    next: std::sync::atomic::AtomicU64,
+    /// Lines held back since the last one.
+    held: std::sync::atomic::AtomicU64,
+}
+
+impl LogLimit {
+    /// One line per `period` seconds.
+    pub const fn new(period: u64) -> Self {
+        Self {
+            period,
+            next: std::sync::atomic::AtomicU64::new(0),
+            held: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// At second `now`: `Some(held back since the last line)` if a line may go, else `None`
+    /// (and this one is held back).
+    pub fn admit(&self, now: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let next = self.next.load(Relaxed);
+        if now >= next
+            && self
+                .next
+                .compare_exchange(next, now + self.period, Relaxed, Relaxed)
+                .is_ok()
+        {
+            return Some(self.held.swap(0, Relaxed));
+        }
+        self.held.fetch_add(1, Relaxed);
+        None
+    }
+}
+
+/// Seconds of the Unix epoch (0 if the clock cannot be read: the first line still goes).
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// The filter's state for one stream.
 #[derive(Debug)]
@@ -158,6 +222,8 @@ pub struct StreamFilter {
     edit: ChunkEdit,
     /// A rebuilt response chunk, before it goes back into Envoy's buffer; reused.
     out: Vec<u8>,
+    /// The configuration's limit on refusal log lines.
+    refusal_lines: std::sync::Arc<LogLimit>,
     #[cfg(feature = "test-panic")]
     panic_at: Option<String>,
 }
@@ -192,6 +258,7 @@ impl StreamFilter {
             reply_seen: false,
             edit: ChunkEdit::new(),
             out: Vec::new(),
+            refusal_lines: config.refusal_lines(),
             #[cfg(feature = "test-panic")]
             panic_at: None,
         }
@@ -304,15 +371,23 @@ impl StreamFilter {
     fn judge_request(&mut self, host: &mut impl Host) -> BodyStatus {
         self.reading = false;
         let parts = request_parts(host);
-        let mut body = Vec::with_capacity(parts.iter().map(|part| host.body_len(*part)).sum());
-        for &part in parts {
-            host.with_body(part, |slices| {
-                for slice in slices {
-                    body.extend_from_slice(slice);
+        let body = match parts {
+            // One buffer: judged from the host's one copy of it.
+            [part] => host.body_bytes(*part),
+            _ => {
+                let mut body =
+                    Vec::with_capacity(parts.iter().map(|part| host.body_len(*part)).sum());
+                for &part in parts {
+                    host.with_body(part, |slices| {
+                        for slice in slices {
+                            body.extend_from_slice(slice);
+                        }
+                    });
                 }
-            });
-        }
-        match self.exchange.request_body(Bytes::from(body), true) {
+                Bytes::from(body)
+            }
+        };
+        match self.exchange.request_body(body, true) {
             Ok(BodyStep::Forward) => BodyStatus::Continue,
             Ok(BodyStep::Replace {
                 body,
@@ -568,10 +643,20 @@ impl StreamFilter {
         self.refused = true;
         self.reading = false;
         let status = refusal.status().as_u16();
-        host.log(
-            Level::Info,
-            &format!("bypass_marker: refused a request with {status}: {refusal}"),
-        );
+        if let Some(held) = self.refusal_lines.admit(now_secs()) {
+            let since = if held > 0 {
+                format!(" ({held} more refused since the last such line, not logged)")
+            } else {
+                String::new()
+            };
+            host.log(
+                Level::Info,
+                &format!(
+                    "bypass_marker: refused a request with {status}: {refusal}{since} (logged at \
+                     most once a minute; bypass_marker_requests_refused counts every one)"
+                ),
+            );
+        }
         host.send_response(
             status,
             &[("content-type", b"application/json")],

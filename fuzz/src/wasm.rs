@@ -3,9 +3,10 @@
 //! the same layer, opt-in and chunks, as the `module` target compares the dynamic module.
 //!
 //! Where the plugin differs from the module: Envoy hands a proxy-wasm hook one contiguous buffer
-//! (no slices); the request head goes on before the body; and bytes held for a frame still open
-//! when trailers arrive cannot go out in the trailers hook, so the stream is reset instead (its
-//! output then a strict prefix of the body's).
+//! (no slices); and bytes held for a frame still open when trailers arrive cannot go out in the
+//! trailers hook, so the stream is reset instead (its output then a strict prefix of the body's).
+//! The request head waits for the guard, as the module's does (an Envoy with
+//! `allow_on_headers_stop_iteration`).
 
 use bypass_marker::config::Config;
 use bypass_marker_wasm::fake::Simulated;
@@ -22,13 +23,13 @@ pub fn check_wasm(case: &Case) {
     let mut stream = Simulated::new(&config);
 
     // The request: the client's opt-in in `nvext.annotations`, its body in two pieces; the head
-    // goes on at once, the body is held until its end.
+    // and the body are held until the body's end.
     let body = serde_json::json!({"stream": true, "nvext": {"annotations": case.requested}})
         .to_string()
         .into_bytes();
     assert_eq!(
         stream.request("POST", &[("content-type", "application/json")], false),
-        Action::Continue
+        Action::Pause
     );
     let (a, b) = body.split_at(body.len() / 2);
     assert_eq!(stream.request_chunk(a, false), Action::Pause);
@@ -39,7 +40,7 @@ pub fn check_wasm(case: &Case) {
         stream.request_chunk(b, true) == Action::Continue
     };
     assert!(
-        forwarded,
+        forwarded && stream.fake().upstream_head.is_some(),
         "the request was not forwarded: {:?}",
         stream.fake().sent
     );

@@ -549,6 +549,16 @@ def documents_of(*parts):
     return found
 
 
+def shared_config(config):
+    """A plugin's config without the plugin's own keys: what it shares with the module. The
+    gateways cannot set Envoy's allow_on_headers_stop_iteration, so their plugin must say
+    `request-head: forwarded` (else its held head would stop its body hooks): None if it does not."""
+    config = dict(config or {})
+    if config.pop("request-head", None) != "forwarded":
+        return None
+    return config
+
+
 def module_config():
     """The config of the dynamic module in examples/envoy-gateway/dynamic-module.yaml."""
     (policy,) = documents_of("envoy-gateway", "dynamic-module.yaml")["EnvoyExtensionPolicy"]
@@ -580,8 +590,9 @@ def envoy_gateway_agrees():
             problems.append(f"examples/envoy-gateway/{name}: the policy's targetRefs differ from dynamic-module.yaml's")
         if name == "wasm.yaml":
             plugins = policy["spec"].get("wasm", [])
-            if len(plugins) != 1 or plugins[0].get("config") != module_config():
-                problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config")
+            if len(plugins) != 1 or shared_config(plugins[0].get("config")) != module_config():
+                problems.append("examples/envoy-gateway/wasm.yaml: the plugin's config is not the module's config "
+                                "and request-head: forwarded")
             if any(p.get("failOpen") is not False for p in plugins):
                 problems.append("examples/envoy-gateway/wasm.yaml: the plugin does not say failOpen: false")
         else:
@@ -659,8 +670,9 @@ def istio_agrees():
         problems.append(f"examples/istio/wasm-plugin.yaml: failStrategy {plugin['spec'].get('failStrategy')} is not "
                         f"the fail-closed {expected} that examples/envoy/wasm.yaml's failure_policy "
                         f"{bootstrap.group(1) if bootstrap else '(none)'} asks for")
-    if plugin["spec"].get("pluginConfig") != module_config():
-        problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml)")
+    if shared_config(plugin["spec"].get("pluginConfig")) != module_config():
+        problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml) "
+                        "and request-head: forwarded")
     files = {"wasm-plugin.yaml": plugin_file, "traffic-extension.yaml": extension_file, "dynamic-module.yaml": module_file}
     kinds = {"wasm-plugin.yaml": ["WasmPlugin"], "traffic-extension.yaml": ["TrafficExtension"],
              "dynamic-module.yaml": ["ConfigMap"]}

@@ -50,6 +50,11 @@ clean end of a response from a broken one.
       (an Envoy with enable_trailers both ways) N scripted streams that end in a trailer section:
       each byte for byte what its opt-in allows, then its trailer; chunked requests that end in a
       trailer section: the body judged whole (a router-owned name stripped), then the trailer
+  client.py unheld --envoy URL --upstream URL --kind forwarded|held
+      (the plugin in an Envoy without allow_on_headers_stop_iteration, request_timeout 3 s)
+      forwarded: a shortened body padded to the content-length sent, a refused request's head at
+      the upstream, a stalled upload holding the upstream connection until the 408; held: the
+      request answered by request_timeout (504), nothing at the upstream, not even the head
   client.py curl --envoy URL --upstream URL --streams N
       N scripted streams through curl, over HTTP/1.1 and HTTP/2 (prior knowledge): each byte for
       byte what its opt-in allows
@@ -206,6 +211,11 @@ async def seen(upstream, test_id):
     return json.loads(res.body) if res.status == 200 else None
 
 
+async def head_seen(upstream, test_id):
+    """Whether the upstream got the request's head at all (even one whose body never came)."""
+    return (await request(upstream, f"/head?test_id={test_id}")).status == 200
+
+
 async def counts(upstream):
     return json.loads((await request(upstream, "/counts")).body)
 
@@ -276,11 +286,19 @@ async def run_checks(args):
             )
             entry = await seen(args.upstream, test_id)
             got = entry and entry["body"].get("nvext", {}).get("annotations")
+            # The body as rewritten goes on with its own content-length, never padded to the
+            # length the client sent (the plugin holds the head, as the module does).
+            raw = entry and entry.get("raw", "")
+            framed = args.front not in ("wasm", "module") or (
+                entry is not None and raw == raw.rstrip()
+                and entry.get("content_length") == str(len(raw.encode("latin-1"))))
             report(
-                res.status == 200 and entry is not None and not script.forces(entry["body"]),
+                res.status == 200 and entry is not None and not script.forces(entry["body"]) and framed,
                 f"{'streamed' if stream else 'non-streamed'} request naming {names!r}: "
-                f"the upstream got annotations {got!r}",
-                f"status {res.status}, upstream saw {entry and entry['body']}",
+                f"the upstream got annotations {got!r}, {len(raw or '')} bytes with a content-length "
+                "of as many, no padding",
+                f"status {res.status}, upstream saw {entry and entry['body']}, raw {raw!r}, "
+                f"content-length {entry and entry.get('content_length')}",
             )
     # A client that accepts gzip (the OpenAI SDKs do): the upstream, which compresses for such
     # clients, is asked for identity by the processor, so the stream is filtered, not passed
@@ -355,13 +373,17 @@ async def run_checks(args):
                 shaped = json.loads(res.body)["error"]["type"] == "invalid_request_error"
             except (ValueError, KeyError, TypeError):
                 shaped = False
-            # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text.
-            ok = res.status == 413 and entry is None and (want == "any 413" or shaped == (want == "processor 413"))
+            # The processor's refusal is OpenAI-shaped; Envoy's own is its plain text. The plugin
+            # holds the head as the module does: not even it reaches the upstream.
+            head = args.front == "wasm" and await head_seen(args.upstream, test_id)
+            ok = (res.status == 413 and entry is None and not head
+                  and (want == "any 413" or shaped == (want == "processor 413")))
         report(
             ok,
             f"{what}: {res.status} ({show(res.body, 100)})"
             + (", the upstream got it without the marker" if want == 200 else ", the upstream never saw it"),
-            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}"
+            + ("" if want == 200 else f", its head: {head}"),
         )
         entry = None
 
@@ -378,11 +400,12 @@ async def run_checks(args):
         except (ValueError, KeyError, TypeError):
             shaped = False
         entry = await seen(args.upstream, test_id)
+        head = args.front == "wasm" and await head_seen(args.upstream, test_id)
         report(
-            res.status == 400 and shaped and entry is None,
+            res.status == 400 and shaped and entry is None and not head,
             f"{what}: refused by the processor with 400 and an OpenAI-shaped error ({show(res.body, 160)}), "
-            "the upstream never saw it",
-            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}",
+            "the upstream never saw it" + (", not even its head" if args.front == "wasm" else ""),
+            f"status {res.status}, body {show(res.body)}, upstream saw it: {entry is not None}, its head: {head}",
         )
     # JSON responses and the model list: the same bytes as straight from the upstream.
     for what, path, body in (
@@ -850,6 +873,86 @@ async def run_chain(args):
             )
 
 
+async def run_unheld(args):
+    """(the proxy-wasm plugin in an Envoy without allow_on_headers_stop_iteration, as Envoy
+    Gateway and Istio leave it; request_timeout 3 s) With `--kind forwarded` (the plugin's
+    configuration says request-head: forwarded): a body is still judged whole before any byte of
+    it goes on, but the head goes first, so a shortened body is padded to the content-length
+    sent, a refused request's head reaches the upstream, and an upload in flight holds the
+    upstream connection until request_timeout ends it. With `--kind held` (the default, the
+    setting missing): the body hooks never come, so nothing reaches the upstream, not even the
+    head, and Envoy's request_timeout answers."""
+    ids = Ids(f"unheld-{args.kind}")
+    raw = json.dumps(chat(False, ["x-bypass-remote-prefill", "request_id"])).encode()
+    test_id = ids()
+    res = await request(args.envoy, "/v1/chat/completions", raw, headers={"x-test-id": test_id}, timeout=20)
+    entry = await seen(args.upstream, test_id)
+    head = await request(args.upstream, f"/head?test_id={test_id}")
+    if args.kind == "forwarded":
+        got = entry and entry.get("raw", "")
+        report(
+            res.status == 200 and entry is not None and not script.forces(entry["body"])
+            and entry.get("content_length") == str(len(raw)) and len(got) == len(raw)
+            and got.endswith(" ") and got.rstrip() == got.rstrip(" "),
+            f"request-head forwarded: a body naming a router-owned marker reaches the upstream stripped "
+            f"and padded with {len(got or '') - len((got or '').rstrip())} spaces to the content-length "
+            f"the client sent ({len(raw)})",
+            f"status {res.status}, upstream raw {got!r}, content-length {entry and entry.get('content_length')}",
+        )
+        test_id = ids()
+        res = await request(args.envoy, "/v1/chat/completions", b'{"model":', headers={"x-test-id": test_id})
+        entry = await seen(args.upstream, test_id)
+        head = await request(args.upstream, f"/head?test_id={test_id}")
+        report(
+            res.status == 400 and entry is None and head.status == 200,
+            "request-head forwarded: a refused request gets its 400, and the upstream saw its head "
+            "(then a reset), never its body: the cost of a gateway that cannot hold the head",
+            f"status {res.status}, upstream body {entry}, head {head.status}",
+        )
+        # An upload in flight: the head and 10 of 100 bytes, then nothing.
+        test_id = ids()
+        parts = urlsplit(args.envoy)
+        started = time.monotonic()
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nhost: {parts.netloc}\r\n"
+                      f"content-type: application/json\r\ncontent-length: 100\r\n"
+                      f"x-test-id: {test_id}\r\n\r\n" + '{"model":"').encode())
+        await writer.drain()
+        try:
+            answer = await asyncio.wait_for(reader.read(1 << 16), 20)
+        except asyncio.TimeoutError:
+            answer = b""
+        waited = time.monotonic() - started
+        writer.close()
+        held = None
+        for _ in range(50):
+            head = await request(args.upstream, f"/head?test_id={test_id}")
+            held = head.status == 200 and json.loads(head.body).get("held_for")
+            if held:
+                break
+            await asyncio.sleep(0.1)
+        report(
+            answer.startswith(b"HTTP/1.1 408") and bool(held) and held <= 3 + 1.5 and waited <= 3 + 1.5,
+            f"request-head forwarded: an upload that stalls holds the upstream connection {held} s, "
+            f"until request_timeout (3 s) answers 408 after {waited:.1f} s",
+            f"answer {answer[:60]!r} after {waited:.1f} s, upstream connection held {held}",
+        )
+    else:
+        report(
+            # Envoy answers 504 "request timeout" when the whole request had arrived, 408 when not.
+            res.status in (408, 504) and entry is None and head.status == 404 and res.elapsed < 3 + 1.5,
+            f"request-head held but allow_on_headers_stop_iteration missing: the body hooks never "
+            f"come, so Envoy's request_timeout answers {res.status} after {res.elapsed:.1f} s and the "
+            "upstream never sees the request, not even its head (fails closed)",
+            f"status {res.status}, body {show(res.body)}, after {res.elapsed:.1f} s, upstream body "
+            f"{entry is not None}, head {head.status}",
+        )
+        # A request with no body to judge is not held.
+        res = await request(args.envoy, "/v1/models")
+        report(res.status == 200, "request-head held, setting missing: GET /v1/models is served",
+               f"status {res.status}")
+
+
 async def head_only(url, length):
     """A connection that sends a request head declaring `length` bytes of JSON body, and no body.
     Returns the writer (close it to end the connection)."""
@@ -936,11 +1039,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
                                          "pieces", "panic", "panic_inflight", "chain", "encoded", "trailers",
-                                         "curl", "budget", "unread"])
+                                         "curl", "budget", "unread", "unheld"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
     # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
     parser.add_argument("--front", choices=["processor", "module", "duplex", "wasm"], default="processor")
     parser.add_argument("--hook", default="response_body")
+    parser.add_argument("--kind", choices=["forwarded", "held"], default="forwarded",
+                        help="unheld: the plugin's request-head")
     parser.add_argument("--label", default="", help="names the Envoy in chain's check lines")
     parser.add_argument("--envoy", required=True)
     parser.add_argument("--upstream", required=True)

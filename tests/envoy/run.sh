@@ -54,8 +54,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
-# Envoy's message timeout here: short, so the stalled-processor checks are quick.
-MESSAGE_TIMEOUT=1
+# Envoy's message timeout here: short, so the stalled-processor checks are quick, but long enough
+# that the processor's answer to a 32 MiB body (10 to 50 ms on an idle machine) comes within it on
+# a loaded one: at 1 s a chunked 32 MiB body got Envoy's 504 on a 2-core machine at load 12.
+MESSAGE_TIMEOUT=5
 # Envoy holds two descriptors per concurrent stream (client, upstream), the clients and the
 # upstream one each.
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"

@@ -30,11 +30,17 @@
                                    120 s): a stream that a client leaves mid-stream
   GET  /counts                  {"requests": POSTs received, "forced": how many of them named a
                                 router-owned marker in nvext.annotations, in any form}
+  GET  /head?test_id=X          200 if a request head with header `x-test-id: X` arrived, whether
+                                or not its body ever did (a head, then a reset), with
+                                {"held_for": seconds from the head to the connection's end if the
+                                body never came whole, else null}; 404 if none did
   GET  /seen?test_id=X          what the upstream received for the request whose header
                                 `x-test-id` was X: {"body": <the JSON body as received>,
                                 "outcome": "complete" | "cancelled" | "reset" | "open",
                                 "accept_encoding", "content_type": those request headers,
-                                "trailers": the request's trailer section, {} if none}; 404 if
+                                "trailers": the request's trailer section, {} if none, "raw":
+                                the body's bytes (latin-1), "content_length": the header as
+                                received, or null}; 404 if
                                 no such request arrived
 
 Requests without `x-test-id` are served but not recorded. The server stops by itself after
@@ -73,6 +79,7 @@ COMPLETION = json.dumps(
 ).encode()
 
 seen = OrderedDict()  # test id -> {"body": ..., "outcome": ...}, the newest 10,000
+heads = OrderedDict()  # test id -> True for every request head that arrived, the newest 10,000
 counts = {"requests": 0, "forced": 0}  # POSTs received; how many named a router-owned marker
 barriers = {}  # K -> [count, asyncio.Event]
 
@@ -92,6 +99,7 @@ def record(test_id, body):
 async def read_request(reader):
     """(method, target, headers, body, trailers) or None at the end of the connection."""
     head = await reader.readuntil(b"\r\n\r\n")
+    arrived = asyncio.get_running_loop().time()
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
     headers = {}
@@ -99,6 +107,21 @@ async def read_request(reader):
         if line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
+    head = None
+    if "x-test-id" in headers:
+        head = heads[headers["x-test-id"]] = {"held_for": None}
+        while len(heads) > 10_000:
+            heads.popitem(last=False)
+    try:
+        return await read_body(reader, method, target, headers)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        if head is not None:  # the body never came whole: how long the connection was held
+            head["held_for"] = round(asyncio.get_running_loop().time() - arrived, 3)
+        raise
+
+
+async def read_body(reader, method, target, headers):
+    """The rest of read_request: the body and trailers of a request whose head is read."""
     body = b""
     trailers = {}
     if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -213,6 +236,10 @@ async def handle(reader, writer):
                 writer.write(simple(200, "application/json", MODELS))
             elif method == "GET" and url.path == "/counts":
                 writer.write(simple(200, "application/json", json.dumps(counts).encode()))
+            elif method == "GET" and url.path == "/head":
+                key = parse_qs(url.query).get("test_id", [""])[0]
+                found = heads.get(key)
+                writer.write(simple(200 if found else 404, "application/json", json.dumps(found or {}).encode()))
             elif method == "GET" and url.path == "/seen":
                 key = parse_qs(url.query).get("test_id", [""])[0]
                 if key in seen:
@@ -232,6 +259,8 @@ async def handle(reader, writer):
                     entry["accept_encoding"] = headers.get("accept-encoding")
                     entry["content_type"] = headers.get("content-type")
                     entry["trailers"] = trailers
+                    entry["raw"] = body.decode("latin-1")
+                    entry["content_length"] = headers.get("content-length")
                 if not isinstance(request_json, dict):  # JSON, not a chat request (`1`)
                     writer.write(simple(200, "application/json", COMPLETION))
                     if entry:

@@ -7,6 +7,8 @@ change, for the end-to-end suites (tests/envoy/module.sh, tests/envoy/wasm.sh):
   variant.py BOOTSTRAP lua        a Lua filter calling body() before it, and max-body 100
   variant.py BOOTSTRAP trailers   enable_trailers on the listener's and the upstream's HTTP/1.1
   variant.py BOOTSTRAP config=JSON  JSON as the module's or plugin's configuration
+  variant.py BOOTSTRAP unheld     the plugin without allow_on_headers_stop_iteration (as the
+                                  gateways' APIs leave it), and a request_timeout of 3 s
 
 Fails if the bootstrap does not have exactly one of the lines a change needs.
 """
@@ -64,6 +66,13 @@ def main():
         one(text, cluster)
         text = text.replace(hcm, hcm + "          http_protocol_options: { enable_trailers: true }\n")
         text = text.replace(cluster, cluster + TRAILERS)
+    elif kind == "unheld":
+        allow = "                allow_on_headers_stop_iteration: true\n"
+        hcm = "          stat_prefix: openai\n"
+        one(text, allow)
+        one(text, hcm)
+        text = text.replace(allow, "")
+        text = text.replace(hcm, hcm + "          request_timeout: 3s\n")
     elif kind.startswith("config="):
         one(text, CONFIG)
         text = text.replace(CONFIG, "value: '" + kind[len("config="):] + "'")

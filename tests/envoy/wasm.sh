@@ -3,6 +3,11 @@
 # its 1.38.3 has no V8) with the shipped bootstrap (examples/envoy/wasm.yaml) running
 # bypass_marker.wasm in V8, real upstreams, real SDKs, all on 127.0.0.1. Every check runs in every
 # version:
+#   - the request head held until the guard has judged the body (allow_on_headers_stop_iteration):
+#     a refused request never reaches the upstream, not even its head (the upstream records every
+#     head), and a rewritten body arrives unpadded with its own content-length; without the
+#     setting, request-head forwarded pads, lets a refused head through and holds a stalled
+#     upload's upstream connection until request_timeout, and the held default fails closed;
 #   - the guard's hostile JSON: router-owned names never reach the upstream in any form; its
 #     refusals come back as its 400s; the body limits (the plugin's 413, OpenAI-shaped; a chunked
 #     body over Envoy's buffer limit gets a 413 from whichever of Envoy and the plugin sees it over
@@ -22,8 +27,9 @@
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
 #     100): each body reaches the upstream once, as sent (the marker stripped);
-#   - a bad configuration: Envoy refuses to start, and its log names the key; the bootstrap passes
-#     `envoy --mode validate`;
+#   - a bad configuration (max-body over 512 MiB, a build key in the release build): Envoy refuses
+#     to start, and its log names the key as written in `configuration`; the test-panic build
+#     refuses a configuration that does not name it; the bootstrap passes `envoy --mode validate`;
 #   - the counters in /stats/prometheus under the module's names, with their labels;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy wasm: N passed, M failed`; exits non-zero if anything failed.
@@ -102,6 +108,14 @@ shipped="$root/examples/envoy/wasm.yaml"
 for kind in buffer lua trailers; do
   variant "$shipped" "$kind" >"$work/wasm-$kind.yaml" || die "cannot write the $kind bootstrap"
 done
+# The plugin where Envoy's allow_on_headers_stop_iteration cannot be set (Envoy Gateway, Istio),
+# with a request_timeout of 3 s: told request-head forwarded, and not told.
+variant "$shipped" unheld >"$work/wasm-unheld-held.yaml" || die "cannot write the unheld bootstrap"
+variant "$work/wasm-unheld-held.yaml" 'config={"preset": "dynamo", "request-head": "forwarded"}' \
+  >"$work/wasm-unheld-forwarded.yaml" || die "cannot write the forwarded bootstrap"
+# The test-panic build starts only where its configuration names it.
+variant "$shipped" 'config={"preset": "dynamo", "build": "test-panic"}' >"$work/wasm-panic.yaml" ||
+  die "cannot write the test-panic bootstrap"
 
 # ---------------------------------------------------------------------------------------------
 # The checks, in each Envoy
@@ -157,8 +171,8 @@ for version in $versions; do
     "$work/envoy-$version.log" && ok=1
   count $ok "$v: an encoded event stream is logged through Envoy's logger at error"
   ok=0
-  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with 400' "$work/envoy-$version.log" && ok=1
-  count $ok "$v: a refusal is logged through Envoy's logger at info"
+  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with (400|413).*logged at most once a minute' "$work/envoy-$version.log" && ok=1
+  count $ok "$v: a refusal is logged through Envoy's logger at info (at most once a minute)"
 
   # The counters, after the checks above: the module's names, their label from Envoy's tag
   # extraction (the bootstrap's stats_tags).
@@ -186,7 +200,7 @@ for version in $versions; do
 
   # A panic traps the VM: the stream fails (Envoy's 503, or a reset once the response has begun),
   # and FAIL_RELOAD gives the next stream a fresh VM.
-  start_envoy "panic-$version" "$version" "$shipped" "${upstream##*:}" "$panic_plugin"
+  start_envoy "panic-$version" "$version" "$work/wasm-panic.yaml" "${upstream##*:}" "$panic_plugin"
   for hook in request_headers request_body response_headers response_body; do
     run_client "$v: panic in $hook" "${client[@]}" panic --front wasm --envoy "$url" \
       --upstream "$upstream" --hook "$hook"
@@ -199,6 +213,15 @@ for version in $versions; do
   grep -q 'bypass_marker test panic in response_body' "$work/panic-$version.log" && ok=1
   count $ok "$v: the panic is in Envoy's log (proxy-wasm's panic hook, at critical)"
   stop_last
+
+  # Without allow_on_headers_stop_iteration: request-head forwarded (the gateways' examples),
+  # and the default held head (fails closed: Envoy's request_timeout answers).
+  for kind in forwarded held; do
+    start_envoy "unheld-$kind-$version" "$version" "$work/wasm-unheld-$kind.yaml" "${upstream##*:}" "$plugin"
+    run_client "$v: no allow_on_headers_stop_iteration, request-head $kind" "${client[@]}" unheld \
+      --front wasm --envoy "$url" --upstream "$upstream" --kind "$kind"
+    stop_last
+  done
 
   # A filter before the plugin buffered the request body: each body reaches the upstream once.
   for kind in buffer lua; do
@@ -215,16 +238,25 @@ for version in $versions; do
   ok=0
   ((status == 0)) && ok=1
   count $ok "$v: envoy --mode validate -c examples/envoy/wasm.yaml: status $status"
-  for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe'; do
+  for bad in '{"opt-in": "request_id"}|opt-in' '{"preset": "vllm"}|preset' '{"sdk_safe": true}|sdk_safe' \
+    '{"max-body": 536870913}|max-body' '{"max-body": 4294967296}|max-body' '{"build": "test-panic"}|build'; do
     config="${bad%|*}"
     field="${bad##*|}"
     variant "$work/validate.yaml" "config=$config" >"$work/bad.yaml"
     status=0
     timeout 120 "$envoy_bin" --disable-hot-restart --mode validate -c "$work/bad.yaml" >"$work/bad.log" 2>&1 || status=$?
     ok=0
-    ((status != 0)) && grep -q "bypass_marker: refused the plugin configuration: filter_config field \"$field\"" "$work/bad.log" && ok=1
+    ((status != 0)) && grep -q "bypass_marker: refused the plugin configuration: configuration field \"$field\"" "$work/bad.log" && ok=1
     count $ok "$v: configuration $config: Envoy refuses it (status $status) and its log names \"$field\""
   done
+  # The test-panic build refuses a configuration that does not name it: it cannot stand in for
+  # the release build by mistake.
+  render_bootstrap "$shipped" WASM_FILE="$panic_plugin" >"$work/panic-unnamed.yaml"
+  status=0
+  timeout 120 "$envoy_bin" --disable-hot-restart --mode validate -c "$work/panic-unnamed.yaml" >"$work/panic-unnamed.log" 2>&1 || status=$?
+  ok=0
+  ((status != 0)) && grep -q 'configuration field "build": this plugin is the test-panic build' "$work/panic-unnamed.log" && ok=1
+  count $ok "$v: the test-panic build ($(basename "$panic_plugin")) with the shipped configuration: Envoy refuses it (status $status)"
 done
 
 nothing_left

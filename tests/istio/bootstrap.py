@@ -4,7 +4,8 @@ istio-proxy, for tests/istio/module.sh to run in the real Envoy:
 
 - the HTTP filter of the EnvoyFilter `bypass-marker-module`, inserted before the router as its
   patch says, taken from the file as written (its typed_config untouched);
-- the listener fields of the EnvoyFilter `bypass-marker-buffer-limit` (a MERGE into the listener);
+- the listener fields of the EnvoyFilter `bypass-marker-buffer-limit` (a MERGE into the listener),
+  and the connection manager's fields it merges (`request_timeout`);
 - the stats settings Istio 1.30 writes into istio-proxy's bootstrap (istio/istio release-1.30,
   tools/packaging/common/envoy_bootstrap.json and pkg/bootstrap/config.go): Envoy's default tags
   off, and a stats matcher that keeps only the prefixes `reporter=`, `component`, `istio`, the
@@ -46,11 +47,13 @@ def documents():
     return found
 
 
-def one_patch(docs, name, apply_to):
-    (patch,) = docs[("EnvoyFilter", name)]["spec"]["configPatches"]
-    if patch["applyTo"] != apply_to:
-        sys.exit(f"bootstrap.py: EnvoyFilter {name} applies to {patch['applyTo']}, not {apply_to}")
-    return patch
+def one_patch(docs, name, apply_to, optional=False):
+    found = [p for p in docs[("EnvoyFilter", name)]["spec"]["configPatches"] if p["applyTo"] == apply_to]
+    if optional and not found:
+        return None
+    if len(found) != 1:
+        sys.exit(f"bootstrap.py: EnvoyFilter {name} has {len(found)} patches applied to {apply_to}, not one")
+    return found[0]
 
 
 def gateway(docs):
@@ -79,6 +82,14 @@ def bootstrap(docs, listen, admin, upstream, istio_defaults):
     merge = one_patch(docs, "bypass-marker-buffer-limit", "LISTENER")
     if merge["patch"]["operation"] != "MERGE":
         sys.exit("bootstrap.py: the buffer limit's patch is not a MERGE")
+    # The connection manager's fields the same EnvoyFilter merges (request_timeout).
+    hcm_merge = one_patch(docs, "bypass-marker-buffer-limit", "NETWORK_FILTER", optional=True)
+    hcm_fields = {}
+    if hcm_merge is not None:
+        if hcm_merge["patch"]["operation"] != "MERGE" or \
+                hcm_merge["match"]["listener"]["filterChain"]["filter"]["name"] != "envoy.filters.network.http_connection_manager":
+            sys.exit("bootstrap.py: the network filter patch is not a MERGE into the connection manager")
+        hcm_fields = {k: v for k, v in hcm_merge["patch"]["value"]["typed_config"].items() if k != "@type"}
     annotations = gateway(docs)["spec"]["infrastructure"].get("annotations", {})
     asked = [] if istio_defaults else \
         [p for p in annotations.get("sidecar.istio.io/statsInclusionPrefixes", "").split(",") if p]
@@ -100,6 +111,7 @@ def bootstrap(docs, listen, admin, upstream, istio_defaults):
                     "name": "dynamo", "domains": ["*"],
                     "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "dynamo", "timeout": "0s"}}]}]},
                 "http_filters": [module["patch"]["value"], router],
+                **hcm_fields,
             }}]}],
     }
     listener.update(merge["patch"]["value"])

@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use bypass_marker::config::Config;
+use bypass_marker::stream::RequestHead;
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use crate::proxy::Proxy;
@@ -34,6 +35,9 @@ pub struct FakeProxy {
     pub request_body: Option<Vec<u8>>,
     /// The response body the current hook sees, if any.
     pub response_body: Option<Vec<u8>>,
+    /// The request head as it went upstream, once it went (Envoy passes it on when a hook of the
+    /// plugin first answers Continue).
+    pub upstream_head: Option<Vec<(String, Vec<u8>)>>,
     /// What went upstream (the request body).
     pub upstream: Vec<u8>,
     /// What went to the client (the response body).
@@ -48,12 +52,21 @@ pub struct FakeProxy {
     pub logs: Vec<(LogLevel, String)>,
     /// `set_buffer` calls on the response body.
     pub response_writes: usize,
+    /// `set_buffer` calls on the request body.
+    pub request_writes: usize,
+    /// `set_buffer` calls on either body that only drained (no data put in).
+    pub bare_drains: usize,
+    /// `get_buffer` calls on the request body (each a copy into the VM).
+    pub request_reads: std::cell::Cell<usize>,
 }
 
 impl FakeProxy {
     fn body(&mut self, buffer: BufferType) -> Option<&mut Vec<u8>> {
         match buffer {
-            BufferType::HttpRequestBody => self.request_body.as_mut(),
+            BufferType::HttpRequestBody => {
+                self.request_writes += 1;
+                self.request_body.as_mut()
+            }
             BufferType::HttpResponseBody => {
                 self.response_writes += 1;
                 self.response_body.as_mut()
@@ -82,7 +95,10 @@ impl FakeProxy {
 impl Proxy for FakeProxy {
     fn get_buffer(&self, buffer: BufferType, start: usize) -> Option<Vec<u8>> {
         let body = match buffer {
-            BufferType::HttpRequestBody => self.request_body.as_ref(),
+            BufferType::HttpRequestBody => {
+                self.request_reads.set(self.request_reads.get() + 1);
+                self.request_body.as_ref()
+            }
             BufferType::HttpResponseBody => self.response_body.as_ref(),
             _ => None,
         }?;
@@ -95,8 +111,10 @@ impl Proxy for FakeProxy {
             .unwrap_or_else(|| panic!("set_buffer on {buffer:?}, which this hook does not have"));
         if start == 0 {
             assert!(size <= body.len(), "drained past the end");
+            let bare = size > 0 && data.is_empty();
             body.drain(..size);
             body.splice(0..0, data.iter().copied());
+            self.bare_drains += usize::from(bare);
         } else {
             assert!(
                 start >= body.len(),
@@ -144,6 +162,16 @@ impl Proxy for FakeProxy {
         })
     }
 
+    fn define_gauge(&mut self, name: &str) -> u32 {
+        self.define_counter(name)
+    }
+
+    fn raise_gauge(&mut self, id: u32, value: u64) {
+        let name = NAMES.with(|names| names.borrow()[id as usize].clone());
+        let held = self.counts.entry(name).or_default();
+        *held = (*held).max(value);
+    }
+
     fn increment(&mut self, id: u32, value: u64) {
         let name = NAMES.with(|names| names.borrow()[id as usize].clone());
         *self.counts.entry(name).or_default() += value;
@@ -163,10 +191,16 @@ pub struct Simulated {
 }
 
 impl Simulated {
-    /// A new stream under this configuration.
+    /// A new stream under this configuration, its request head held until the guard has judged
+    /// the body (an Envoy with `allow_on_headers_stop_iteration`).
     pub fn new(config: &Config) -> Self {
+        Self::with_head(config, RequestHead::Held)
+    }
+
+    /// A new stream under this configuration, its request head held or forwarded at once.
+    pub fn with_head(config: &Config, head: RequestHead) -> Self {
         Self {
-            stream: Stream::new(config, FakeProxy::default()),
+            stream: Stream::new(config, head, FakeProxy::default()),
             buffering_request: false,
         }
     }
@@ -191,7 +225,19 @@ impl Simulated {
                         .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
                 )
                 .collect();
-        self.stream.on_request_headers(end_of_stream)
+        let action = self.stream.on_request_headers(end_of_stream);
+        if action == Action::Continue {
+            self.send_head();
+        }
+        action
+    }
+
+    /// The request head goes upstream as it now is, unless the plugin answered or reset.
+    fn send_head(&mut self) {
+        let fake = self.fake();
+        if fake.upstream_head.is_none() && fake.sent.is_none() && !fake.reset {
+            fake.upstream_head = Some(fake.request_headers.clone());
+        }
     }
 
     /// A request chunk: added to the buffered body first if the plugin paused before; on
@@ -220,6 +266,9 @@ impl Simulated {
     }
 
     fn after_request(&mut self, action: Action) {
+        if action == Action::Continue {
+            self.send_head();
+        }
         let fake = self.stream.proxy();
         match action {
             Action::Continue => {

@@ -11,7 +11,7 @@
 //!   add to, so bytes held at the end of the body cannot go out before the trailers: the stream
 //!   is reset instead ([`Host::append_body`] refuses).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 use bypass_marker::metrics::Counter;
 use bypass_marker::stream::{Body, Headers, Host, Level};
@@ -27,8 +27,9 @@ pub enum Hook {
     RequestHeaders,
     /// A request body hook, with the size Envoy gave it.
     RequestBody(usize),
-    /// A request trailers hook.
-    RequestTrailers,
+    /// A request trailers hook, with the length of the request body Envoy holds (from the last
+    /// body hook).
+    RequestTrailers(usize),
     /// A response headers hook.
     ResponseHeaders,
     /// A response body hook, with the size Envoy gave it.
@@ -44,11 +45,14 @@ type HeaderList = Vec<(String, Vec<u8>)>;
 
 /// One stream's view of Envoy during one hook.
 #[derive(Debug)]
-pub struct WasmHost<'a, P> {
+pub struct WasmHost<'a, P: Proxy> {
     proxy: &'a mut P,
     hook: Hook,
-    /// The length of the hook's body buffer, as changed by this hook; `None` until known.
-    len: Cell<Option<usize>>,
+    /// The length of the hook's body buffer, as changed by this hook (0 where it has none).
+    len: usize,
+    /// A drain of the whole body buffer not made yet: the next append replaces the body in one
+    /// `set_buffer` call; if none comes, the drain is made when the hook ends.
+    drained: Option<(BufferType, usize)>,
     /// The headers of the hook's map, read once per hook (until the hook sets one).
     headers: RefCell<Option<(MapType, HeaderList)>>,
 }
@@ -57,14 +61,27 @@ impl<'a, P: Proxy> WasmHost<'a, P> {
     /// The host of one hook.
     pub fn new(proxy: &'a mut P, hook: Hook) -> Self {
         let len = match hook {
-            Hook::RequestBody(n) | Hook::ResponseBody(n) => Some(n),
-            _ => None,
+            Hook::RequestBody(n) | Hook::ResponseBody(n) | Hook::RequestTrailers(n) => n,
+            _ => 0,
         };
         Self {
             proxy,
             hook,
-            len: Cell::new(len),
+            len,
+            drained: None,
             headers: RefCell::new(None),
+        }
+    }
+
+    /// The length of the hook's body buffer now.
+    pub fn buffer_len(&self) -> usize {
+        self.len
+    }
+
+    /// Makes a pending drain of the whole buffer.
+    fn flush_drain(&mut self) {
+        if let Some((buffer, n)) = self.drained.take() {
+            self.proxy.set_buffer(buffer, 0, n, &[]);
         }
     }
 
@@ -80,7 +97,7 @@ impl<'a, P: Proxy> WasmHost<'a, P> {
         match (body, self.hook) {
             (
                 Body::ReceivedRequest | Body::BufferedRequest,
-                Hook::RequestBody(_) | Hook::RequestTrailers,
+                Hook::RequestBody(_) | Hook::RequestTrailers(_),
             ) => Some(BufferType::HttpRequestBody),
             (Body::ReceivedResponse, Hook::ResponseBody(_)) => Some(BufferType::HttpResponseBody),
             _ => None,
@@ -105,16 +122,19 @@ impl<'a, P: Proxy> WasmHost<'a, P> {
         f(cache.as_ref().map_or(&[][..], |(_, list)| list))
     }
 
-    /// The length of a body buffer, asked of Envoy once per hook where the hook did not say.
-    fn len_of(&self, buffer: BufferType) -> usize {
-        match self.len.get() {
-            Some(n) => n,
-            None => {
-                let n = self.proxy.get_buffer(buffer, 0).map_or(0, |b| b.len());
-                self.len.set(Some(n));
-                n
-            }
+    /// The body buffer's bytes, copied into the VM by Envoy (the one copy the plugin makes).
+    fn read(&self, body: Body) -> Option<Vec<u8>> {
+        match self.buffer(body) {
+            Some(buffer) if self.len > 0 => self.proxy.get_buffer(buffer, 0),
+            _ => None,
         }
+    }
+}
+
+impl<P: Proxy> Drop for WasmHost<'_, P> {
+    fn drop(&mut self) {
+        // A drain with nothing appended after it: made before the hook returns to Envoy.
+        self.flush_drain();
     }
 }
 
@@ -154,30 +174,36 @@ impl<P: Proxy> Host for WasmHost<'_, P> {
     }
 
     fn body_len(&self, body: Body) -> usize {
-        self.buffer(body).map_or(0, |buffer| self.len_of(buffer))
+        self.buffer(body).map_or(0, |_| self.len)
     }
 
     fn with_body<R>(&self, body: Body, f: impl FnOnce(&[&[u8]]) -> R) -> R {
-        let bytes = match (self.buffer(body), self.len.get()) {
-            (None, _) | (_, Some(0)) => None,
-            (Some(buffer), _) => self.proxy.get_buffer(buffer, 0),
-        };
-        match &bytes {
+        match self.read(body) {
             Some(bytes) if !bytes.is_empty() => f(&[bytes.as_slice()]),
             _ => f(&[]),
         }
+    }
+
+    fn body_bytes(&self, body: Body) -> bytes::Bytes {
+        // Envoy's copy into the VM is the buffer judged: not copied again.
+        self.read(body).map(bytes::Bytes::from).unwrap_or_default()
     }
 
     fn drain_body(&mut self, body: Body, n: usize) -> bool {
         let Some(buffer) = self.buffer(body) else {
             return false;
         };
-        let len = self.len_of(buffer);
-        if n > len {
+        if n > self.len {
             return false;
         }
-        self.proxy.set_buffer(buffer, 0, n, &[]);
-        self.len.set(Some(len - n));
+        if n == self.len && self.drained.is_none() {
+            // The whole buffer: left for the append that replaces it, in one call.
+            self.drained = Some((buffer, n));
+        } else {
+            self.flush_drain();
+            self.proxy.set_buffer(buffer, 0, n, &[]);
+        }
+        self.len -= n;
         true
     }
 
@@ -185,9 +211,16 @@ impl<P: Proxy> Host for WasmHost<'_, P> {
         let Some(buffer) = self.buffer(body) else {
             return false;
         };
-        let len = self.len_of(buffer);
-        self.proxy.set_buffer(buffer, len, 0, data);
-        self.len.set(Some(len + data.len()));
+        match self.drained.take() {
+            // From 0, Envoy drains `n` bytes and puts the data in front: the body replaced.
+            Some((drained, n)) if drained == buffer => self.proxy.set_buffer(buffer, 0, n, data),
+            pending => {
+                self.drained = pending;
+                self.flush_drain();
+                self.proxy.set_buffer(buffer, self.len, 0, data);
+            }
+        }
+        self.len += data.len();
         true
     }
 
@@ -196,11 +229,13 @@ impl<P: Proxy> Host for WasmHost<'_, P> {
             .iter()
             .filter_map(|(name, value)| Some((*name, std::str::from_utf8(value).ok()?)))
             .collect();
+        self.flush_drain();
         self.proxy.send_response(u32::from(status), &headers, body);
     }
 
     fn reset_stream(&mut self, _details: &str) {
         let response = self.is_response();
+        self.flush_drain();
         self.proxy.reset(response);
     }
 

@@ -11,6 +11,7 @@
 //!     config:
 //!       name: bypass_marker
 //!       failure_policy: FAIL_RELOAD      # a trapped plugin fails its streams, then reloads
+//!       allow_on_headers_stop_iteration: true  # the request head waits for the guard
 //!       configuration:
 //!         "@type": type.googleapis.com/google.protobuf.StringValue
 //!         value: '{"preset": "dynamo"}'
@@ -20,8 +21,11 @@
 //! ```
 //!
 //! The `configuration` is the dynamic module's `filter_config`, read by the same parser
-//! ([`bypass_marker::config`]); a bad one stops the plugin from starting, with a log line that
-//! names the key. Each stream drives the module's per-stream adapter
+//! ([`bypass_marker::config`]), with the plugin's own keys `request-head` and `build`
+//! ([`plugin::parse`]); a bad one stops the plugin from starting, with a log line that names the
+//! key. The request head waits until the guard has judged the body, which needs Envoy's
+//! `allow_on_headers_stop_iteration` (Envoy 1.35 and later); where a gateway cannot set it, the
+//! configuration says `"request-head": "forwarded"` (docs/envoy.md, "Holding the request head"). Each stream drives the module's per-stream adapter
 //! ([`bypass_marker::stream::StreamFilter`], over `tower_bypass_marker::sans_io::GatewayExchange`), so
 //! the plugin, the module and `bypass-marker ext-proc` answer the same input with the same bytes.
 //! The layers: [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes

@@ -5,7 +5,7 @@
 //! `meshConfig.defaultConfig.extraStatTags`), and `/stats/prometheus` shows
 //! `bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use bypass_marker::metrics::Counter;
@@ -51,4 +51,37 @@ pub fn increment(proxy: &mut impl Proxy, counter: Counter, label: &str, value: u
         }
     };
     proxy.increment(id, value);
+}
+
+/// The gauge of the plugin's VM memory: the bytes of the largest plugin VM's linear memory, which
+/// never shrinks (each worker's VM keeps its high-water mark; docs/envoy.md, "The plugin's
+/// memory").
+pub const VM_MEMORY: &str = "bypass_marker_vm_memory_bytes";
+
+thread_local! {
+    /// The gauge's id once defined, and the most this VM has reported.
+    static MEMORY: Cell<(Option<u32>, u64)> = const { Cell::new((None, 0)) };
+}
+
+/// The bytes of this VM's linear memory (0 off wasm32: the host tests).
+pub fn vm_memory() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        (core::arch::wasm32::memory_size(0) as u64) * 65536
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        0
+    }
+}
+
+/// Reports this VM's memory if it grew since the last report: one host call per growth.
+pub fn report_memory(proxy: &mut impl Proxy, bytes: u64) {
+    let (id, reported) = MEMORY.with(Cell::get);
+    if bytes <= reported {
+        return;
+    }
+    let id = id.unwrap_or_else(|| proxy.define_gauge(VM_MEMORY));
+    proxy.raise_gauge(id, bytes);
+    MEMORY.with(|memory| memory.set((Some(id), bytes)));
 }

@@ -4,22 +4,112 @@
 use std::rc::Rc;
 
 use bypass_marker::config::Config;
+use bypass_marker::stream::RequestHead;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
+use serde_json::{Map, Value};
 
 use crate::proxy::{Hostcalls, Proxy};
 use crate::stream::Stream;
 
-/// The root context of one plugin configuration.
-#[derive(Debug, Default)]
-pub struct Root {
-    config: Option<Rc<Config>>,
+/// The largest `max-body` the plugin takes: 512 MiB. A request body being judged is held in the
+/// worker's VM (one copy; a rewrite is made of its pieces), and Envoy's V8 does not grow a VM to
+/// hold a body of 1 GiB: measured with tests/envoy/wasm_memory.sh in Envoy 1.40.0, a 512 MiB body
+/// is judged with the VM at 513 MiB, and a 1 GiB body traps the VM (Envoy's 503), which fails
+/// every stream of that worker.
+pub const MAX_BODY_LIMIT: u64 = 512 << 20;
+
+/// Which build this is: `None` for the release build, else the name of a test or benchmark build
+/// (the cargo feature it was built with), which starts only where the configuration names it
+/// (`"build": "<name>"`).
+pub const BUILD: Option<&str> = if cfg!(feature = "test-panic") {
+    Some("test-panic")
+} else if cfg!(feature = "floor-call") {
+    Some("floor-call")
+} else if cfg!(feature = "floor-read") {
+    Some("floor-read")
+} else {
+    None
+};
+
+/// A plugin configuration read: the module's configuration, and where the request head waits.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// The keys the plugin shares with the dynamic module (its `filter_config`).
+    pub config: Config,
+    /// `request-head`: held until the guard has judged the body (the default; Envoy's
+    /// `allow_on_headers_stop_iteration: true` must be set in the plugin's Envoy configuration),
+    /// or forwarded at once (`"forwarded"`, for an Envoy whose configuration cannot reach that
+    /// setting: the body is still judged whole before any byte of it goes on, but a refused
+    /// request's head has reached the upstream, and a shortened body is padded with spaces to the
+    /// `content-length` already sent).
+    pub head: RequestHead,
 }
 
-/// Reads a plugin configuration: the module's `filter_config` JSON. A refused one is logged at
-/// `error` with the key at fault, and the plugin does not start (`on_configure` answers false).
-pub fn configure(proxy: &mut impl Proxy, text: &[u8]) -> Option<Config> {
-    match Config::parse(text) {
+/// Reads a plugin configuration: the module's `filter_config` JSON, plus the plugin's own keys
+/// `request-head` and `build`. Errors name the key as the user wrote it in Envoy's
+/// `configuration`.
+pub fn parse(text: &[u8]) -> Result<PluginConfig, String> {
+    let mut object = if text.iter().all(u8::is_ascii_whitespace) {
+        Map::new()
+    } else {
+        match serde_json::from_slice::<Value>(text) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => return Err("configuration: must be a JSON object".to_owned()),
+            Err(err) => return Err(format!("configuration: not JSON: {err}")),
+        }
+    };
+    let head = match object.remove("request-head") {
+        None => RequestHead::Held,
+        Some(Value::String(v)) if v == "held" => RequestHead::Held,
+        Some(Value::String(v)) if v == "forwarded" => RequestHead::Forwarded,
+        Some(other) => {
+            return Err(format!(
+                "configuration field \"request-head\": {other} is not \"held\" (the default, which \
+                 needs allow_on_headers_stop_iteration: true beside the plugin's configuration) \
+                 or \"forwarded\""
+            ))
+        }
+    };
+    let build = object.remove("build");
+    match (BUILD, &build) {
+        (None, None) => {}
+        (Some(name), Some(Value::String(asked))) if asked == name => {}
+        (Some(name), _) => {
+            return Err(format!(
+                "configuration field \"build\": this plugin is the {name} build, for tests and \
+                 benchmarks only; it starts only where the configuration says \"build\": \"{name}\""
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(
+                "configuration field \"build\": this plugin is the release build, which \
+                        takes no \"build\" key"
+                    .to_owned(),
+            )
+        }
+    }
+    if let Some(n) = object.get("max-body").and_then(Value::as_u64) {
+        if n > MAX_BODY_LIMIT {
+            return Err(format!(
+                "configuration field \"max-body\": {n} bytes is more than one plugin VM can hold; \
+                 at most {MAX_BODY_LIMIT} (512 MiB: each body being judged lives in the worker's \
+                 VM, which Envoy's V8 does not grow to 1 GiB)"
+            ));
+        }
+    }
+    let shared = serde_json::to_vec(&Value::Object(object)).unwrap_or_default();
+    let config = Config::parse(&shared).map_err(|err| match err.key() {
+        Some(key) => format!("configuration field \"{key}\": {}", err.message()),
+        None => format!("configuration: {}", err.message()),
+    })?;
+    Ok(PluginConfig { config, head })
+}
+
+/// Reads a plugin configuration ([`parse`]). A refused one is logged at `error` with the key at
+/// fault, and the plugin does not start (`on_configure` answers false).
+pub fn configure(proxy: &mut impl Proxy, text: &[u8]) -> Option<PluginConfig> {
+    match parse(text) {
         Ok(config) => Some(config),
         Err(err) => {
             proxy.log(
@@ -29,6 +119,12 @@ pub fn configure(proxy: &mut impl Proxy, text: &[u8]) -> Option<Config> {
             None
         }
     }
+}
+
+/// The root context of one plugin configuration.
+#[derive(Debug, Default)]
+pub struct Root {
+    config: Option<Rc<PluginConfig>>,
 }
 
 impl Context for Root {}
@@ -42,7 +138,11 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.as_ref()?;
-        Some(Box::new(Http(Stream::new(config, Hostcalls))))
+        Some(Box::new(Http(Stream::new(
+            &config.config,
+            config.head,
+            Hostcalls,
+        ))))
     }
 
     fn get_type(&self) -> Option<ContextType> {

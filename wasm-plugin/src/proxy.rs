@@ -25,6 +25,11 @@ pub trait Proxy {
     fn reset(&mut self, response: bool);
     /// Defines a counter by name; its id.
     fn define_counter(&mut self, name: &str) -> u32;
+    /// Defines a gauge by name; its id.
+    fn define_gauge(&mut self, name: &str) -> u32;
+    /// Sets a gauge to `value` if that is more than it holds (every worker's VM writes the same
+    /// gauge: it shows the largest).
+    fn raise_gauge(&mut self, id: u32, value: u64);
     /// Adds to a counter.
     fn increment(&mut self, id: u32, value: u64);
     /// Writes a line to Envoy's log.
@@ -68,17 +73,26 @@ impl Proxy for Hostcalls {
     }
 
     fn define_counter(&mut self, name: &str) -> u32 {
+        // Envoy answers a refusal with a status the crate turns into a panic: there is no error
+        // to map here.
         proxy_wasm::hostcalls::define_metric(proxy_wasm::types::MetricType::Counter, name)
-            .unwrap_or(u32::MAX)
+            .unwrap_or_default()
+    }
+
+    fn define_gauge(&mut self, name: &str) -> u32 {
+        proxy_wasm::hostcalls::define_metric(proxy_wasm::types::MetricType::Gauge, name)
+            .unwrap_or_default()
+    }
+
+    fn raise_gauge(&mut self, id: u32, value: u64) {
+        if proxy_wasm::hostcalls::get_metric(id).is_ok_and(|held| held < value) {
+            let _ = proxy_wasm::hostcalls::record_metric(id, value);
+        }
     }
 
     fn increment(&mut self, id: u32, value: u64) {
-        if id != u32::MAX {
-            let _ = proxy_wasm::hostcalls::increment_metric(
-                id,
-                i64::try_from(value).unwrap_or(i64::MAX),
-            );
-        }
+        let _ =
+            proxy_wasm::hostcalls::increment_metric(id, i64::try_from(value).unwrap_or(i64::MAX));
     }
 
     fn log(&mut self, level: LogLevel, message: &str) {

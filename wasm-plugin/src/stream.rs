@@ -13,13 +13,19 @@ use crate::proxy::Proxy;
 pub struct Stream<P> {
     filter: StreamFilter,
     proxy: P,
+    /// The request body Envoy holds for the plugin: the size the last request body hook was
+    /// given while the plugin paused (Envoy's buffered body, which a trailers hook then reads),
+    /// so that the trailers hook need not copy the body into the VM to learn its length.
+    request_held: usize,
 }
 
 fn headers(status: HeadersStatus) -> Action {
     match status {
         HeadersStatus::Continue => Action::Continue,
-        // Envoy's proxy-wasm turns this into StopAllIterationAndWatermark (the plugin has replied
-        // or reset the stream by then; its body hooks are not needed).
+        // Envoy (1.35 and later) turns this into StopIteration where the plugin's configuration
+        // sets `allow_on_headers_stop_iteration: true`: the head waits, and the body hooks go on.
+        // Without that setting Envoy makes it StopAllIterationAndWatermark, and the body hooks of
+        // a head held for the guard never come (docs/envoy.md, "Holding the request head").
         HeadersStatus::StopIteration => Action::Pause,
     }
 }
@@ -41,13 +47,14 @@ fn trailers(status: TrailersStatus) -> Action {
 }
 
 impl<P: Proxy> Stream<P> {
-    /// A stream under this configuration. The request's head goes on before its body
-    /// ([`RequestHead::Forwarded`]): a proxy-wasm headers hook that stops also stops the body
-    /// hooks.
-    pub fn new(config: &Config, proxy: P) -> Self {
+    /// A stream under this configuration, its request head held until the guard has judged the
+    /// body ([`RequestHead::Held`], which needs Envoy's `allow_on_headers_stop_iteration`) or
+    /// passed on at once ([`RequestHead::Forwarded`]).
+    pub fn new(config: &Config, head: RequestHead, proxy: P) -> Self {
         Self {
-            filter: StreamFilter::with_request_head(config, RequestHead::Forwarded),
+            filter: StreamFilter::with_request_head(config, head),
             proxy,
+            request_held: 0,
         }
     }
 
@@ -65,12 +72,17 @@ impl<P: Proxy> Stream<P> {
     /// `on_http_request_body`.
     pub fn on_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let mut host = WasmHost::new(&mut self.proxy, Hook::RequestBody(body_size));
-        body(self.filter.on_request_body(&mut host, end_of_stream))
+        let action = body(self.filter.on_request_body(&mut host, end_of_stream));
+        self.request_held = match action {
+            Action::Pause => host.buffer_len(),
+            _ => 0,
+        };
+        action
     }
 
     /// `on_http_request_trailers`.
     pub fn on_request_trailers(&mut self) -> Action {
-        let mut host = WasmHost::new(&mut self.proxy, Hook::RequestTrailers);
+        let mut host = WasmHost::new(&mut self.proxy, Hook::RequestTrailers(self.request_held));
         trailers(self.filter.on_request_trailers(&mut host))
     }
 
@@ -96,5 +108,7 @@ impl<P: Proxy> Stream<P> {
     pub fn on_done(&mut self) {
         let mut host = WasmHost::new(&mut self.proxy, Hook::Done);
         self.filter.on_stream_complete(&mut host);
+        drop(host);
+        crate::metrics::report_memory(&mut self.proxy, crate::metrics::vm_memory());
     }
 }

@@ -3,6 +3,7 @@
 
 use bypass_marker::config::Config;
 use bypass_marker::metrics::Counter;
+use bypass_marker::stream::{LogLimit, RequestHead};
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
@@ -31,6 +32,24 @@ fn tower(requested: &[&str], body: &[u8]) -> Vec<u8> {
 
 fn dynamo() -> Config {
     Config::parse(b"").unwrap()
+}
+
+/// A plugin configuration as this build must be given it: a test build (`--all-features` makes
+/// one) starts only where the configuration names it.
+fn plugin_config(json: &str) -> Vec<u8> {
+    let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
+    if let Some(build) = crate::plugin::BUILD {
+        value["build"] = serde_json::json!(build);
+    }
+    serde_json::to_vec(&value).unwrap()
+}
+
+/// The request head as the upstream got it: its content-length.
+fn upstream_length(d: &mut Simulated) -> Option<Vec<u8>> {
+    let head = d.fake().upstream_head.clone()?;
+    head.into_iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v)
 }
 
 #[test]
@@ -73,14 +92,19 @@ fn one_byte_chunks_and_an_opted_in_client() {
             ],
             false
         ),
-        Action::Continue,
-        "the request head goes on before the body"
+        Action::Pause,
+        "the request head waits for the guard"
     );
+    assert!(d.fake().upstream_head.is_none());
     assert_eq!(d.request_chunk(json, true), Action::Continue);
-    // The router-owned name goes from the request; the client's opt-in to it stands.
+    // The router-owned name goes from the request; the client's opt-in to it stands. The head
+    // goes on with the new body's length: no padding.
     let spliced = br#"{"model":"m","stream":true,"nvext":{"annotations":["request_id"]}}"#;
-    let padded = [&spliced[..], &vec![b' '; json.len() - spliced.len()]].concat();
-    assert_eq!(d.fake().upstream, padded);
+    assert_eq!(d.fake().upstream, spliced);
+    assert_eq!(
+        upstream_length(&mut d),
+        Some(spliced.len().to_string().into_bytes())
+    );
     d.sse();
     for byte in &body {
         assert_eq!(d.response_chunk(&[*byte], false), Action::Continue);
@@ -129,12 +153,13 @@ fn json_responses_pass_untouched() {
 }
 
 #[test]
-fn router_owned_names_are_spliced_and_padded_to_the_content_length_sent() {
+fn a_held_head_goes_on_with_the_spliced_bodys_content_length_and_no_padding() {
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    let spliced = br#"{"model":"m","nvext":{"annotations":["request_id"]}}"#;
     for pieces in [1, 2, 7, json.len()] {
         let mut d = Simulated::new(&dynamo());
         let len = json.len().to_string();
-        d.request(
+        let head = d.request(
             "POST",
             &[
                 ("content-type", "application/json"),
@@ -142,10 +167,16 @@ fn router_owned_names_are_spliced_and_padded_to_the_content_length_sent() {
             ],
             false,
         );
+        assert_eq!(head, Action::Pause, "the head waits for the guard");
         let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
         for (i, chunk) in chunks.iter().enumerate() {
             let last = i + 1 == chunks.len();
             let action = d.request_chunk(chunk, last);
+            assert_eq!(
+                d.fake().upstream_head.is_some(),
+                last,
+                "{pieces} pieces, chunk {i}"
+            );
             assert_eq!(
                 action,
                 if last {
@@ -154,6 +185,34 @@ fn router_owned_names_are_spliced_and_padded_to_the_content_length_sent() {
                     Action::Pause
                 }
             );
+        }
+        assert_eq!(d.fake().upstream, spliced, "{pieces} pieces");
+        assert_eq!(
+            upstream_length(&mut d),
+            Some(spliced.len().to_string().into_bytes()),
+            "{pieces} pieces: the content-length is the spliced body's"
+        );
+    }
+}
+
+#[test]
+fn a_forwarded_head_keeps_its_content_length_and_the_body_is_padded_to_it() {
+    let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    for pieces in [1, 2, 7, json.len()] {
+        let mut d = Simulated::with_head(&dynamo(), RequestHead::Forwarded);
+        let len = json.len().to_string();
+        let head = d.request(
+            "POST",
+            &[
+                ("content-type", "application/json"),
+                ("content-length", &len),
+            ],
+            false,
+        );
+        assert_eq!(head, Action::Continue, "the head goes on at once");
+        let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            d.request_chunk(chunk, i + 1 == chunks.len());
         }
         let upstream = d.fake().upstream.clone();
         assert_eq!(
@@ -171,11 +230,32 @@ fn router_owned_names_are_spliced_and_padded_to_the_content_length_sent() {
             "{}",
             String::from_utf8_lossy(&upstream)
         );
-        assert_eq!(
-            d.fake().header_value("content-length"),
-            Some(len.into_bytes())
-        );
+        assert_eq!(upstream_length(&mut d), Some(len.into_bytes()));
     }
+}
+
+#[test]
+fn a_spliced_body_replaces_the_old_in_the_same_set_buffer_call() {
+    // The drain of the old body and the first piece of the new one are one `set_buffer` call
+    // (from 0: drain, then put in front); each further piece of the spliced body is appended.
+    let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill"]}}"#;
+    let mut d = Simulated::new(&dynamo());
+    d.request("POST", &[("content-type", "application/json")], false);
+    d.request_chunk(json, true);
+    assert_eq!(d.fake().bare_drains, 0, "a drain of its own");
+    assert!(d.fake().request_writes >= 1);
+    assert_eq!(
+        d.fake().upstream,
+        br#"{"model":"m","nvext":{"annotations":[]}}"#
+    );
+    // A response chunk rebuilt around a marker in its middle: one call.
+    let mut d = Simulated::new(&dynamo());
+    d.request("GET", &[], true);
+    d.sse();
+    d.response_chunk(&[DATA, MARKER, DATA].concat(), false);
+    assert_eq!(d.fake().response_writes, 1);
+    assert_eq!(d.fake().bare_drains, 0);
+    assert_eq!(d.fake().client, DATA.repeat(2));
 }
 
 #[test]
@@ -185,7 +265,13 @@ fn a_chunked_request_is_spliced_without_padding_and_trailers_end_it() {
     d.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(d.request_chunk(&json[..10], false), Action::Pause);
     assert_eq!(d.request_chunk(&json[10..], false), Action::Pause);
+    let reads = d.fake().request_reads.get();
     assert_eq!(d.request_trailers(), Action::Continue);
+    assert_eq!(
+        d.fake().request_reads.get(),
+        reads + 1,
+        "the trailers hook reads the body once, to judge it, not to learn its length"
+    );
     assert_eq!(
         d.fake().upstream,
         br#"{"model":"m","nvext":{"annotations":[]}}"#
@@ -216,7 +302,8 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert_eq!(d.request_chunk(b"\"0123456789\"}", true), Action::Pause);
     assert_eq!(d.fake().sent.as_ref().map(|s| s.0), Some(413));
     assert!(d.fake().upstream.is_empty());
-    // 400 for a body that is not JSON; 415 for a JSON-looking body of another type.
+    assert!(d.fake().upstream_head.is_none());
+    // 400 for a body that is not JSON.
     let mut d = Simulated::new(&config);
     d.request("POST", &[("content-type", "application/json")], false);
     d.request_chunk(b"{\"a\":", true);
@@ -224,13 +311,77 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("invalid_json"));
     assert!(d.fake().upstream.is_empty());
+    assert!(d.fake().upstream_head.is_none(), "not even the head");
     assert_eq!(d.fake().count(Counter::RequestsRefused, "400"), 1);
+    // 415 for a JSON body the guard cannot read (encoded), at the head.
+    let mut d = Simulated::new(&config);
+    let head = d.request(
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        false,
+    );
+    assert_eq!(head, Action::Pause);
+    let (status, body) = d.fake().sent.clone().unwrap();
+    assert_eq!(status, 415);
+    assert!(String::from_utf8_lossy(&body).contains("unsupported_content_encoding"));
+    assert!(d.fake().upstream_head.is_none());
+    // The refusals' log lines: the first of this configuration at info; the later ones within
+    // the minute are counted, not logged.
+    let mut d = Simulated::new(&config);
+    d.request("POST", &[("content-type", "application/json")], false);
+    d.request_chunk(b"{\"a\":", true);
+    assert!(d.fake().logs.is_empty(), "{:?}", d.fake().logs);
+    let config = Config::parse(br#"{"max-body": 16}"#).unwrap();
+    let mut d = Simulated::new(&config);
+    d.request("POST", &[("content-type", "application/json")], false);
+    d.request_chunk(b"{\"a\":", true);
     assert!(d
         .fake()
         .logs
         .iter()
         .any(|(level, line)| *level == LogLevel::Info
             && line.starts_with("bypass_marker: refused a request with 400")));
+}
+
+#[test]
+fn refusal_lines_go_at_most_once_a_minute_with_the_count_held_back() {
+    let limit = LogLimit::new(60);
+    assert_eq!(limit.admit(1000), Some(0));
+    assert_eq!(limit.admit(1000), None);
+    assert_eq!(limit.admit(1059), None);
+    assert_eq!(limit.admit(1060), Some(2));
+    assert_eq!(limit.admit(1061), None);
+}
+
+#[test]
+fn a_refused_request_never_reaches_the_upstream_not_even_its_head() {
+    let config = Config::parse(br#"{"max-body": 64}"#).unwrap();
+    let cases: [(&str, &[&[u8]]); 4] = [
+        ("invalid JSON", &[b"{\"model\":"]),
+        (
+            "a duplicate nvext",
+            &[br#"{"nvext":{},"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#],
+        ),
+        ("over max-body in one chunk", &[&[b' '; 65]]),
+        ("over max-body in pieces", &[&[b' '; 40], &[b' '; 40]]),
+    ];
+    for (what, chunks) in cases {
+        let mut d = Simulated::new(&config);
+        d.request("POST", &[("content-type", "application/json")], false);
+        for (i, chunk) in chunks.iter().enumerate() {
+            d.request_chunk(chunk, i + 1 == chunks.len());
+        }
+        let status = d.fake().sent.as_ref().map(|s| s.0);
+        assert!(matches!(status, Some(400 | 413)), "{what}: {status:?}");
+        assert!(
+            d.fake().upstream_head.is_none(),
+            "{what}: the head went upstream"
+        );
+        assert!(d.fake().upstream.is_empty(), "{what}");
+    }
 }
 
 #[test]
@@ -283,6 +434,11 @@ fn a_frame_over_the_limit_resets_the_stream() {
     d.response_chunk(b"data: ", false);
     d.response_chunk(&big, false);
     assert!(d.fake().reset);
+    assert!(
+        d.fake().client.is_empty(),
+        "the client received nothing of the open frame: {} bytes",
+        d.fake().client.len()
+    );
     assert!(d
         .fake()
         .logs
@@ -298,12 +454,64 @@ fn a_bad_configuration_is_refused_with_a_line_naming_the_key() {
         (br#"{"sdk_safe": true}"#, "sdk_safe"),
     ] {
         let mut fake = FakeProxy::default();
-        assert!(crate::plugin::configure(&mut fake, text).is_none());
+        let text = plugin_config(std::str::from_utf8(text).unwrap());
+        assert!(crate::plugin::configure(&mut fake, &text).is_none());
         let (level, line) = &fake.logs[0];
         assert_eq!(*level, LogLevel::Error);
-        assert!(line.contains(&format!("field \"{key}\"")), "{line}");
+        // Named as the user wrote it: in Envoy's `configuration`, not the module's filter_config.
+        assert!(
+            line.contains(&format!("configuration field \"{key}\""))
+                && !line.contains("filter_config"),
+            "{line}"
+        );
     }
-    assert!(crate::plugin::configure(&mut FakeProxy::default(), b"").is_some());
+    let config = crate::plugin::parse(&plugin_config("{}")).unwrap();
+    assert_eq!(
+        config.head,
+        RequestHead::Held,
+        "the head is held by default"
+    );
+    let config = crate::plugin::parse(&plugin_config(r#"{"request-head": "forwarded"}"#)).unwrap();
+    assert_eq!(config.head, RequestHead::Forwarded);
+    let err = crate::plugin::parse(&plugin_config(r#"{"request-head": "late"}"#)).unwrap_err();
+    assert!(
+        err.starts_with("configuration field \"request-head\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn max_body_is_capped_at_what_one_vm_can_hold() {
+    let limit = crate::plugin::MAX_BODY_LIMIT;
+    let ok = crate::plugin::parse(&plugin_config(&format!(r#"{{"max-body": {limit}}}"#))).unwrap();
+    assert_eq!(ok.config.guard().max_body() as u64, limit);
+    for n in [limit + 1, 1 << 30, 4 << 30, 1 << 40] {
+        let err =
+            crate::plugin::parse(&plugin_config(&format!(r#"{{"max-body": {n}}}"#))).unwrap_err();
+        assert!(
+            err.starts_with("configuration field \"max-body\"")
+                && err.contains("more than one plugin VM can hold"),
+            "{n}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_build_starts_only_where_the_configuration_names_it() {
+    match crate::plugin::BUILD {
+        None => {
+            assert!(crate::plugin::parse(b"{}").is_ok());
+            let err = crate::plugin::parse(br#"{"build": "test-panic"}"#).unwrap_err();
+            assert!(err.contains("release build"), "{err}");
+        }
+        Some(build) => {
+            let err = crate::plugin::parse(b"{}").unwrap_err();
+            assert!(err.contains(&format!("the {build} build")), "{err}");
+            let other = crate::plugin::parse(br#"{"build": "other"}"#).unwrap_err();
+            assert!(other.contains(&format!("the {build} build")), "{other}");
+            assert!(crate::plugin::parse(&plugin_config("{}")).is_ok());
+        }
+    }
 }
 
 #[test]
@@ -316,4 +524,18 @@ fn metric_names_carry_the_label_as_istio_does() {
         metric_name(Counter::RequestsRefused, "413"),
         "status=.=413;.;bypass_marker_requests_refused"
     );
+}
+
+#[test]
+fn the_vm_memory_gauge_is_reported_when_it_grows_and_only_then() {
+    let mut fake = FakeProxy::default();
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    crate::metrics::report_memory(&mut fake, 1 << 19);
+    assert_eq!(fake.counts.get(crate::metrics::VM_MEMORY), Some(&(1 << 20)));
+    let mut fake = FakeProxy::default();
+    crate::metrics::report_memory(&mut fake, 1 << 20);
+    assert!(fake.counts.is_empty(), "no growth, no host call");
+    crate::metrics::report_memory(&mut fake, 2 << 20);
+    assert_eq!(fake.counts.get(crate::metrics::VM_MEMORY), Some(&(2 << 20)));
 }
