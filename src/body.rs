@@ -202,6 +202,15 @@ impl<B> BypassMarkerBody<B> {
     }
 }
 
+/// An empty passthrough body over `B::default()`: what a layer outside this one (tower-http's
+/// `TimeoutLayer`, `CorsLayer`, `RequestBodyLimitLayer`, ...) answers with when it builds its own
+/// response with `ResBody::default()`, so that such a layer composes in a `ServiceBuilder`.
+impl<B: Default> Default for BypassMarkerBody<B> {
+    fn default() -> Self {
+        Self::passthrough(B::default())
+    }
+}
+
 impl<B: fmt::Debug> fmt::Debug for BypassMarkerBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BypassMarkerBody")

@@ -40,6 +40,14 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// The inner body's default, passed through: for layers outside the guard that build their own
+/// response with `ResBody::default()` (tower-http's `TimeoutLayer`, `CorsLayer`, ...).
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::service(B::default())
+    }
+}
+
 impl<B: std::fmt::Debug> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner {
