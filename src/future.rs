@@ -76,7 +76,7 @@ where
                         }
                         let json = encoded_refusal_json(&coding);
                         parts.status = StatusCode::BAD_GATEWAY;
-                        parts.headers.clear();
+                        keep_safe_headers(&mut parts.headers);
                         parts
                             .headers
                             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -100,6 +100,28 @@ where
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
+}
+
+/// Keeps, on the 502 that replaces an encoded event stream, the headers that layers inside this one
+/// set and that still hold for the error: `vary`, CORS's `access-control-*` (without which a browser
+/// hides the error from the page) and `x-request-id`. Every other header described the stream.
+pub(crate) fn keep_safe_headers(headers: &mut HeaderMap) {
+    let mut kept = HeaderMap::new();
+    let mut current = None;
+    // `drain` names a header once, then yields its other values with `None`.
+    for (name, value) in headers.drain() {
+        if let Some(name) = name {
+            let keep = {
+                let name = name.as_str();
+                name == "vary" || name == "x-request-id" || name.starts_with("access-control-")
+            };
+            current = keep.then_some(name);
+        }
+        if let Some(name) = &current {
+            kept.append(name.clone(), value);
+        }
+    }
+    *headers = kept;
 }
 
 /// What a response head announces, for the layer.

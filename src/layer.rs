@@ -106,8 +106,9 @@ use crate::service::BypassMarker;
 ///
 /// - **Encoded bodies** cannot be filtered: an encoded event stream is refused with a 502 when
 ///   something is to be removed from it ([Encoded bodies](crate::BypassMarkerBody#encoded-bodies)),
-///   so such a route fails until the upstream stops compressing, or the application moves its
-///   compression layer outside this one.
+///   so such a route fails until the upstream stops compressing. (A compression layer inside
+///   this one does not compress: the layer asks it for `accept-encoding: identity`; see [where to
+///   put it](crate#where-to-put-it).)
 /// - **Oversized frames under [`Overflow::Forward`].** A frame that outgrows `max_frame_bytes`
 ///   (1 MiB by default) is forwarded unfiltered, even one that starts with
 ///   `event: x-bypass-remote-prefill`; memory stays bounded either way. Use [`Overflow::Error`] if

@@ -96,8 +96,8 @@
 //!
 //! # Where to put it
 //!
-//! The layer reads the body as the service below it wrote it, so it goes *inside* any layer that
-//! compresses responses: compression then applies to the filtered stream. The two ways of stacking
+//! The layer reads the body as the service below it wrote it, so its place is *inside* any layer
+//! that compresses responses: compression then applies to the filtered stream. The two ways of stacking
 //! layers nest in opposite orders:
 //!
 //! - axum's `Router::layer` wraps what is already there: the layer added **last** is the outermost,
@@ -148,13 +148,25 @@
 //! # let _ = middleware;
 //! ```
 //!
-//! With compression inside this layer, an event stream the predicate compresses reaches it as
-//! `content-encoding: gzip`, which it cannot read: for every client something would be removed
-//! for, it answers **502** (`encoded_event_stream`, an error in OpenAI's shape whose message names
-//! both causes, an upstream that compresses and a compression layer inside this one) in place of
-//! the stream, and never passes the stream on: see [Encoded
-//! bodies](BypassMarkerBody#encoded-bodies). With tonic's `Server::layer` (ordered as a
-//! `ServiceBuilder`), gRPC passes through untouched: see [tonic](BypassMarkerLayer#with-tonic).
+//! The other order works too, at a cost. For every request that may be answered with something to
+//! remove (not `HEAD`, and not a client that opted in to every configured name), the layer replaces
+//! the request's `accept-encoding` with `identity` before it calls the service below, so a
+//! compression layer inside it (or an upstream that honours the header) leaves the event stream
+//! readable, and the client gets it filtered. The layers outside this one read the client's own
+//! header before they call it, and compress what it forwards. The trade-off: below this layer,
+//! nothing is compressed for such requests, JSON responses included; put compression outside to
+//! keep it. With feature `tracing`, a `debug` event says so for each request where a compression
+//! below is given up.
+//!
+//! Only a service below that compresses although asked for `identity` still gets an event stream
+//! past the layer as `content-encoding: gzip` (or `br`, ...), which it cannot read: for every
+//! client something would be removed for, it answers **502** (`encoded_event_stream`, an error in
+//! OpenAI's shape whose message names both causes, an upstream that compresses and a compression
+//! layer inside this one) in place of the stream, and never passes the stream on: see [Encoded
+//! bodies](BypassMarkerBody#encoded-bodies). The 502 keeps the headers that layers inside set and
+//! that hold for the error too: `vary`, CORS's `access-control-*` and `x-request-id`. With tonic's
+//! `Server::layer` (ordered as a `ServiceBuilder`), gRPC passes through untouched: see
+//! [tonic](BypassMarkerLayer#with-tonic).
 //!
 //! # Features
 //!

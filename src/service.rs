@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Method, Request, Response};
+use http::header::ACCEPT_ENCODING;
+use http::{HeaderValue, Method, Request, Response};
 use tower_service::Service;
 
 use crate::annotations::RequestedAnnotations;
@@ -66,12 +67,37 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let requested = req
             .extensions()
             .get::<RequestedAnnotations>()
             .map_or(0, |r| self.config.requested_mask(r));
         let head = req.method() == Method::HEAD;
+        if !head && self.config.removal_mask(requested) != 0 {
+            ask_for_identity(&mut req);
+        }
         ResponseFuture::new(self.inner.call(req), self.config.clone(), requested, head)
     }
+}
+
+/// Asks the services below for an unencoded response: a request that may be answered with an event
+/// stream to filter gets `accept-encoding: identity` in place of the client's codings, so that a
+/// compression layer inside this one (or an upstream that compresses) leaves the stream readable.
+/// The layers outside this one read the client's header before they call it, and compress what it
+/// forwards. See [where to put it](crate#where-to-put-it).
+fn ask_for_identity<B>(req: &mut Request<B>) {
+    let headers = req.headers_mut();
+    let mut values = headers.get_all(ACCEPT_ENCODING).iter();
+    match (values.next(), values.next()) {
+        (None, _) => return,
+        (Some(only), None) if only.as_bytes().eq_ignore_ascii_case(b"identity") => return,
+        _ => {}
+    }
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        accept_encoding = ?headers.get(ACCEPT_ENCODING),
+        "the inner service is asked for accept-encoding identity: compression inside the \
+         bypass-marker layer is given up for this request, layers outside it still compress"
+    );
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
 }
