@@ -6,6 +6,7 @@
 //! does its job with this one inside it.
 
 mod common;
+mod decoding;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use common::*;
+use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;

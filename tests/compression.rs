@@ -9,6 +9,7 @@
 //! predicate that does, and pin the default too.
 
 mod common;
+mod decoding;
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -21,6 +22,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use common::*;
+use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderValue, Request};
 use http_body_util::Full;

@@ -58,6 +58,7 @@ pub struct RequestGuard {
 
 /// What to do with a request, from its head.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum HeadDecision {
     /// The guard does not read this body (it is empty, or not JSON): forward the request
     /// untouched, with nothing granted.
@@ -70,6 +71,7 @@ pub enum HeadDecision {
 
 /// What to do with a request, from its body.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BodyDecision {
     /// Forward the body as it is; the client is granted `granted` (perhaps nothing).
     Forward {
