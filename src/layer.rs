@@ -112,7 +112,9 @@ use crate::service::BypassMarker;
 /// - **Oversized frames under [`Overflow::Forward`].** A frame that outgrows `max_frame_bytes`
 ///   (1 MiB by default) is forwarded unfiltered, even one that starts with
 ///   `event: x-bypass-remote-prefill`; memory stays bounded either way. Use [`Overflow::Error`] if
-///   such a frame must never reach a client. Dynamo's annotation frames are a few dozen bytes.
+///   such a frame must never reach a client. Dynamo's routing marker frame is 39 bytes; its
+///   opt-in `formatted_prompt` and `token_ids` frames grow with the prompt, so size the cap for them
+///   if clients ask for them.
 /// - **Non-event-stream responses.** JSON and gRPC bodies are never inspected.
 /// - **Requests the JSON guard does not read.** It reads bodies with a JSON content type, an empty
 ///   one or none; an upstream that parses bodies of other content types (`text/plain`, forms) as
@@ -135,7 +137,8 @@ impl BypassMarkerLayer {
 
     /// A layer for NVIDIA Dynamo's OpenAI-compatible frontend: every annotation name Dynamo 1.6.1
     /// puts in a response stream or reserves for its router, from its source and its running
-    /// frontend (KV router with conditional disaggregation):
+    /// frontend (KV router with conditional disaggregation), and `x-prefill-continue`, the routing
+    /// marker of newer Dynamo source:
     ///
     /// | name | role here | where it comes from |
     /// | --- | --- | --- |

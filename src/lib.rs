@@ -89,7 +89,8 @@
 //! ```
 //!
 //! In front of NVIDIA Dynamo, [`BypassMarkerLayer::dynamo`] configures every annotation name
-//! Dynamo 1.6.1 uses (its routing markers, its opt-in annotations and its internal metrics). Names
+//! Dynamo 1.6.1 uses (its routing marker, its opt-in annotations and its internal metrics), and the
+//! routing marker of newer Dynamo source, `x-prefill-continue`. Names
 //! from runtime configuration go through the fallible setters
 //! ([`try_opt_in`](BypassMarkerLayer::try_opt_in) and the like), which return an [`InvalidName`]
 //! instead of panicking.
@@ -235,8 +236,8 @@ mod test_model;
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
-    InvalidName, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES,
-    MAX_NAME_LEN,
+    InvalidName, InvalidNameKind, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES,
+    MAX_NAMES, MAX_NAME_LEN,
 };
 pub use filter::FrameTooLarge;
 pub use future::ResponseFuture;

@@ -2,8 +2,9 @@
 //!
 //! [`Scanner`] is fed the data of a `text/event-stream` body one input slice at a time and answers
 //! with [`Step`]s: how many of the next bytes to forward, to discard, or to hold because they belong
-//! to a frame that has not closed yet. It never copies or allocates on its own (apart from a prefix
-//! of at most a few dozen bytes of a line that spans inputs); the caller owns the bytes and the
+//! to a frame that has not closed yet. It never copies or allocates on its own (apart from the
+//! prefix of a line that spans inputs: at most `event: ` and the longest configured name, 263 bytes
+//! with a name of [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)); the caller owns the bytes and the
 //! buffer of held bytes. It knows nothing about `http`, bodies or async, so it is unit-tested and
 //! fuzzed on plain slices.
 //!
