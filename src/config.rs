@@ -213,6 +213,21 @@ pub(crate) struct Config {
     pub(crate) line_cap: usize,
     /// Told of every removed and every forwarded annotation frame.
     pub(crate) observer: Option<Observer>,
+    /// The application's opt-in from the request's head, if it set one.
+    pub(crate) grant: Option<Grant>,
+}
+
+/// The opt-in closure of [`BypassMarkerLayer::opt_in_from`](crate::BypassMarkerLayer::opt_in_from).
+pub(crate) type GrantFn = dyn Fn(&http::request::Parts) -> RequestedAnnotations + Send + Sync;
+
+/// The opt-in closure a configuration holds.
+#[derive(Clone)]
+pub(crate) struct Grant(pub(crate) std::sync::Arc<GrantFn>);
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("opt_in_from(..)")
+    }
 }
 
 /// What a guard does with one entry of a client's `nvext.annotations`.
@@ -243,6 +258,7 @@ impl Config {
             event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
             line_cap: 0,
             observer: None,
+            grant: None,
         };
         config
             .set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true)

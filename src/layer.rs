@@ -5,7 +5,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, InvalidName, Kind, Overflow, Role};
+use crate::config::{Config, Grant, InvalidName, Kind, Overflow, Role};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
@@ -299,6 +299,65 @@ impl BypassMarkerLayer {
     #[must_use]
     pub fn observe(self, observer: Arc<dyn FrameObserver>) -> Self {
         self.with(|c| c.observer = Some(Observer(observer)))
+    }
+
+    /// Grants each request the opt-in `grant` returns from its head (method, URI, headers,
+    /// extensions), in addition to any [`RequestedAnnotations`] in its extensions: tower-http's
+    /// `compress_when` habit, for an opt-in that does not come from the JSON body (a header your
+    /// gateway trusts, a route, an API key's plan), with no `from_fn` middleware and no JSON guard.
+    ///
+    /// Only configured names count; a never-forwarded name is never forwarded. The closure is the
+    /// application's code: it decides what a client may receive, so read only what the client
+    /// cannot forge, or what you are willing to let any client ask for. The guard (if any) still
+    /// strips router-owned names from the body, so the router never sees them. Called once per
+    /// request, in [`BypassMarker`]'s `call`, before the service below it.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use std::convert::Infallible;
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let upstream = service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     let body = "event: request_id\n: \"r-1\"\n\ndata: {}\n\n";
+    ///     Ok::<_, Infallible>(
+    ///         Response::builder()
+    ///             .header(header::CONTENT_TYPE, "text/event-stream")
+    ///             .body(Full::new(Bytes::from(body)))
+    ///             .unwrap(),
+    ///     )
+    /// });
+    /// // Internal tools (behind the gateway's own auth, which sets `x-internal`) get request ids.
+    /// let layer = BypassMarkerLayer::new()
+    ///     .opt_in("request_id")
+    ///     .opt_in_from(|parts: &http::request::Parts| {
+    ///         if parts.headers.contains_key("x-internal") {
+    ///             ["request_id"].into_iter().collect()
+    ///         } else {
+    ///             RequestedAnnotations::new()
+    ///         }
+    ///     });
+    /// let svc = ServiceBuilder::new().layer(layer).service(upstream);
+    ///
+    /// let req = Request::builder().header("x-internal", "1").body(Full::default())?;
+    /// let body = svc.clone().oneshot(req).await?.into_body().collect().await?.to_bytes();
+    /// assert_eq!(body, "event: request_id\n: \"r-1\"\n\ndata: {}\n\n");
+    ///
+    /// let body = svc.oneshot(Request::new(Full::default())).await?.into_body().collect().await?;
+    /// assert_eq!(body.to_bytes(), "data: {}\n\n");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn opt_in_from<F>(self, grant: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> RequestedAnnotations + Send + Sync + 'static,
+    {
+        self.with(|c| c.grant = Some(Grant(Arc::new(grant))))
     }
 
     /// What happens to the frames of `name` (compared ASCII case-insensitively), or `None` when

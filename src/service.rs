@@ -68,10 +68,15 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let requested = req
+        let mut requested = req
             .extensions()
             .get::<RequestedAnnotations>()
             .map_or(0, |r| self.config.requested_mask(r));
+        if let Some(grant) = &self.config.grant {
+            let (parts, body) = req.into_parts();
+            requested |= self.config.requested_mask(&(grant.0)(&parts));
+            req = Request::from_parts(parts, body);
+        }
         let head = req.method() == Method::HEAD;
         if !head && self.config.removal_mask(requested) != 0 {
             ask_for_identity(&mut req);

@@ -421,6 +421,33 @@ async fn router_layer_service_builder_cors_timeout_around_the_json_guard_and_the
     assert!(std::str::from_utf8(&body).unwrap().contains("invalid_json"));
 }
 
+#[tokio::test]
+async fn router_layer_opt_in_from_the_request_head_without_the_json_guard() {
+    // The application trusts `x-internal` (set by its own auth layer, here by the test).
+    let layer = BypassMarkerLayer::new().opt_in_from(|parts: &http::request::Parts| {
+        if parts.headers.contains_key("x-internal") {
+            [BYPASS_REMOTE_PREFILL].into_iter().collect()
+        } else {
+            tower_bypass_marker::RequestedAnnotations::new()
+        }
+    });
+    let addr = spawn_axum(routes().layer(layer)).await;
+
+    let mut req = get_req(addr, "/v1/events");
+    req.headers_mut()
+        .insert("x-internal", HeaderValue::from_static("1"));
+    let (status, _, body) = send(req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        format!("{MARKER}{}", filtered()),
+        "granted: the marker first"
+    );
+
+    let (_, _, body) = send(get_req(addr, "/v1/events")).await;
+    assert_eq!(body, filtered(), "not granted");
+}
+
 /// A body that is the crate's passthrough over the inner body's default: empty, ended.
 #[test]
 fn default_bodies_are_the_inner_default_passed_through() {
