@@ -24,7 +24,7 @@ use crate::{BypassMarkerLayer, RequestedAnnotations};
 /// ```
 /// use bytes::Bytes;
 /// use http::{header, HeaderMap};
-/// use tower_bypass_marker::json::{BodyDecision, HeadDecision};
+/// use tower_bypass_marker::sans_io::{BodyDecision, HeadDecision};
 /// use tower_bypass_marker::BypassMarkerLayer;
 ///
 /// let guard = BypassMarkerLayer::new().opt_in("request_id").request_guard();
