@@ -12,6 +12,7 @@ use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
 use crate::config::Config;
 use crate::filter::EventStreamFilter;
+use crate::observe::Observer;
 use crate::scan::Scanner;
 
 pin_project! {
@@ -24,16 +25,25 @@ pin_project! {
         requested: u64,
         // The request was `HEAD`: the response has no content, whatever its headers say.
         head: bool,
+        // The request's own observer (`FrameObserver::for_request`), if it has one.
+        observer: Option<Observer>,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(inner: F, config: Arc<Config>, requested: u64, head: bool) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        config: Arc<Config>,
+        requested: u64,
+        head: bool,
+        observer: Option<Observer>,
+    ) -> Self {
         Self {
             inner,
             config,
             requested,
             head,
+            observer,
         }
     }
 }
@@ -71,7 +81,8 @@ where
                         // An encoded event stream with something to remove for this client: a
                         // 502 in its place, before any byte of it. Its body is never polled.
                         let coding = codings(&parts.headers);
-                        if let Some(observer) = &config.observer {
+                        if let Some(observer) = this.observer.as_ref().or(config.observer.as_ref())
+                        {
                             observer.0.encoded_stream_refused(&coding);
                         }
                         let json = encoded_refusal_json(&coding);
@@ -88,7 +99,7 @@ where
                         BypassMarkerBody::passthrough(body)
                     }
                 } else {
-                    match body_filter(config, requested) {
+                    match body_filter(config, requested, this.observer.take()) {
                         None => BypassMarkerBody::passthrough(body),
                         Some(filter) => {
                             parts.headers.remove(CONTENT_LENGTH);
@@ -194,14 +205,20 @@ pub(crate) fn filters_head(head_request: bool, status: StatusCode, headers: &Hea
 
 /// The filter for an event stream to a client that asked for the configured names in
 /// `requested`, or `None` when nothing would be removed (and nothing observed).
-pub(crate) fn body_filter(config: &Arc<Config>, requested: u64) -> Option<EventStreamFilter> {
+pub(crate) fn body_filter(
+    config: &Arc<Config>,
+    requested: u64,
+    observer: Option<Observer>,
+) -> Option<EventStreamFilter> {
     let remove = config.removal_mask(requested);
     // With an observer, the frames a client opted in to are counted, so they are scanned for.
-    let observed = config.observer.is_some() && requested != 0;
+    let observed = (config.observer.is_some() || observer.is_some()) && requested != 0;
     if remove == 0 && !config.sdk_safe && !observed {
         return None;
     }
-    Some(EventStreamFilter::new(Scanner::new(config.clone(), remove)))
+    let mut scanner = Scanner::new(config.clone(), remove);
+    scanner.set_observer(observer);
+    Some(EventStreamFilter::new(scanner))
 }
 
 /// The content codings of an event stream the filter cannot read: `Some` (the codings other than

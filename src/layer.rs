@@ -468,7 +468,7 @@ impl BypassMarkerLayer {
         &self,
         requested: &RequestedAnnotations,
     ) -> Option<EventStreamFilter> {
-        body_filter(&self.config, self.config.requested_mask(requested))
+        body_filter(&self.config, self.config.requested_mask(requested), None)
     }
 
     /// The request-side guard, for a handler that has parsed the client's `nvext.annotations`.

@@ -9,6 +9,7 @@ use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
 use crate::config::Config;
 use crate::future::ResponseFuture;
+use crate::observe::Observer;
 
 /// Middleware that removes router-internal annotation frames from `text/event-stream` responses
 /// unless the client opted in.
@@ -72,16 +73,28 @@ where
             .extensions()
             .get::<RequestedAnnotations>()
             .map_or(0, |r| self.config.requested_mask(r));
-        if let Some(grant) = &self.config.grant {
+        let mut observer = None;
+        if self.config.grant.is_some() || self.config.observer.is_some() {
             let (parts, body) = req.into_parts();
-            requested |= self.config.requested_mask(&(grant.0)(&parts));
+            if let Some(grant) = &self.config.grant {
+                requested |= self.config.requested_mask(&(grant.0)(&parts));
+            }
+            if let Some(config_observer) = &self.config.observer {
+                observer = config_observer.0.for_request(&parts).map(Observer);
+            }
             req = Request::from_parts(parts, body);
         }
         let head = req.method() == Method::HEAD;
         if !head && self.config.removal_mask(requested) != 0 {
             ask_for_identity(&mut req);
         }
-        ResponseFuture::new(self.inner.call(req), self.config.clone(), requested, head)
+        ResponseFuture::new(
+            self.inner.call(req),
+            self.config.clone(),
+            requested,
+            head,
+            observer,
+        )
     }
 }
 
