@@ -215,6 +215,45 @@ pub(crate) struct Config {
     pub(crate) observer: Option<Observer>,
     /// The application's opt-in from the request's head, if it set one.
     pub(crate) grant: Option<Grant>,
+    /// The application's shape for the error responses the middleware writes itself.
+    pub(crate) error_body: Option<ErrorBodyFn>,
+}
+
+/// An error response the middleware answers with itself (the layer's 502 for an encoded event
+/// stream, the JSON guard's refusals), as
+/// [`BypassMarkerLayer::error_body`](crate::BypassMarkerLayer::error_body) is given it to shape.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ErrorParts<'a> {
+    /// The response status (`502`, `400`, `413`, `415`).
+    pub status: http::StatusCode,
+    /// OpenAI's error `type`: `server_error` for the 502, `invalid_request_error` otherwise.
+    pub kind: &'a str,
+    /// The error's `code`, such as `encoded_event_stream` or `invalid_json`.
+    pub code: &'a str,
+    /// The message for the client.
+    pub message: &'a str,
+}
+
+/// The closure of [`BypassMarkerLayer::error_body`](crate::BypassMarkerLayer::error_body).
+pub(crate) type ErrorBodyFnInner =
+    dyn Fn(&ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) + Send + Sync;
+
+/// The error-body closure a configuration holds.
+#[derive(Clone)]
+pub(crate) struct ErrorBodyFn(pub(crate) std::sync::Arc<ErrorBodyFnInner>);
+
+impl fmt::Debug for ErrorBodyFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("error_body(..)")
+    }
+}
+
+impl ErrorBodyFn {
+    /// The content type and the body for `parts`.
+    pub(crate) fn shape(&self, parts: &ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) {
+        (self.0)(parts)
+    }
 }
 
 /// The opt-in closure of [`BypassMarkerLayer::opt_in_from`](crate::BypassMarkerLayer::opt_in_from).
@@ -259,6 +298,7 @@ impl Config {
             line_cap: 0,
             observer: None,
             grant: None,
+            error_body: None,
         };
         config
             .set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true)

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 
 use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
-use crate::config::Config;
+use crate::config::{Config, ErrorParts};
 use crate::filter::EventStreamFilter;
 use crate::observe::Observer;
 use crate::scan::Scanner;
@@ -85,12 +85,21 @@ where
                         {
                             observer.0.encoded_stream_refused(&coding);
                         }
-                        let json = encoded_refusal_json(&coding);
+                        let (content_type, json) = match &config.error_body {
+                            None => (
+                                HeaderValue::from_static("application/json"),
+                                encoded_refusal_json(&coding),
+                            ),
+                            Some(shape) => shape.shape(&ErrorParts {
+                                status: StatusCode::BAD_GATEWAY,
+                                kind: "server_error",
+                                code: "encoded_event_stream",
+                                message: &encoded_message(&coding),
+                            }),
+                        };
                         parts.status = StatusCode::BAD_GATEWAY;
                         keep_safe_headers(&mut parts.headers);
-                        parts
-                            .headers
-                            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                        parts.headers.insert(CONTENT_TYPE, content_type);
                         parts
                             .headers
                             .insert(CONTENT_LENGTH, HeaderValue::from(json.len()));

@@ -5,7 +5,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, Grant, InvalidName, Kind, Overflow, Role};
+use crate::config::{Config, ErrorBodyFn, ErrorParts, Grant, InvalidName, Kind, Overflow, Role};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
@@ -358,6 +358,53 @@ impl BypassMarkerLayer {
         F: Fn(&http::request::Parts) -> RequestedAnnotations + Send + Sync + 'static,
     {
         self.with(|c| c.grant = Some(Grant(Arc::new(grant))))
+    }
+
+    /// Shapes the error responses the middleware writes itself: [`BypassMarker`]'s 502 for an
+    /// encoded event stream and, with `json`, the JSON guard's refusals (400, 413, 415). `shape`
+    /// gets the status, OpenAI's error `type`, the `code` and the message, and returns the
+    /// `content-type` and the body; the status stays, and `content-length` is set. Without it, the
+    /// body is OpenAI's envelope (`{"error":{"message":...,"type":...,"param":null,"code":...}}`,
+    /// `application/json`), which the SDKs parse. The sans-IO cores' `Refusal`s are not shaped:
+    /// their host writes the response.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, HeaderValue, Request, Response, StatusCode};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_bypass_marker::{BypassMarkerLayer, ErrorParts};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // An RFC 9457 problem document instead of OpenAI's envelope.
+    /// let layer = BypassMarkerLayer::new().error_body(|e: &ErrorParts<'_>| {
+    ///     let body = format!(r#"{{"type":"about:blank#{}","status":{}}}"#, e.code, e.status.as_u16());
+    ///     (HeaderValue::from_static("application/problem+json"), Bytes::from(body))
+    /// });
+    /// let upstream = service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         Response::builder()
+    ///             .header(header::CONTENT_TYPE, "text/event-stream")
+    ///             .header(header::CONTENT_ENCODING, "gzip") // although asked for identity
+    ///             .body(Full::new(Bytes::from_static(b"\x1f\x8b")))
+    ///             .unwrap(),
+    ///     )
+    /// });
+    /// let res = ServiceBuilder::new().layer(layer).service(upstream)
+    ///     .oneshot(Request::new(Full::default())).await.unwrap();
+    /// assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    /// assert_eq!(res.headers()[header::CONTENT_TYPE], "application/problem+json");
+    /// let body = res.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body, r#"{"type":"about:blank#encoded_event_stream","status":502}"#);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn error_body<F>(self, shape: F) -> Self
+    where
+        F: Fn(&ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) + Send + Sync + 'static,
+    {
+        self.with(|c| c.error_body = Some(ErrorBodyFn(Arc::new(shape))))
     }
 
     /// What happens to the frames of `name` (compared ASCII case-insensitively), or `None` when

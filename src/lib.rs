@@ -236,8 +236,8 @@ mod test_model;
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
-    InvalidName, InvalidNameKind, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES,
-    MAX_NAMES, MAX_NAME_LEN,
+    ErrorParts, InvalidName, InvalidNameKind, Overflow, Role, BYPASS_REMOTE_PREFILL,
+    DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
 };
 pub use filter::FrameTooLarge;
 pub use future::ResponseFuture;

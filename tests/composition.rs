@@ -448,6 +448,33 @@ async fn router_layer_opt_in_from_the_request_head_without_the_json_guard() {
     assert_eq!(body, filtered(), "not granted");
 }
 
+#[cfg(feature = "json")]
+#[tokio::test]
+async fn error_body_shapes_the_guards_refusals_in_a_router_layer_stack() {
+    let bypass = BypassMarkerLayer::new().error_body(|e: &tower_bypass_marker::ErrorParts<'_>| {
+        let body = format!("{} {} {}", e.status.as_u16(), e.kind, e.code);
+        (HeaderValue::from_static("text/plain"), Bytes::from(body))
+    });
+    let addr = spawn_axum(
+        routes()
+            .layer(bypass.json_guard())
+            .layer(CorsLayer::permissive()),
+    )
+    .await;
+    let req = Request::post(format!("http://{addr}/v1/upload"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from_static(b"{")))
+        .unwrap();
+    let (status, headers, body) = send(req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers[header::CONTENT_TYPE], "text/plain");
+    assert_eq!(
+        headers[header::CONTENT_LENGTH],
+        body.len().to_string().as_str()
+    );
+    assert_eq!(body, "400 invalid_request_error invalid_json");
+}
+
 /// A body that is the crate's passthrough over the inner body's default: empty, ended.
 #[test]
 fn default_bodies_are_the_inner_default_passed_through() {

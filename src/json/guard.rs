@@ -242,6 +242,11 @@ impl RequestGuard {
         self.max_body_bytes
     }
 
+    /// The application's shape for the guard's error responses, if the layer has one.
+    pub(crate) fn error_body(&self) -> Option<crate::config::ErrorBodyFn> {
+        self.config.error_body.clone()
+    }
+
     /// Decides from the request's head. `body_empty`: the request is known to have no body (an
     /// HTTP/2 `END_STREAM` on the headers, a body whose own size is 0); a `content-length` header
     /// alone does not make it so.
