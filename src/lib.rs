@@ -196,6 +196,11 @@
 //!   memory, and encoded bodies.
 //! - [`RequestedAnnotations`]: the client's opt-in; the [`annotations`] module: a handler that
 //!   parses the request itself.
+//! - Hooks, each with its default: [`BypassMarkerLayer::opt_in_from`] (the opt-in from the
+//!   request's head, without the JSON guard), [`BypassMarkerLayer::error_body`] (the shape of the
+//!   error responses; OpenAI's envelope by default) and [`FrameObserver::for_request`] (an observer
+//!   per request, from its extensions). Every body the crate returns implements `Default` where
+//!   its inner body does, for layers that answer with `ResBody::default()`.
 //! - Without tower: the [`sans_io`] module, [`sans_io::EventStreamFilter`] (made by
 //!   [`BypassMarkerLayer::response_filter`] from a response head) and, with `json`,
 //!   `sans_io::RequestGuard`, the two sans-IO cores every front
