@@ -9,6 +9,7 @@
 //! predicate that does, and pin the default too.
 
 mod common;
+#[cfg(feature = "json")]
 mod decoding;
 
 use std::convert::Infallible;
@@ -22,6 +23,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use common::*;
+#[cfg(feature = "json")]
 use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderValue, Request};
