@@ -351,7 +351,7 @@ fn refusal_message(coding: &str) -> String {
 #[tokio::test]
 async fn with_compression_inside_the_layer_a_gzip_client_gets_the_stream_filtered_unencoded() {
     // The other order: the layer asks the compression inside it for identity, so the stream it
-    // sees is readable. Before 0.2 this client got a 502 `encoded_event_stream`.
+    // sees is readable. (This client used to get a 502 `encoded_event_stream`.)
     let app = routes()
         .layer(
             ServiceBuilder::new()
