@@ -90,13 +90,14 @@ pin_project! {
     /// The filter reads event-stream bytes; it cannot read a gzip or brotli stream, and cutting bytes
     /// out of one would break it. An event stream whose `content-encoding` is not `identity` has one
     /// of two causes: an upstream that compresses (although a proxy asked it for
-    /// `accept-encoding: identity`), or the application's own layer order, a compression layer inside
-    /// this one (in axum, `.layer(compression).layer(bypass)`: see [where to put
+    /// `accept-encoding: identity`), or a compression layer inside this one that ignores the
+    /// `accept-encoding: identity` the layer asks it for (see [where to put
     /// it](crate#where-to-put-it)). Such a stream is never passed through to a client it would have to
     /// be filtered for: when at least one configured name is to be removed for this request, the layer
     /// answers **502** in its place, before any byte of it, with an error in OpenAI's shape
     /// (`{"error":{"code":"encoded_event_stream","message":"...","param":null,"type":"server_error"}}`,
-    /// `content-type: application/json`, the stream's own headers dropped) whose message names the
+    /// `content-type: application/json`, the stream's own headers dropped but for `vary`,
+    /// `access-control-*` and `x-request-id`) whose message names the
     /// coding and both causes, on one line:
     ///
     /// ```text
@@ -199,6 +200,15 @@ impl<B> BypassMarkerBody<B> {
     /// Consumes `self`, returning the inner body. Data held for a partial frame is lost.
     pub fn into_inner(self) -> B {
         self.inner
+    }
+}
+
+/// An empty passthrough body over `B::default()`: what a layer outside this one (tower-http's
+/// `TimeoutLayer`, `CorsLayer`, `RequestBodyLimitLayer`, ...) answers with when it builds its own
+/// response with `ResBody::default()`, so that such a layer composes in a `ServiceBuilder`.
+impl<B: Default> Default for BypassMarkerBody<B> {
+    fn default() -> Self {
+        Self::passthrough(B::default())
     }
 }
 

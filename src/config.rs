@@ -41,20 +41,45 @@ pub(crate) const EVENT_FIELD: &[u8] = b"event:";
 /// holds no `:` and no control character (CR and LF included), and neither starts nor ends with
 /// whitespace. Those are exactly the names the request guard can recognise in every form it strips
 /// (`name`, `name:value`, any ASCII case, surrounding whitespace).
+///
+/// ```
+/// use tower_bypass_marker::{BypassMarkerLayer, InvalidNameKind};
+///
+/// let err = BypassMarkerLayer::new().try_opt_in("x-route:hint").unwrap_err();
+/// assert_eq!(err.kind(), InvalidNameKind::Colon);
+/// assert_eq!(err.name(), "x-route:hint");
+///
+/// // Names are compared in any ASCII case: a second spelling of a configured name is refused.
+/// let layer = BypassMarkerLayer::new().opt_in("Request_Id");
+/// let err = layer.try_never_forward("request_id").unwrap_err();
+/// assert_eq!(err.kind(), InvalidNameKind::CaseConflict);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidName {
     name: String,
-    reason: Reason,
+    reason: InvalidNameKind,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reason {
+/// Why a name was refused: [`InvalidName::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InvalidNameKind {
+    /// The name is empty.
     Empty,
+    /// The name is longer than [`MAX_NAME_LEN`] bytes.
     TooLong,
+    /// The name holds a `:`, which separates a name from its value in a client's annotations.
     Colon,
-    Control,
+    /// The name holds a control character (CR and LF included).
+    ControlCharacter,
+    /// The name starts or ends with whitespace.
     Whitespace,
+    /// The layer already knows [`MAX_NAMES`] names.
     TooMany,
+    /// The layer knows this name in another ASCII case (`Request_Id` and `request_id`): names are
+    /// compared in any case by [`role`](crate::BypassMarkerLayer::role) and the guard, so two
+    /// spellings could not have two roles. The same spelling again updates the name instead.
+    CaseConflict,
 }
 
 impl InvalidName {
@@ -62,28 +87,37 @@ impl InvalidName {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Why it was refused.
+    pub fn kind(&self) -> InvalidNameKind {
+        self.reason
+    }
 }
 
 impl fmt::Display for InvalidName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = &self.name;
         match self.reason {
-            Reason::Empty => write!(f, "annotation name is empty"),
-            Reason::TooLong => write!(
+            InvalidNameKind::Empty => write!(f, "annotation name is empty"),
+            InvalidNameKind::TooLong => write!(
                 f,
                 "annotation name is {} bytes long, more than {MAX_NAME_LEN}",
                 name.len()
             ),
-            Reason::Colon => write!(f, "annotation name {name:?} contains ':'"),
-            Reason::Control => {
+            InvalidNameKind::Colon => write!(f, "annotation name {name:?} contains ':'"),
+            InvalidNameKind::ControlCharacter => {
                 write!(f, "annotation name {name:?} contains a control character")
             }
-            Reason::Whitespace => {
+            InvalidNameKind::Whitespace => {
                 write!(f, "annotation name {name:?} starts or ends with whitespace")
             }
-            Reason::TooMany => write!(
+            InvalidNameKind::TooMany => write!(
                 f,
                 "cannot add annotation name {name:?}: a layer takes at most {MAX_NAMES} names"
+            ),
+            InvalidNameKind::CaseConflict => write!(
+                f,
+                "annotation name {name:?} is configured already in another ASCII case"
             ),
         }
     }
@@ -94,15 +128,15 @@ impl std::error::Error for InvalidName {}
 /// Checks `name` against the rules of [`InvalidName`].
 pub(crate) fn validate_name(name: &str) -> Result<(), InvalidName> {
     let reason = if name.is_empty() {
-        Reason::Empty
+        InvalidNameKind::Empty
     } else if name.len() > MAX_NAME_LEN {
-        Reason::TooLong
+        InvalidNameKind::TooLong
     } else if name.contains(':') {
-        Reason::Colon
+        InvalidNameKind::Colon
     } else if name.chars().any(char::is_control) {
-        Reason::Control
+        InvalidNameKind::ControlCharacter
     } else if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
-        Reason::Whitespace
+        InvalidNameKind::Whitespace
     } else {
         return Ok(());
     };
@@ -115,12 +149,15 @@ pub(crate) fn validate_name(name: &str) -> Result<(), InvalidName> {
 /// What happens when a frame that spans chunks grows past
 /// [`BypassMarkerLayer::max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes).
 ///
-/// See the [module docs](crate) for the trade-off.
+/// The trade-off: `Forward` keeps a long data frame flowing but lets an oversized annotation frame
+/// through unfiltered; `Error` never lets one through but fails the stream. See [latency, copies
+/// and memory](crate::BypassMarkerBody#latency-copies-and-memory) and the layer's [security
+/// model](crate::BypassMarkerLayer#security-model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Overflow {
-    /// Forward the frame as it arrives, unfiltered (the held bytes first). Annotation frames are a
-    /// few dozen bytes, so a frame this large is data, not an annotation. The default.
+    /// Forward the frame as it arrives, unfiltered (the held bytes first). Routing markers are a
+    /// few dozen bytes, so a frame this large is data, not a marker. The default.
     #[default]
     Forward,
     /// Fail the response body with a [`FrameTooLarge`](crate::FrameTooLarge) error.
@@ -176,6 +213,60 @@ pub(crate) struct Config {
     pub(crate) line_cap: usize,
     /// Told of every removed and every forwarded annotation frame.
     pub(crate) observer: Option<Observer>,
+    /// The application's opt-in from the request's head, if it set one.
+    pub(crate) grant: Option<Grant>,
+    /// The application's shape for the error responses the middleware writes itself.
+    pub(crate) error_body: Option<ErrorBodyFn>,
+}
+
+/// An error response the middleware answers with itself (the layer's 502 for an encoded event
+/// stream, the JSON guard's refusals), as
+/// [`BypassMarkerLayer::error_body`](crate::BypassMarkerLayer::error_body) is given it to shape.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ErrorParts<'a> {
+    /// The response status (`502`, `400`, `413`, `415`).
+    pub status: http::StatusCode,
+    /// OpenAI's error `type`: `server_error` for the 502, `invalid_request_error` otherwise.
+    pub kind: &'a str,
+    /// The error's `code`, such as `encoded_event_stream` or `invalid_json`.
+    pub code: &'a str,
+    /// The message for the client.
+    pub message: &'a str,
+}
+
+/// The closure of [`BypassMarkerLayer::error_body`](crate::BypassMarkerLayer::error_body).
+pub(crate) type ErrorBodyFnInner =
+    dyn Fn(&ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) + Send + Sync;
+
+/// The error-body closure a configuration holds.
+#[derive(Clone)]
+pub(crate) struct ErrorBodyFn(pub(crate) std::sync::Arc<ErrorBodyFnInner>);
+
+impl fmt::Debug for ErrorBodyFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("error_body(..)")
+    }
+}
+
+impl ErrorBodyFn {
+    /// The content type and the body for `parts`.
+    pub(crate) fn shape(&self, parts: &ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) {
+        (self.0)(parts)
+    }
+}
+
+/// The opt-in closure of [`BypassMarkerLayer::opt_in_from`](crate::BypassMarkerLayer::opt_in_from).
+pub(crate) type GrantFn = dyn Fn(&http::request::Parts) -> RequestedAnnotations + Send + Sync;
+
+/// The opt-in closure a configuration holds.
+#[derive(Clone)]
+pub(crate) struct Grant(pub(crate) std::sync::Arc<GrantFn>);
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("opt_in_from(..)")
+    }
 }
 
 /// What a guard does with one entry of a client's `nvext.annotations`.
@@ -206,6 +297,8 @@ impl Config {
             event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
             line_cap: 0,
             observer: None,
+            grant: None,
+            error_body: None,
         };
         config
             .set(BYPASS_REMOTE_PREFILL, Some(Kind::OptIn), true)
@@ -222,7 +315,17 @@ impl Config {
         router_owned: bool,
     ) -> Result<(), InvalidName> {
         validate_name(name)?;
-        if let Some(existing) = self.names.iter_mut().find(|n| &*n.name == name) {
+        if let Some(existing) = self
+            .names
+            .iter_mut()
+            .find(|n| n.name.eq_ignore_ascii_case(name))
+        {
+            if *existing.name != *name {
+                return Err(InvalidName {
+                    name: name.to_owned(),
+                    reason: InvalidNameKind::CaseConflict,
+                });
+            }
             existing.kind = kind.unwrap_or(existing.kind);
             existing.router_owned |= router_owned;
             return Ok(());
@@ -230,7 +333,7 @@ impl Config {
         if self.names.len() >= MAX_NAMES {
             return Err(InvalidName {
                 name: name.to_owned(),
-                reason: Reason::TooMany,
+                reason: InvalidNameKind::TooMany,
             });
         }
         self.names.push(Name {

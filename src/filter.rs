@@ -128,6 +128,11 @@ pub(crate) struct Frames {
     /// Frames and bytes removed so far; `None` once the summary has been logged.
     #[cfg(feature = "tracing")]
     removed: Option<(u64, u64)>,
+    /// The span current when the filter was made (the request's, under tower-http's
+    /// `TraceLayer`): every event is emitted inside it, also when the body is polled or dropped
+    /// outside it.
+    #[cfg(feature = "tracing")]
+    span: tracing::Span,
 }
 
 impl EventStreamFilter {
@@ -140,6 +145,8 @@ impl EventStreamFilter {
                 held: BytesMut::new(),
                 #[cfg(feature = "tracing")]
                 removed: Some((0, 0)),
+                #[cfg(feature = "tracing")]
+                span: tracing::Span::current(),
             },
             state: State::Open,
         }
@@ -697,6 +704,7 @@ impl Frames {
         let limit = self.scanner.max_frame_bytes();
         #[cfg(feature = "tracing")]
         if let Some((frames, bytes)) = self.removed.take() {
+            let _span = self.span.enter();
             tracing::debug!(
                 removed_frames = frames,
                 removed_bytes = bytes,
@@ -736,6 +744,7 @@ impl Frames {
     #[cfg(feature = "tracing")]
     fn log_end(&mut self) {
         if let Some((frames, bytes)) = self.removed.take() {
+            let _span = self.span.enter();
             tracing::debug!(
                 removed_frames = frames,
                 removed_bytes = bytes,
@@ -777,6 +786,7 @@ impl Frames {
                 removed.0 += 1;
                 removed.1 += bytes as u64;
             }
+            let _span = self.span.enter();
             tracing::debug!(
                 event = self
                     .scanner
@@ -794,6 +804,7 @@ impl Drop for Frames {
     /// A body dropped before its end (the client went away) still gets its summary.
     fn drop(&mut self) {
         if let Some((frames, bytes)) = self.removed.take() {
+            let _span = self.span.enter();
             tracing::debug!(
                 removed_frames = frames,
                 removed_bytes = bytes,

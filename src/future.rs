@@ -10,8 +10,9 @@ use pin_project_lite::pin_project;
 
 use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
-use crate::config::Config;
+use crate::config::{Config, ErrorParts};
 use crate::filter::EventStreamFilter;
+use crate::observe::Observer;
 use crate::scan::Scanner;
 
 pin_project! {
@@ -24,16 +25,25 @@ pin_project! {
         requested: u64,
         // The request was `HEAD`: the response has no content, whatever its headers say.
         head: bool,
+        // The request's own observer (`FrameObserver::for_request`), if it has one.
+        observer: Option<Observer>,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(inner: F, config: Arc<Config>, requested: u64, head: bool) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        config: Arc<Config>,
+        requested: u64,
+        head: bool,
+        observer: Option<Observer>,
+    ) -> Self {
         Self {
             inner,
             config,
             requested,
             head,
+            observer,
         }
     }
 }
@@ -71,15 +81,25 @@ where
                         // An encoded event stream with something to remove for this client: a
                         // 502 in its place, before any byte of it. Its body is never polled.
                         let coding = codings(&parts.headers);
-                        if let Some(observer) = &config.observer {
+                        if let Some(observer) = this.observer.as_ref().or(config.observer.as_ref())
+                        {
                             observer.0.encoded_stream_refused(&coding);
                         }
-                        let json = encoded_refusal_json(&coding);
+                        let (content_type, json) = match &config.error_body {
+                            None => (
+                                HeaderValue::from_static("application/json"),
+                                encoded_refusal_json(&coding),
+                            ),
+                            Some(shape) => shape.shape(&ErrorParts {
+                                status: StatusCode::BAD_GATEWAY,
+                                kind: "server_error",
+                                code: "encoded_event_stream",
+                                message: &encoded_message(&coding),
+                            }),
+                        };
                         parts.status = StatusCode::BAD_GATEWAY;
-                        parts.headers.clear();
-                        parts
-                            .headers
-                            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                        keep_safe_headers(&mut parts.headers);
+                        parts.headers.insert(CONTENT_TYPE, content_type);
                         parts
                             .headers
                             .insert(CONTENT_LENGTH, HeaderValue::from(json.len()));
@@ -88,7 +108,7 @@ where
                         BypassMarkerBody::passthrough(body)
                     }
                 } else {
-                    match body_filter(config, requested) {
+                    match body_filter(config, requested, this.observer.take()) {
                         None => BypassMarkerBody::passthrough(body),
                         Some(filter) => {
                             parts.headers.remove(CONTENT_LENGTH);
@@ -100,6 +120,28 @@ where
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
+}
+
+/// Keeps, on the 502 that replaces an encoded event stream, the headers that layers inside this one
+/// set and that still hold for the error: `vary`, CORS's `access-control-*` (without which a browser
+/// hides the error from the page) and `x-request-id`. Every other header described the stream.
+pub(crate) fn keep_safe_headers(headers: &mut HeaderMap) {
+    let mut kept = HeaderMap::new();
+    let mut current = None;
+    // `drain` names a header once, then yields its other values with `None`.
+    for (name, value) in headers.drain() {
+        if let Some(name) = name {
+            let keep = {
+                let name = name.as_str();
+                name == "vary" || name == "x-request-id" || name.starts_with("access-control-")
+            };
+            current = keep.then_some(name);
+        }
+        if let Some(name) = &current {
+            kept.append(name.clone(), value);
+        }
+    }
+    *headers = kept;
 }
 
 /// What a response head announces, for the layer.
@@ -172,14 +214,20 @@ pub(crate) fn filters_head(head_request: bool, status: StatusCode, headers: &Hea
 
 /// The filter for an event stream to a client that asked for the configured names in
 /// `requested`, or `None` when nothing would be removed (and nothing observed).
-pub(crate) fn body_filter(config: &Arc<Config>, requested: u64) -> Option<EventStreamFilter> {
+pub(crate) fn body_filter(
+    config: &Arc<Config>,
+    requested: u64,
+    observer: Option<Observer>,
+) -> Option<EventStreamFilter> {
     let remove = config.removal_mask(requested);
     // With an observer, the frames a client opted in to are counted, so they are scanned for.
-    let observed = config.observer.is_some() && requested != 0;
+    let observed = (config.observer.is_some() || observer.is_some()) && requested != 0;
     if remove == 0 && !config.sdk_safe && !observed {
         return None;
     }
-    Some(EventStreamFilter::new(Scanner::new(config.clone(), remove)))
+    let mut scanner = Scanner::new(config.clone(), remove);
+    scanner.set_observer(observer);
+    Some(EventStreamFilter::new(scanner))
 }
 
 /// The content codings of an event stream the filter cannot read: `Some` (the codings other than

@@ -5,7 +5,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, InvalidName, Kind, Overflow, Role};
+use crate::config::{Config, ErrorBodyFn, ErrorParts, Grant, InvalidName, Kind, Overflow, Role};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
@@ -106,12 +106,15 @@ use crate::service::BypassMarker;
 ///
 /// - **Encoded bodies** cannot be filtered: an encoded event stream is refused with a 502 when
 ///   something is to be removed from it ([Encoded bodies](crate::BypassMarkerBody#encoded-bodies)),
-///   so such a route fails until the upstream stops compressing, or the application moves its
-///   compression layer outside this one.
+///   so such a route fails until the upstream stops compressing. (A compression layer inside
+///   this one does not compress: the layer asks it for `accept-encoding: identity`; see [where to
+///   put it](crate#where-to-put-it).)
 /// - **Oversized frames under [`Overflow::Forward`].** A frame that outgrows `max_frame_bytes`
 ///   (1 MiB by default) is forwarded unfiltered, even one that starts with
 ///   `event: x-bypass-remote-prefill`; memory stays bounded either way. Use [`Overflow::Error`] if
-///   such a frame must never reach a client. Dynamo's annotation frames are a few dozen bytes.
+///   such a frame must never reach a client. Dynamo's routing marker frame is 39 bytes; its
+///   opt-in `formatted_prompt` and `token_ids` frames grow with the prompt, so size the cap for them
+///   if clients ask for them.
 /// - **Non-event-stream responses.** JSON and gRPC bodies are never inspected.
 /// - **Requests the JSON guard does not read.** It reads bodies with a JSON content type, an empty
 ///   one or none; an upstream that parses bodies of other content types (`text/plain`, forms) as
@@ -134,7 +137,8 @@ impl BypassMarkerLayer {
 
     /// A layer for NVIDIA Dynamo's OpenAI-compatible frontend: every annotation name Dynamo 1.6.1
     /// puts in a response stream or reserves for its router, from its source and its running
-    /// frontend (KV router with conditional disaggregation):
+    /// frontend (KV router with conditional disaggregation), and `x-prefill-continue`, the routing
+    /// marker of newer Dynamo source:
     ///
     /// | name | role here | where it comes from |
     /// | --- | --- | --- |
@@ -297,6 +301,112 @@ impl BypassMarkerLayer {
         self.with(|c| c.observer = Some(Observer(observer)))
     }
 
+    /// Grants each request the opt-in `grant` returns from its head (method, URI, headers,
+    /// extensions), in addition to any [`RequestedAnnotations`] in its extensions: tower-http's
+    /// `compress_when` habit, for an opt-in that does not come from the JSON body (a header your
+    /// gateway trusts, a route, an API key's plan), with no `from_fn` middleware and no JSON guard.
+    ///
+    /// Only configured names count; a never-forwarded name is never forwarded. The closure is the
+    /// application's code: it decides what a client may receive, so read only what the client
+    /// cannot forge, or what you are willing to let any client ask for. The guard (if any) still
+    /// strips router-owned names from the body, so the router never sees them. Called once per
+    /// request, in [`BypassMarker`]'s `call`, before the service below it.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use std::convert::Infallible;
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let upstream = service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     let body = "event: request_id\n: \"r-1\"\n\ndata: {}\n\n";
+    ///     Ok::<_, Infallible>(
+    ///         Response::builder()
+    ///             .header(header::CONTENT_TYPE, "text/event-stream")
+    ///             .body(Full::new(Bytes::from(body)))
+    ///             .unwrap(),
+    ///     )
+    /// });
+    /// // Internal tools (behind the gateway's own auth, which sets `x-internal`) get request ids.
+    /// let layer = BypassMarkerLayer::new()
+    ///     .opt_in("request_id")
+    ///     .opt_in_from(|parts: &http::request::Parts| {
+    ///         if parts.headers.contains_key("x-internal") {
+    ///             ["request_id"].into_iter().collect()
+    ///         } else {
+    ///             RequestedAnnotations::new()
+    ///         }
+    ///     });
+    /// let svc = ServiceBuilder::new().layer(layer).service(upstream);
+    ///
+    /// let req = Request::builder().header("x-internal", "1").body(Full::default())?;
+    /// let body = svc.clone().oneshot(req).await?.into_body().collect().await?.to_bytes();
+    /// assert_eq!(body, "event: request_id\n: \"r-1\"\n\ndata: {}\n\n");
+    ///
+    /// let body = svc.oneshot(Request::new(Full::default())).await?.into_body().collect().await?;
+    /// assert_eq!(body.to_bytes(), "data: {}\n\n");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn opt_in_from<F>(self, grant: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> RequestedAnnotations + Send + Sync + 'static,
+    {
+        self.with(|c| c.grant = Some(Grant(Arc::new(grant))))
+    }
+
+    /// Shapes the error responses the middleware writes itself: [`BypassMarker`]'s 502 for an
+    /// encoded event stream and, with `json`, the JSON guard's refusals (400, 413, 415). `shape`
+    /// gets the status, OpenAI's error `type`, the `code` and the message, and returns the
+    /// `content-type` and the body; the status stays, and `content-length` is set. Without it, the
+    /// body is OpenAI's envelope (`{"error":{"message":...,"type":...,"param":null,"code":...}}`,
+    /// `application/json`), which the SDKs parse. The sans-IO cores' `Refusal`s are not shaped:
+    /// their host writes the response.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, HeaderValue, Request, Response, StatusCode};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// use tower_bypass_marker::{BypassMarkerLayer, ErrorParts};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // An RFC 9457 problem document instead of OpenAI's envelope.
+    /// let layer = BypassMarkerLayer::new().error_body(|e: &ErrorParts<'_>| {
+    ///     let body = format!(r#"{{"type":"about:blank#{}","status":{}}}"#, e.code, e.status.as_u16());
+    ///     (HeaderValue::from_static("application/problem+json"), Bytes::from(body))
+    /// });
+    /// let upstream = service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         Response::builder()
+    ///             .header(header::CONTENT_TYPE, "text/event-stream")
+    ///             .header(header::CONTENT_ENCODING, "gzip") // although asked for identity
+    ///             .body(Full::new(Bytes::from_static(b"\x1f\x8b")))
+    ///             .unwrap(),
+    ///     )
+    /// });
+    /// let res = ServiceBuilder::new().layer(layer).service(upstream)
+    ///     .oneshot(Request::new(Full::default())).await.unwrap();
+    /// assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    /// assert_eq!(res.headers()[header::CONTENT_TYPE], "application/problem+json");
+    /// let body = res.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(body, r#"{"type":"about:blank#encoded_event_stream","status":502}"#);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn error_body<F>(self, shape: F) -> Self
+    where
+        F: Fn(&ErrorParts<'_>) -> (http::HeaderValue, bytes::Bytes) + Send + Sync + 'static,
+    {
+        self.with(|c| c.error_body = Some(ErrorBodyFn(Arc::new(shape))))
+    }
+
     /// What happens to the frames of `name` (compared ASCII case-insensitively), or `None` when
     /// it is not configured: with [`names`](Self::names), what an operator's log line or a
     /// metric's description needs.
@@ -405,7 +515,7 @@ impl BypassMarkerLayer {
         &self,
         requested: &RequestedAnnotations,
     ) -> Option<EventStreamFilter> {
-        body_filter(&self.config, self.config.requested_mask(requested))
+        body_filter(&self.config, self.config.requested_mask(requested), None)
     }
 
     /// The request-side guard, for a handler that has parsed the client's `nvext.annotations`.

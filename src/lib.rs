@@ -89,15 +89,16 @@
 //! ```
 //!
 //! In front of NVIDIA Dynamo, [`BypassMarkerLayer::dynamo`] configures every annotation name
-//! Dynamo 1.6.1 uses (its routing markers, its opt-in annotations and its internal metrics). Names
+//! Dynamo 1.6.1 uses (its routing marker, its opt-in annotations and its internal metrics), and the
+//! routing marker of newer Dynamo source, `x-prefill-continue`. Names
 //! from runtime configuration go through the fallible setters
 //! ([`try_opt_in`](BypassMarkerLayer::try_opt_in) and the like), which return an [`InvalidName`]
 //! instead of panicking.
 //!
 //! # Where to put it
 //!
-//! The layer reads the body as the service below it wrote it, so it goes *inside* any layer that
-//! compresses responses: compression then applies to the filtered stream. The two ways of stacking
+//! The layer reads the body as the service below it wrote it, so its place is *inside* any layer
+//! that compresses responses: compression then applies to the filtered stream. The two ways of stacking
 //! layers nest in opposite orders:
 //!
 //! - axum's `Router::layer` wraps what is already there: the layer added **last** is the outermost,
@@ -148,13 +149,25 @@
 //! # let _ = middleware;
 //! ```
 //!
-//! With compression inside this layer, an event stream the predicate compresses reaches it as
-//! `content-encoding: gzip`, which it cannot read: for every client something would be removed
-//! for, it answers **502** (`encoded_event_stream`, an error in OpenAI's shape whose message names
-//! both causes, an upstream that compresses and a compression layer inside this one) in place of
-//! the stream, and never passes the stream on: see [Encoded
-//! bodies](BypassMarkerBody#encoded-bodies). With tonic's `Server::layer` (ordered as a
-//! `ServiceBuilder`), gRPC passes through untouched: see [tonic](BypassMarkerLayer#with-tonic).
+//! The other order works too, at a cost. For every request that may be answered with something to
+//! remove (not `HEAD`, and not a client that opted in to every configured name), the layer replaces
+//! the request's `accept-encoding` with `identity` before it calls the service below, so a
+//! compression layer inside it (or an upstream that honours the header) leaves the event stream
+//! readable, and the client gets it filtered. The layers outside this one read the client's own
+//! header before they call it, and compress what it forwards. The trade-off: below this layer,
+//! nothing is compressed for such requests, JSON responses included; put compression outside to
+//! keep it. With feature `tracing`, a `debug` event says so for each request where a compression
+//! below is given up.
+//!
+//! Only a service below that compresses although asked for `identity` still gets an event stream
+//! past the layer as `content-encoding: gzip` (or `br`, ...), which it cannot read: for every
+//! client something would be removed for, it answers **502** (`encoded_event_stream`, an error in
+//! OpenAI's shape whose message names both causes, an upstream that compresses and a compression
+//! layer inside this one) in place of the stream, and never passes the stream on: see [Encoded
+//! bodies](BypassMarkerBody#encoded-bodies). The 502 keeps the headers that layers inside set and
+//! that hold for the error too: `vary`, CORS's `access-control-*` and `x-request-id`. With tonic's
+//! `Server::layer` (ordered as a `ServiceBuilder`), gRPC passes through untouched: see
+//! [tonic](BypassMarkerLayer#with-tonic).
 //!
 //! # Features
 //!
@@ -183,6 +196,11 @@
 //!   memory, and encoded bodies.
 //! - [`RequestedAnnotations`]: the client's opt-in; the [`annotations`] module: a handler that
 //!   parses the request itself.
+//! - Hooks, each with its default: [`BypassMarkerLayer::opt_in_from`] (the opt-in from the
+//!   request's head, without the JSON guard), [`BypassMarkerLayer::error_body`] (the shape of the
+//!   error responses; OpenAI's envelope by default) and [`FrameObserver::for_request`] (an observer
+//!   per request, from its extensions). Every body the crate returns implements `Default` where
+//!   its inner body does, for layers that answer with `ResBody::default()`.
 //! - Without tower: the [`sans_io`] module, [`sans_io::EventStreamFilter`] (made by
 //!   [`BypassMarkerLayer::response_filter`] from a response head) and, with `json`,
 //!   `sans_io::RequestGuard`, the two sans-IO cores every front
@@ -223,8 +241,8 @@ mod test_model;
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
-    InvalidName, Overflow, Role, BYPASS_REMOTE_PREFILL, DEFAULT_MAX_FRAME_BYTES, MAX_NAMES,
-    MAX_NAME_LEN,
+    ErrorParts, InvalidName, InvalidNameKind, Overflow, Role, BYPASS_REMOTE_PREFILL,
+    DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
 };
 pub use filter::FrameTooLarge;
 pub use future::ResponseFuture;

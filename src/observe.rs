@@ -56,6 +56,64 @@ pub trait FrameObserver: Send + Sync + 'static {
     fn encoded_stream_refused(&self, coding: &str) {
         let _ = coding;
     }
+
+    /// The observer for one request's frames, from its head: called by
+    /// [`BypassMarker`](crate::BypassMarker) once per request, before the service below it, so that
+    /// the calls for that request's response can be told apart (by route, tenant, request id, or
+    /// anything an earlier layer put in its extensions). `None`, the default, means this observer
+    /// is called. The sans-IO cores have no request head: their calls go to this observer.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use tower_bypass_marker::{BypassMarkerLayer, FrameObserver};
+    ///
+    /// # #[derive(Clone)] struct RequestId(&'static str);
+    /// /// Logs removed frames with the request id an earlier layer put in the extensions.
+    /// #[derive(Default)]
+    /// struct ByRequest(Arc<Mutex<Vec<String>>>);
+    ///
+    /// struct ForOne(Arc<Mutex<Vec<String>>>, &'static str);
+    ///
+    /// impl FrameObserver for ByRequest {
+    ///     fn for_request(&self, request: &http::request::Parts) -> Option<Arc<dyn FrameObserver>> {
+    ///         let id = request.extensions.get::<RequestId>()?.0;
+    ///         Some(Arc::new(ForOne(self.0.clone(), id)))
+    ///     }
+    /// }
+    ///
+    /// impl FrameObserver for ForOne {
+    ///     fn frame_removed(&self, annotation: Option<&str>, _bytes: usize) {
+    ///         self.0.lock().unwrap().push(format!("{}: {annotation:?}", self.1));
+    ///     }
+    /// }
+    /// # use bytes::Bytes;
+    /// # use http::{header, Request, Response};
+    /// # use http_body_util::{BodyExt, Full};
+    /// # use tower::{service_fn, ServiceBuilder, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let layer = BypassMarkerLayer::new().observe(Arc::new(ByRequest(seen.clone())));
+    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     let body = "event: x-bypass-remote-prefill\n: true\n\ndata: {}\n\n";
+    ///     Ok::<_, std::convert::Infallible>(
+    ///         Response::builder()
+    ///             .header(header::CONTENT_TYPE, "text/event-stream")
+    ///             .body(Full::new(Bytes::from(body)))
+    ///             .unwrap(),
+    ///     )
+    /// }));
+    /// let mut req = Request::new(Full::default());
+    /// req.extensions_mut().insert(RequestId("r-42"));
+    /// let body = svc.oneshot(req).await.unwrap().into_body().collect().await.unwrap();
+    /// assert_eq!(body.to_bytes(), "data: {}\n\n");
+    /// assert_eq!(*seen.lock().unwrap(), ["r-42: Some(\"x-bypass-remote-prefill\")"]);
+    /// # }
+    /// ```
+    fn for_request(&self, request: &http::request::Parts) -> Option<Arc<dyn FrameObserver>> {
+        let _ = request;
+        None
+    }
 }
 
 /// The observer a configuration holds.

@@ -49,9 +49,9 @@
 //!
 //! This module follows semver like the rest of the crate, with these rules for growth:
 //!
-//! - every enum here is `#[non_exhaustive]`, and so are the struct variants: match with a
-//!   wildcard arm and `..`, so that a new decision (a new kind of refusal, a new step) is a minor
-//!   release;
+//! - every enum here is `#[non_exhaustive]`, and so are the struct variants whose fields may
+//!   grow (`BodyStep::Replace`, `ResponseStep::Filter`): match with a wildcard arm (and `..`
+//!   there), so that a new decision (a new kind of refusal, a new step) is a minor release;
 //! - new methods and new types may appear in a minor release;
 //! - a change that only the other hosts need (a new step for a new Envoy callback, a new edit
 //!   shape) happens here, in a minor release if it is additive; the middleware's items do not

@@ -2,8 +2,9 @@
 //!
 //! [`Scanner`] is fed the data of a `text/event-stream` body one input slice at a time and answers
 //! with [`Step`]s: how many of the next bytes to forward, to discard, or to hold because they belong
-//! to a frame that has not closed yet. It never copies or allocates on its own (apart from a prefix
-//! of at most a few dozen bytes of a line that spans inputs); the caller owns the bytes and the
+//! to a frame that has not closed yet. It never copies or allocates on its own (apart from the
+//! prefix of a line that spans inputs: at most `event: ` and the longest configured name, 263 bytes
+//! with a name of [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)); the caller owns the bytes and the
 //! buffer of held bytes. It knows nothing about `http`, bodies or async, so it is unit-tested and
 //! fuzzed on plain slices.
 //!
@@ -93,6 +94,11 @@ pub(crate) struct Scanner {
     /// `Some(k)`: nothing has been forwarded yet, and the body did not begin with a BOM; the
     /// forwarded bytes so far withheld are `BOM[..k]` (see [`Self::lead`]).
     lead: Option<u8>,
+    /// The request's own observer ([`FrameObserver::for_request`]), in place of the
+    /// configuration's.
+    ///
+    /// [`FrameObserver::for_request`]: crate::FrameObserver::for_request
+    observer: Option<crate::observe::Observer>,
 }
 
 /// What a driver forwards for the next bytes it would forward (see [`Scanner::lead`]).
@@ -137,6 +143,7 @@ impl Scanner {
             last_removed: None,
             boundary: None,
             lead: Some(0),
+            observer: None,
         }
     }
 
@@ -199,10 +206,18 @@ impl Scanner {
             .map(|i| &*self.config.names[usize::from(i)].name)
     }
 
-    /// The configuration's observer, if any.
+    /// The request's observer, or else the configuration's, if any.
     #[inline]
     pub(crate) fn observer(&self) -> Option<&dyn crate::observe::FrameObserver> {
-        self.config.observer.as_ref().map(|o| &*o.0)
+        self.observer
+            .as_ref()
+            .or(self.config.observer.as_ref())
+            .map(|o| &*o.0)
+    }
+
+    /// Tells `observer` of this body's frames instead of the configuration's observer.
+    pub(crate) fn set_observer(&mut self, observer: Option<crate::observe::Observer>) {
+        self.observer = observer;
     }
 
     /// The cap on held bytes, for the error that reports it.
@@ -597,10 +612,8 @@ impl Scanner {
             return true;
         }
         if let Some(i) = frame.opted_in {
-            if let Some(observer) = &self.config.observer {
-                observer
-                    .0
-                    .frame_forwarded(&self.config.names[usize::from(i)].name);
+            if let Some(observer) = self.observer() {
+                observer.frame_forwarded(&self.config.names[usize::from(i)].name);
             }
             return false;
         }

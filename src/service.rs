@@ -1,13 +1,15 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Method, Request, Response};
+use http::header::ACCEPT_ENCODING;
+use http::{HeaderValue, Method, Request, Response};
 use tower_service::Service;
 
 use crate::annotations::RequestedAnnotations;
 use crate::body::BypassMarkerBody;
 use crate::config::Config;
 use crate::future::ResponseFuture;
+use crate::observe::Observer;
 
 /// Middleware that removes router-internal annotation frames from `text/event-stream` responses
 /// unless the client opted in.
@@ -66,12 +68,54 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let requested = req
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let mut requested = req
             .extensions()
             .get::<RequestedAnnotations>()
             .map_or(0, |r| self.config.requested_mask(r));
+        let mut observer = None;
+        if self.config.grant.is_some() || self.config.observer.is_some() {
+            let (parts, body) = req.into_parts();
+            if let Some(grant) = &self.config.grant {
+                requested |= self.config.requested_mask(&(grant.0)(&parts));
+            }
+            if let Some(config_observer) = &self.config.observer {
+                observer = config_observer.0.for_request(&parts).map(Observer);
+            }
+            req = Request::from_parts(parts, body);
+        }
         let head = req.method() == Method::HEAD;
-        ResponseFuture::new(self.inner.call(req), self.config.clone(), requested, head)
+        if !head && self.config.removal_mask(requested) != 0 {
+            ask_for_identity(&mut req);
+        }
+        ResponseFuture::new(
+            self.inner.call(req),
+            self.config.clone(),
+            requested,
+            head,
+            observer,
+        )
     }
+}
+
+/// Asks the services below for an unencoded response: a request that may be answered with an event
+/// stream to filter gets `accept-encoding: identity` in place of the client's codings, so that a
+/// compression layer inside this one (or an upstream that compresses) leaves the stream readable.
+/// The layers outside this one read the client's header before they call it, and compress what it
+/// forwards. See [where to put it](crate#where-to-put-it).
+fn ask_for_identity<B>(req: &mut Request<B>) {
+    let headers = req.headers_mut();
+    let mut values = headers.get_all(ACCEPT_ENCODING).iter();
+    match (values.next(), values.next()) {
+        (None, _) => return,
+        (Some(only), None) if only.as_bytes().eq_ignore_ascii_case(b"identity") => return,
+        _ => {}
+    }
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        accept_encoding = ?headers.get(ACCEPT_ENCODING),
+        "the inner service is asked for accept-encoding identity: compression inside the \
+         bypass-marker layer is given up for this request, layers outside it still compress"
+    );
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
 }

@@ -1,17 +1,16 @@
-//! Where the layer goes relative to tower-http's `CompressionLayer`: inside it. The layer reads
-//! the body it is given; a gzip body is opaque to it, so it never reaches a client the layer would
-//! have to filter it for: that client gets a 502 (`encoded_event_stream`) instead, and a client
-//! that opted in to every name gets the encoded stream untouched.
+//! The layer and tower-http's `CompressionLayer`, in either order. Outside the layer (the
+//! documented order), compression applies to the filtered stream. Inside it, the layer has asked
+//! the services below for `accept-encoding: identity`, so the inner compression leaves the stream
+//! readable and the client gets it filtered, unencoded (or compressed by a layer further out). Only
+//! an upstream that compresses although asked not to still gets the 502 (`encoded_event_stream`),
+//! which keeps the `vary`, CORS and request-id headers the layers inside set.
 //!
-//! In a `ServiceBuilder` the first layer is the outermost: compression first. axum's
-//! `Router::layer` wraps what is there already: compression last. The other way round, the layer
-//! answers the 502, and its message names the layer order as well as the upstream.
-//!
-//! tower-http's default predicate does not compress `text/event-stream` at all, so the order only
-//! matters once an application compresses event streams; these tests use such a predicate, and pin
-//! the default too.
+//! tower-http's default predicate does not compress `text/event-stream` at all; these tests use a
+//! predicate that does, and pin the default too.
 
 mod common;
+#[cfg(feature = "json")]
+mod decoding;
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -24,6 +23,8 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use common::*;
+#[cfg(feature = "json")]
+use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderValue, Request};
 use http_body_util::Full;
@@ -266,19 +267,64 @@ async fn the_documented_axum_stack_streams_gzip_compressed_filtered_events() {
     }
 }
 
+/// What the OpenAI and Anthropic SDKs' HTTP clients (httpx, undici, reqwest) send by default.
+const SDK_ACCEPT_ENCODING: &str = "gzip, deflate, br, zstd";
+
 #[cfg(feature = "json")]
 #[tokio::test]
-async fn the_reversed_axum_stack_is_refused_with_a_message_naming_the_layer_order() {
-    let routes = Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(|| async { events() }),
-    );
-    let addr = spawn_axum(reversed_axum_stack(routes)).await;
-    let res = h1_client().request(chat(addr, "[]")).await.unwrap();
-    let status = res.status();
-    assert!(res.headers().get(header::CONTENT_ENCODING).is_none());
-    let (body, _) = read_all(res.into_body()).await;
-    assert_encoded_refusal((status, false, String::from_utf8(body.to_vec()).unwrap()));
+async fn both_layer_orders_give_every_encoding_and_the_sdk_header_a_filtered_stream() {
+    let routes = || {
+        Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { events() }),
+        )
+    };
+    let documented = spawn_axum(documented_axum_stack(routes())).await;
+    let reversed = spawn_axum(reversed_axum_stack(routes())).await;
+    // Compression on both sides: the outer one compresses what the layer kept.
+    let both = spawn_axum(
+        reversed_axum_stack(routes())
+            .layer(CompressionLayer::new().compress_when(compresses_event_streams())),
+    )
+    .await;
+    for accept in ["gzip", "br", "zstd", "deflate", SDK_ACCEPT_ENCODING] {
+        for (stack, addr, compressed) in [
+            ("documented", documented, true),
+            ("reversed", reversed, false),
+            ("both", both, true),
+        ] {
+            for (annotations, expected) in [
+                ("[]", filtered()),
+                (r#"["x-bypass-remote-prefill"]"#, unfiltered()),
+            ] {
+                let mut req = chat(addr, annotations);
+                req.headers_mut()
+                    .insert(header::ACCEPT_ENCODING, HeaderValue::from_static(accept));
+                let res = h1_client().request(req).await.unwrap();
+                assert_eq!(res.status(), http::StatusCode::OK, "{stack} {accept}");
+                let coding = res.headers().get(header::CONTENT_ENCODING).cloned();
+                // Dynamo's preset never forwards `llm_metrics`: something is removed for every
+                // client, so the inner compression is given up for the opted-in one too.
+                if compressed {
+                    let coding = coding.expect("compressed by the outer layer");
+                    assert!(
+                        accept.contains(coding.to_str().unwrap()),
+                        "{stack} {accept}"
+                    );
+                } else {
+                    assert_eq!(
+                        coding, None,
+                        "{stack} {accept}: compression inside is given up"
+                    );
+                }
+                assert_eq!(
+                    decoded(res).await,
+                    expected,
+                    "{stack} {accept} {annotations}"
+                );
+            }
+        }
+    }
 }
 
 /// The error a client gets instead of an encoded event stream it would have had filtered.
@@ -303,10 +349,9 @@ fn refusal_message(coding: &str) -> String {
 }
 
 #[tokio::test]
-async fn outside_compression_a_gzip_event_stream_is_refused_with_a_502_unless_nothing_is_removed() {
-    // The wrong order: the layer sees `content-encoding: gzip` and cannot read the body. It used
-    // to pass it on, and the marker reached a client that did not opt in once it decompressed the
-    // body; now that client gets a 502 and no byte of the stream.
+async fn with_compression_inside_the_layer_a_gzip_client_gets_the_stream_filtered_unencoded() {
+    // The other order: the layer asks the compression inside it for identity, so the stream it
+    // sees is readable. (This client used to get a 502 `encoded_event_stream`.)
     let app = routes()
         .layer(
             ServiceBuilder::new()
@@ -316,7 +361,7 @@ async fn outside_compression_a_gzip_event_stream_is_refused_with_a_502_unless_no
         .layer(middleware::from_fn(opt_in));
     let addr = spawn_axum(app).await;
 
-    assert_encoded_refusal(fetch_status(addr, true, false).await);
+    assert_eq!(fetch(addr, true, false).await, (false, filtered()));
     // A client that opted in to the marker has nothing removed: its stream passes, encoded.
     assert_eq!(fetch(addr, true, true).await, (true, unfiltered()));
     // A client that does not accept gzip gets an identity body, which the layer does filter.
@@ -405,7 +450,9 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
     use tower::{service_fn, ServiceExt};
     let svc = ServiceBuilder::new()
         .layer(BypassMarkerLayer::dynamo())
-        .service(service_fn(|_req: Request<Full<Bytes>>| async {
+        .service(service_fn(|req: Request<Full<Bytes>>| async move {
+            // Asked for identity, it answers br anyway: an upstream that ignores the header.
+            assert_eq!(req.headers()[header::ACCEPT_ENCODING], "identity");
             let mut res = http::Response::new(Forever);
             let headers = res.headers_mut();
             headers.insert(
@@ -418,14 +465,29 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
             );
             headers.append(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
             headers.insert("x-upstream", HeaderValue::from_static("1"));
+            headers.append(header::VARY, HeaderValue::from_static("origin"));
+            headers.append(header::VARY, HeaderValue::from_static("accept-encoding"));
+            headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+            headers.insert("x-request-id", HeaderValue::from_static("r-1"));
             Ok::<_, std::convert::Infallible>(res)
         }));
-    let res = svc.oneshot(Request::new(Full::default())).await.unwrap();
+    let mut req = Request::new(Full::default());
+    req.headers_mut().insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static(SDK_ACCEPT_ENCODING),
+    );
+    let res = svc.oneshot(req).await.unwrap();
     assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
     assert!(res.body().is_refused() && !res.body().is_filtering());
     assert_eq!(res.headers()[header::CONTENT_TYPE], "application/json");
     assert!(res.headers().get(header::CONTENT_ENCODING).is_none());
     assert!(res.headers().get("x-upstream").is_none());
+    // The headers that hold for the error too stay, every value of them.
+    let vary: Vec<_> = res.headers().get_all(header::VARY).iter().collect();
+    assert_eq!(vary, ["origin", "accept-encoding"]);
+    assert_eq!(res.headers()["access-control-allow-origin"], "*");
+    assert_eq!(res.headers()["x-request-id"], "r-1");
+    assert_eq!(res.headers().len(), 6, "{:?}", res.headers());
     let length: u64 = res.headers()[header::CONTENT_LENGTH]
         .to_str()
         .unwrap()
@@ -461,4 +523,53 @@ impl http_body::Body for Forever {
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         std::task::Poll::Pending
     }
+}
+
+#[tokio::test]
+async fn the_502_keeps_the_cors_vary_and_request_id_headers_that_layers_inside_set() {
+    use tower_http::cors::CorsLayer;
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    // An upstream that gzips whatever it is asked, behind CORS and request ids set inside the
+    // layer: the client's 502 still reaches the page (CORS) and names its request.
+    let x_request_id = http::HeaderName::from_static("x-request-id");
+    let app = Router::new()
+        .route(
+            "/v1/events",
+            get(|| async {
+                (
+                    [
+                        (header::CONTENT_TYPE, "text/event-stream"),
+                        (header::CONTENT_ENCODING, "gzip"),
+                    ],
+                    stored_gzip(),
+                )
+            }),
+        )
+        .layer(
+            ServiceBuilder::new()
+                .layer(BypassMarkerLayer::new())
+                .layer(SetRequestIdLayer::new(
+                    x_request_id.clone(),
+                    MakeRequestUuid,
+                ))
+                .layer(PropagateRequestIdLayer::new(x_request_id))
+                .layer(CorsLayer::permissive()),
+        );
+    let addr = spawn_axum(app).await;
+    let res = h1_client()
+        .request(
+            Request::get(format!("http://{addr}/v1/events"))
+                .header(header::ORIGIN, "https://app.test")
+                .header(header::ACCEPT_ENCODING, SDK_ACCEPT_ENCODING)
+                .body(Full::<Bytes>::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
+    assert_eq!(res.headers()["access-control-allow-origin"], "*");
+    assert_eq!(res.headers()["x-request-id"].len(), 36);
+    assert!(res.headers().get_all(header::VARY).iter().count() > 0);
+    assert_eq!(res.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(res.headers().get(header::CONTENT_ENCODING).is_none());
 }

@@ -638,7 +638,9 @@ async fn the_request_guard_decides_as_the_middleware_does() {
                     Ok((Bytes::from(body.to_vec()), Some(granted)))
                 }
                 BodyDecision::Refuse(refusal) => Err(refusal),
+                other => panic!("{body}: a decision this test does not know: {other:?}"),
             },
+            other => panic!("{body}: a decision this test does not know: {other:?}"),
         };
         let (res, _, seen) = through(layer.json_guard(), req).await;
         match sans_io {

@@ -197,3 +197,47 @@ fn a_body_that_ends_by_is_end_stream_logs_that_it_ended() {
     );
     assert!(!log.contains("dropped before its end"), "{log}");
 }
+
+#[test]
+fn every_event_fires_inside_the_span_the_request_was_called_in() {
+    let log = logged(|| {
+        let gated = Gated::default();
+        gated.push(data(
+            "event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\n",
+        ));
+        gated.push(data("data: 2"));
+        let upstream = gated.clone();
+        let mut svc = BypassMarkerLayer::new().layer(service_fn(move |_req: Request<()>| {
+            let body = upstream.clone();
+            async { Ok::<_, std::convert::Infallible>(response("text/event-stream", body)) }
+        }));
+        // The call and its future in the request's span (as tower-http's TraceLayer runs them),
+        let span = tracing::debug_span!("request", id = 7);
+        let res = span.in_scope(|| {
+            let req = Request::builder()
+                .header(http::header::ACCEPT_ENCODING, "gzip, deflate, br, zstd")
+                .body(())
+                .unwrap();
+            ready(svc.call(req)).unwrap()
+        });
+        // the body polled and dropped outside it, as hyper does.
+        let mut body = Box::pin(res.into_body());
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Poll::Ready(Some(Ok(_))) = body.as_mut().poll_frame(&mut cx) {}
+        drop(body);
+    });
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert!(lines[0].contains("accept-encoding identity"), "{log}");
+    assert!(lines[1].contains("removed annotation frame"), "{log}");
+    assert!(
+        lines[2].contains("event stream dropped before its end"),
+        "{log}"
+    );
+    for line in lines {
+        assert!(
+            line.contains("request{id=7}"),
+            "outside the request's span: {line}"
+        );
+    }
+}

@@ -321,6 +321,14 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 HeadersStatus::StopIteration
             }
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
+                HeadersStatus::StopIteration
+            }
             Err(err) => {
                 self.fail(host, &err);
                 HeadersStatus::StopIteration
@@ -451,6 +459,14 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 BodyStatus::StopIterationNoBuffer
             }
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
+                BodyStatus::StopIterationNoBuffer
+            }
             Err(err) => {
                 self.fail(host, &err);
                 BodyStatus::StopIterationNoBuffer
@@ -515,6 +531,14 @@ impl StreamFilter {
             }
             Ok(ResponseStep::Refuse(refusal)) => {
                 self.refuse_response(host, &headers, &refusal);
+                HeadersStatus::StopIteration
+            }
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
                 HeadersStatus::StopIteration
             }
             Err(err) => {

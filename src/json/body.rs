@@ -60,6 +60,13 @@ impl<B> JsonGuardBody<B> {
     }
 }
 
+/// The inner body's default, passed through (as for the crate's response bodies).
+impl<B: Default> Default for JsonGuardBody<B> {
+    fn default() -> Self {
+        Self::passthrough(B::default())
+    }
+}
+
 impl<B: std::fmt::Debug> std::fmt::Debug for JsonGuardBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner {

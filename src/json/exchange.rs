@@ -92,6 +92,7 @@ pub enum UnseenRequest {
 /// The answer to [`GatewayExchange::request_headers`].
 #[derive(Debug)]
 #[must_use]
+#[non_exhaustive]
 pub enum RequestStep {
     /// Forward the request; its body (if any) is not read.
     Forward,
@@ -104,6 +105,7 @@ pub enum RequestStep {
 /// The answer to [`GatewayExchange::request_body`].
 #[derive(Debug)]
 #[must_use]
+#[non_exhaustive]
 pub enum BodyStep {
     /// Forward the body as it is.
     Forward,
@@ -122,6 +124,7 @@ pub enum BodyStep {
 /// The answer to [`GatewayExchange::response_headers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
+#[non_exhaustive]
 pub enum ResponseStep {
     /// Pass the response through untouched: there is nothing to remove from it.
     Pass,

@@ -9,6 +9,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::config::ErrorBodyFn;
 use crate::json::guard::join;
 use crate::json::guard::{BodyDecision, Refusal, RequestGuard};
 use crate::json::{JsonGuardBody, ResponseBody};
@@ -42,6 +43,7 @@ pin_project! {
         },
         Refused {
             refusal: Option<Refusal>,
+            shape: Option<ErrorBodyFn>,
         },
     }
 }
@@ -69,10 +71,11 @@ where
         }
     }
 
-    pub(crate) fn refused(refusal: Refusal) -> Self {
+    pub(crate) fn refused(refusal: Refusal, guard: &RequestGuard) -> Self {
         Self {
             state: State::Refused {
                 refusal: Some(refusal),
+                shape: guard.error_body(),
             },
         }
     }
@@ -132,6 +135,7 @@ where
                     Ok(()) => collected.finish(),
                     Err(refusal) => State::Refused {
                         refusal: Some(refusal),
+                        shape: collected.guard.error_body(),
                     },
                 },
                 StateProj::Calling { future, granted } => {
@@ -141,9 +145,9 @@ where
                     }
                     return Poll::Ready(Ok(res.map(ResponseBody::service)));
                 }
-                StateProj::Refused { refusal } => {
+                StateProj::Refused { refusal, shape } => {
                     let refusal = refusal.take().expect("polled after completion");
-                    return Poll::Ready(Ok(ResponseBody::refused(&refusal)));
+                    return Poll::Ready(Ok(ResponseBody::refused(&refusal, shape.as_ref())));
                 }
             };
             state.set(next);
@@ -215,6 +219,7 @@ impl<S> Collected<S> {
             BodyDecision::Refuse(refusal) => {
                 return State::Refused {
                     refusal: Some(refusal),
+                    shape: self.guard.error_body(),
                 }
             }
         };

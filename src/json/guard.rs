@@ -24,7 +24,7 @@ use crate::{BypassMarkerLayer, RequestedAnnotations};
 /// ```
 /// use bytes::Bytes;
 /// use http::{header, HeaderMap};
-/// use tower_bypass_marker::json::{BodyDecision, HeadDecision};
+/// use tower_bypass_marker::sans_io::{BodyDecision, HeadDecision};
 /// use tower_bypass_marker::BypassMarkerLayer;
 ///
 /// let guard = BypassMarkerLayer::new().opt_in("request_id").request_guard();
@@ -58,6 +58,7 @@ pub struct RequestGuard {
 
 /// What to do with a request, from its head.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum HeadDecision {
     /// The guard does not read this body (it is empty, or not JSON): forward the request
     /// untouched, with nothing granted.
@@ -70,6 +71,7 @@ pub enum HeadDecision {
 
 /// What to do with a request, from its body.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BodyDecision {
     /// Forward the body as it is; the client is granted `granted` (perhaps nothing).
     Forward {
@@ -238,6 +240,11 @@ impl RequestGuard {
     /// The cap on the bytes of a body the guard reads.
     pub fn max_body(&self) -> usize {
         self.max_body_bytes
+    }
+
+    /// The application's shape for the guard's error responses, if the layer has one.
+    pub(crate) fn error_body(&self) -> Option<crate::config::ErrorBodyFn> {
+        self.config.error_body.clone()
     }
 
     /// Decides from the request's head. `body_empty`: the request is known to have no body (an

@@ -6,6 +6,7 @@ use http::{header, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::config::{ErrorBodyFn, ErrorParts};
 use crate::json::guard::Refusal;
 
 pin_project! {
@@ -37,6 +38,14 @@ impl<B> ResponseBody<B> {
         Self {
             inner: Inner::Service { body },
         }
+    }
+}
+
+/// The inner body's default, passed through: for layers outside the guard that build their own
+/// response with `ResBody::default()` (tower-http's `TimeoutLayer`, `CorsLayer`, ...).
+impl<B: Default> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::service(B::default())
     }
 }
 
@@ -85,18 +94,23 @@ where
 
 impl<B> ResponseBody<B> {
     /// The guard's own response to a request it refuses.
-    pub(crate) fn refused(refusal: &Refusal) -> Response<Self> {
-        let json = refusal.body();
+    pub(crate) fn refused(refusal: &Refusal, shape: Option<&ErrorBodyFn>) -> Response<Self> {
+        let (content_type, json) = match shape {
+            None => (HeaderValue::from_static("application/json"), refusal.body()),
+            Some(shape) => shape.shape(&ErrorParts {
+                status: refusal.status(),
+                kind: refusal.kind(),
+                code: refusal.code(),
+                message: refusal.message(),
+            }),
+        };
         let mut res = Response::new(ResponseBody {
             inner: Inner::Refused {
                 json: Some(json.clone()),
             },
         });
         *res.status_mut() = refusal.status();
-        res.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        res.headers_mut().insert(header::CONTENT_TYPE, content_type);
         res.headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(json.len()));
         res

@@ -70,12 +70,12 @@ where
             HeadDecision::Skip => {
                 return ResponseFuture::call(self.inner.call(req.map(JsonGuardBody::passthrough)))
             }
-            HeadDecision::Refuse(refusal) => return ResponseFuture::refused(refusal),
+            HeadDecision::Refuse(refusal) => return ResponseFuture::refused(refusal, &self.guard),
             HeadDecision::Read => {}
         }
         // A body whose own size hint says it is over the cap is refused before it is read too.
         if req.body().size_hint().lower() > self.guard.max_body() as u64 {
-            return ResponseFuture::refused(Refusal::too_large(self.guard.max_body()));
+            return ResponseFuture::refused(Refusal::too_large(self.guard.max_body()), &self.guard);
         }
         // The service that was made ready goes with the request; `self` keeps a clone.
         let clone = self.inner.clone();

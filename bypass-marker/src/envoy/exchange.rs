@@ -308,6 +308,8 @@ impl Exchange {
                 }
                 Ok((Response::RequestHeaders(proto::identity_encoding()), None))
             }
+            // A step added in a later version of the library: fail closed.
+            _ => Err(Status::internal("a step this processor does not know")),
         }
     }
 
@@ -348,6 +350,8 @@ impl Exchange {
                 )))
             }
             BodyStep::Refuse(refusal) => Ok(refuse(&refusal)),
+            // A step added in a later version of the library: fail closed.
+            _ => Err(Status::internal("a step this processor does not know")),
         }
     }
 
@@ -430,6 +434,8 @@ impl Exchange {
                 self.queue(refuse(&refusal));
                 return Ok(());
             }
+            // A step added in a later version of the library: fail closed.
+            _ => return Err(Status::internal("a step this processor does not know")),
         };
         if !self.request_body_seen {
             // Trailers right after the headers: no body message to answer.
@@ -551,6 +557,8 @@ impl Exchange {
                     });
                 Ok((Response::ResponseHeaders(proto::unchanged_headers()), mode))
             }
+            // A step added in a later version of the library: fail closed.
+            _ => Err(Status::internal("a step this processor does not know")),
         }
     }
 
