@@ -23,16 +23,19 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
-usage: router [--addr HOST:PORT] [--no-layer] [--shutdown-after SECS]
+usage: router [--addr HOST:PORT] [--no-layer] [--compress inside|outside] [--shutdown-after SECS]
 
   --addr HOST:PORT       address to listen on (default 127.0.0.1:3000; port 0 picks a free port)
   --no-layer             serve the router without BypassMarkerLayer, as Dynamo behaves today
+  --compress WHERE       add tower-http's CompressionLayer, event streams included, outside the
+                         layer (after it, the documented order) or inside it (before it)
   --shutdown-after SECS  stop by itself after SECS seconds (default: run until Ctrl-C or SIGTERM)
   -h, --help             print this help";
 
 struct Args {
     addr: SocketAddr,
     with_layer: bool,
+    compression: support::router::Compression,
     shutdown_after: Option<Duration>,
 }
 
@@ -40,6 +43,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
     let mut parsed = Args {
         addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
         with_layer: true,
+        compression: support::router::Compression::None,
         shutdown_after: None,
     };
     while let Some(arg) = args.next() {
@@ -47,6 +51,15 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--no-layer" => parsed.with_layer = false,
+            "--compress" => {
+                parsed.compression = match value("--compress")?.as_str() {
+                    "inside" => support::router::Compression::Inside,
+                    "outside" => support::router::Compression::Outside,
+                    other => {
+                        return Err(format!("invalid --compress {other:?}: inside or outside"))
+                    }
+                }
+            }
             "--addr" => {
                 let addr = value("--addr")?;
                 parsed.addr = addr
@@ -127,7 +140,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let router = support::router::SimRouter::new(args.with_layer);
+    let router = support::router::SimRouter::with_compression(args.with_layer, args.compression);
     if args.with_layer {
         println!("simulated router with BypassMarkerLayer (opt in: nvext.annotations)");
     } else {

@@ -216,8 +216,41 @@ pub struct SimRouter {
     shared: Arc<Shared>,
 }
 
+/// Where the router compresses its responses (tower-http's `CompressionLayer`, event streams
+/// included), if at all: outside the layer (the documented order) or inside it (the order that
+/// used to answer every client asking for gzip with a 502).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compression {
+    /// No compression layer.
+    #[default]
+    None,
+    /// `CompressionLayer` added after the layer: outermost, it compresses the filtered stream.
+    Outside,
+    /// `CompressionLayer` added before the layer: inside it, below the filter.
+    Inside,
+}
+
+/// tower-http's default predicate, less its exception for `text/event-stream`.
+fn compress_event_streams() -> tower_http::compression::CompressionLayer<
+    tower_http::compression::predicate::And<
+        tower_http::compression::predicate::And<
+            tower_http::compression::predicate::SizeAbove,
+            tower_http::compression::predicate::NotForContentType,
+        >,
+        tower_http::compression::predicate::NotForContentType,
+    >,
+> {
+    use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
+    tower_http::compression::CompressionLayer::new().compress_when(
+        SizeAbove::default()
+            .and(NotForContentType::GRPC)
+            .and(NotForContentType::IMAGES),
+    )
+}
+
 struct Shared {
     layer: Option<BypassMarkerLayer>,
+    compression: Compression,
     /// How many times each prompt (by [`prompt_key`]) has been served: the prefix cache.
     seen: Mutex<HashMap<(Endpoint, u64), u64>>,
     worker_log: Mutex<WorkerLog>,
@@ -226,9 +259,15 @@ struct Shared {
 impl SimRouter {
     /// A router with an empty prefix cache, served with [`layer()`] when `with_layer` is true.
     pub fn new(with_layer: bool) -> Self {
+        Self::with_compression(with_layer, Compression::None)
+    }
+
+    /// A router as [`new`](Self::new) makes it, compressing where `compression` says.
+    pub fn with_compression(with_layer: bool, compression: Compression) -> Self {
         Self {
             shared: Arc::new(Shared {
                 layer: with_layer.then(layer),
+                compression,
                 seen: Mutex::default(),
                 worker_log: Mutex::default(),
             }),
@@ -246,9 +285,17 @@ impl SimRouter {
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/completions", post(completions))
             .with_state(self.clone());
-        match &self.shared.layer {
+        let app = match self.shared.compression {
+            Compression::Inside => app.layer(compress_event_streams()),
+            Compression::None | Compression::Outside => app,
+        };
+        let app = match &self.shared.layer {
             Some(layer) => app.layer(layer.clone()),
             None => app,
+        };
+        match self.shared.compression {
+            Compression::Outside => app.layer(compress_event_streams()),
+            Compression::None | Compression::Inside => app,
         }
     }
 

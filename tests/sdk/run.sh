@@ -16,6 +16,10 @@
 #     stream starts with the exact marker frame, then request_id; with it a client that opts in
 #     through nvext.annotations gets the marker as its first frame, once, and request_id only if
 #     it also asked for it;
+#   - no ordering trap: two more routers with the layer add tower-http's CompressionLayer (event
+#     streams included), one outside the layer and one inside it; every SDK, sending its own
+#     Accept-Encoding, streams the right text through both, and a raw client asking for gzip gets
+#     a gzipped, filtered stream from the first and an identity, filtered one from the second;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `sdk: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -78,6 +82,10 @@ start_router layer
 with_layer="$url"
 start_router no-layer --no-layer
 without_layer="$url"
+start_router compress-outside --compress outside
+compress_outside="$url"
+start_router compress-inside --compress inside
+compress_inside="$url"
 log "router with the layer: $with_layer, without: $without_layer"
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +95,44 @@ log "router with the layer: $with_layer, without: $without_layer"
 CLIENT_TIMEOUT=120
 
 run_sdk_clients "$with_layer" "$without_layer" "the layer"
+
+# No ordering trap: compression outside the layer or inside it, each SDK with its own
+# Accept-Encoding (which names gzip at least), the right text either way; inside, the layer asks
+# the services below it for identity, so nothing is compressed.
+for where in outside inside; do
+  base="$compress_outside"
+  [[ "$where" == inside ]] && base="$compress_inside"
+  for v in "${py_versions[@]}"; do
+    run_client "python openai $v, compression $where the layer" "${py_bin[$v]}" "$root/tests/sdk/client.py" sdk \
+      --base-url "$base/v1" --expect pass --label "python openai $v, compression $where" --version "$v"
+  done
+  for v in "${node_versions[@]}"; do
+    run_client "node openai $v, compression $where the layer" "${node_bin[$v]}" "$root/tests/sdk/client.mjs" \
+      --sdk-dir "${node_dir[$v]}" --base-url "$base/v1" --expect pass --label "node openai $v, compression $where" \
+      --version "$v"
+  done
+  want=gzip
+  [[ "$where" == inside ]] && want=identity
+  # A cache hit (the same prompt twice) asking for gzip: the coding the layer order gives, and a
+  # stream with neither the marker nor the request_id frame.
+  got="$("$python" - "$base" <<'PY'
+import gzip, json, sys, urllib.request
+body = json.dumps({"model": "sim-llm", "stream": True,
+                   "messages": [{"role": "user", "content": "compression order"}]}).encode()
+for _ in range(2):
+    req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=body, headers={
+        "content-type": "application/json", "accept-encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=30) as res:
+        coding = res.headers.get("content-encoding") or "identity"
+        raw = res.read()
+text = (gzip.decompress(raw) if coding == "gzip" else raw).decode()
+clean = "data: [DONE]" in text and "event:" not in text
+print(f"{coding} {'filtered' if clean else 'NOT-FILTERED'}")
+PY
+)" || got="error"
+  count "$([[ "$got" == "$want filtered" ]] && echo 1 || echo 0)" \
+    "compression $where the layer, a client asking for gzip: $want and filtered (got: $got)"
+done
 
 only_loopback
 nothing_left
