@@ -277,6 +277,24 @@ async fn get(url: String) -> Result<Bytes, BoxError> {
     Ok(fetch(req).await?.body)
 }
 
+/// The body of the first `/stream` the proxy at `listen` serves, asked for until it is up; a panic
+/// if `child` exits first, or after [`PATIENCE`].
+async fn first_stream(listen: &str, child: &mut tokio::process::Child) -> Bytes {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(body) = get(format!("http://{listen}/stream")).await {
+                return body;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the proxy exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the proxy serves")
+}
+
 /// The bodies of `/stream` from the proxy at `addr`, asked by `clients` clients at once, each on
 /// a connection of its own (a fresh hyper client per request); each must come within `patience`.
 async fn streams_at_once(addr: &str, clients: usize, patience: Duration) -> Vec<Bytes> {
@@ -912,19 +930,7 @@ async fn a_closed_stdout_never_stops_a_serving_proxy() {
         .spawn()
         .unwrap();
     // Served: the proxy is up once a request through it succeeds.
-    let body = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Ok(body) = get(format!("http://{listen}/stream")).await {
-                return body;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the proxy exited: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the proxy serves");
+    let body = first_stream(&listen, &mut child).await;
     assert_eq!(body, expected_stream());
     let out = sigterm_and_output(child).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -1093,19 +1099,7 @@ async fn broken_stdout_and_stderr_are_never_a_panic() {
         .stderr(Stdio::from(broken_pipe()))
         .spawn()
         .unwrap();
-    let body = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Ok(body) = get(format!("http://{listen}/stream")).await {
-                return body;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("the proxy exited: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the proxy serves");
+    let body = first_stream(&listen, &mut child).await;
     assert_eq!(body, expected_stream());
     // More traffic, each request another access line into the broken pipe.
     for body in streams_at_once(&listen, 4, PATIENCE).await {
