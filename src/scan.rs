@@ -775,7 +775,8 @@ fn last_blank_line_end(input: &[u8], from: usize, until: usize) -> Option<usize>
 /// Only chunks of up to [`TOUCH_LINES_MAX`] bytes are touched. Longer chunks are read as a
 /// sequential stream that the hardware prefetcher follows by itself, and when they are in the cache
 /// already, touching them first is pure cost: with 16 chat events a chunk (3.7 KiB) in the cache,
-/// it took the layer from 2.8 to 2.0 times the speed of the `memchr2` floor (BENCHMARKS.md).
+/// it took the layer from 2.8 to 2.0 times the speed of the `memchr2` floor (BENCHMARKS.md as of
+/// 57eacbb, in the repository's history).
 #[inline]
 fn touch_lines(input: &[u8]) {
     let sum = input.iter().step_by(64).fold(0u8, |sum, &b| sum ^ b);

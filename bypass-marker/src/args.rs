@@ -480,9 +480,9 @@ pub struct ProxyArgs {
     /// address is this process's alone: a second proxy on it fails to start) with its own
     /// upstream connections, so a stream stays on one thread. 1 (the default) costs the least
     /// CPU per event: on a 2-core machine shared with the upstream, a fifth less in bulk and a
-    /// third less paced than two threads, at the same throughput (see BENCHMARKS.md); one thread
-    /// forwards several hundred thousand events a second. Give more to a proxy that needs more
-    /// than one core.
+    /// third less paced than two threads, at the same throughput (BENCHMARKS.md as of 57eacbb);
+    /// one thread forwards several hundred thousand events a second. Give more to a proxy that
+    /// needs more than one core.
     #[arg(
         long,
         value_name = "N",
@@ -548,8 +548,8 @@ pub struct ExtProcArgs {
     pub shutdown_grace: Duration,
     /// Threads that serve Envoy's streams. 1 (the default) runs everything on one thread: a
     /// message is read, processed and answered with no cross-thread wake-up, which costs the
-    /// least CPU per message (about a third less per paced event than two worker threads; see
-    /// BENCHMARKS.md). More threads spread the work over more cores, for a processor that needs
+    /// least CPU per message (about a third less per paced event than two worker threads:
+    /// BENCHMARKS.md as of 57eacbb). More threads spread the work over more cores, for a processor that needs
     /// more than one, or so that a large request body under the guard (a 32 MiB one takes 10 to
     /// 50 ms) delays fewer of the other streams.
     #[arg(
