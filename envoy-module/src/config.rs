@@ -8,8 +8,8 @@ use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 use tower_bypass_marker::sans_io::RequestGuard;
 use tower_bypass_marker::{BypassMarkerLayer, Overflow};
 
+use crate::log_limit::LogLimit;
 use crate::metrics::Tally;
-use crate::stream::LogLimit;
 
 /// The keys a configuration may have: the naming flags of `bypass-marker ext-proc`.
 const KEYS: [&str; 6] = [

@@ -35,5 +35,6 @@
 #[cfg(feature = "abi")]
 mod abi;
 pub mod config;
+pub mod log_limit;
 pub mod metrics;
 pub mod stream;

@@ -11,6 +11,7 @@ use tower_bypass_marker::sans_io::{
 };
 
 use crate::config::Config;
+use crate::log_limit::LogLimit;
 use crate::metrics::{self, Counter};
 
 /// A header map of the stream.
@@ -151,48 +152,6 @@ fn request_parts(host: &impl Host) -> &'static [Body] {
 /// in the dynamic module; in the proxy-wasm plugin, whose statics live in its VM, once per VM
 /// (each worker's, and again in a VM reloaded after a trap).
 static ENCODED_LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// At most one log line per period; how many were held back in between. The refusals' lines,
-/// which any client can cause, go at most once a minute, as the processor's: one limit per
-/// configuration ([`Config::refusal_lines`]: per filter configuration in the dynamic module, per
-/// VM in the proxy-wasm plugin), each line saying how many refusals went unlogged since the one
-/// before. `bypass_marker_requests_refused` counts every one.
-#[derive(Debug)]
-pub struct LogLimit {
-    period: u64,
-    /// The second (of the Unix epoch) from which the next line may go.
-    next: std::sync::atomic::AtomicU64,
-    /// Lines held back since the last one.
-    held: std::sync::atomic::AtomicU64,
-}
-
-impl LogLimit {
-    /// One line per `period` seconds.
-    pub const fn new(period: u64) -> Self {
-        Self {
-            period,
-            next: std::sync::atomic::AtomicU64::new(0),
-            held: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// At second `now`: `Some(held back since the last line)` if a line may go, else `None`
-    /// (and this one is held back).
-    pub fn admit(&self, now: u64) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let next = self.next.load(Relaxed);
-        if now >= next
-            && self
-                .next
-                .compare_exchange(next, now + self.period, Relaxed, Relaxed)
-                .is_ok()
-        {
-            return Some(self.held.swap(0, Relaxed));
-        }
-        self.held.fetch_add(1, Relaxed);
-        None
-    }
-}
 
 /// Seconds of the Unix epoch (0 if the clock cannot be read: the first line still goes).
 fn now_secs() -> u64 {

@@ -2,8 +2,9 @@
 //! that keeps Envoy's buffer semantics (`fake`, with the feature of that name), through every hook order Envoy makes.
 
 use bypass_marker::config::Config;
+use bypass_marker::log_limit::LogLimit;
 use bypass_marker::metrics::Counter;
-use bypass_marker::stream::{LogLimit, RequestHead};
+use bypass_marker::stream::RequestHead;
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
