@@ -45,6 +45,19 @@ fn plugin_config(json: &str) -> Vec<u8> {
     serde_json::to_vec(&value).unwrap()
 }
 
+/// Sends a `POST` head for a JSON body of `body_len` bytes, with its `content-length`.
+fn json_post_head(d: &mut Simulated, body_len: usize) -> Action {
+    let len = body_len.to_string();
+    d.request(
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("content-length", &len),
+        ],
+        false,
+    )
+}
+
 /// The request head as the upstream got it: its content-length.
 fn upstream_length(d: &mut Simulated) -> Option<Vec<u8>> {
     let head = d.fake().upstream_head.clone()?;
@@ -83,16 +96,8 @@ fn one_byte_chunks_and_an_opted_in_client() {
     let body = stream_body();
     let json = br#"{"model":"m","stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
     let mut d = Simulated::new(&config);
-    let len = json.len().to_string();
     assert_eq!(
-        d.request(
-            "POST",
-            &[
-                ("content-type", "application/json"),
-                ("content-length", &len)
-            ],
-            false
-        ),
+        json_post_head(&mut d, json.len()),
         Action::Pause,
         "the request head waits for the guard"
     );
@@ -159,15 +164,7 @@ fn a_held_head_goes_on_with_the_spliced_bodys_content_length_and_no_padding() {
     let spliced = br#"{"model":"m","nvext":{"annotations":["request_id"]}}"#;
     for pieces in [1, 2, 7, json.len()] {
         let mut d = Simulated::new(&dynamo());
-        let len = json.len().to_string();
-        let head = d.request(
-            "POST",
-            &[
-                ("content-type", "application/json"),
-                ("content-length", &len),
-            ],
-            false,
-        );
+        let head = json_post_head(&mut d, json.len());
         assert_eq!(head, Action::Pause, "the head waits for the guard");
         let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
         for (i, chunk) in chunks.iter().enumerate() {
@@ -201,15 +198,7 @@ fn a_forwarded_head_keeps_its_content_length_and_the_body_is_padded_to_it() {
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
     for pieces in [1, 2, 7, json.len()] {
         let mut d = Simulated::with_head(&dynamo(), RequestHead::Forwarded);
-        let len = json.len().to_string();
-        let head = d.request(
-            "POST",
-            &[
-                ("content-type", "application/json"),
-                ("content-length", &len),
-            ],
-            false,
-        );
+        let head = json_post_head(&mut d, json.len());
         assert_eq!(head, Action::Continue, "the head goes on at once");
         let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
         for (i, chunk) in chunks.iter().enumerate() {
@@ -231,7 +220,10 @@ fn a_forwarded_head_keeps_its_content_length_and_the_body_is_padded_to_it() {
             "{}",
             String::from_utf8_lossy(&upstream)
         );
-        assert_eq!(upstream_length(&mut d), Some(len.into_bytes()));
+        assert_eq!(
+            upstream_length(&mut d),
+            Some(json.len().to_string().into_bytes())
+        );
     }
 }
 
