@@ -90,6 +90,17 @@ fn stored_gzip() -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
+/// An upstream that gzips its event stream whatever it was asked: [`stored_gzip`], labelled.
+async fn gzipped_events() -> impl axum::response::IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONTENT_ENCODING, "gzip"),
+        ],
+        stored_gzip(),
+    )
+}
+
 /// What a client gets: whether the body was gzip-encoded, and the body decoded.
 async fn fetch(addr: std::net::SocketAddr, gzip: bool, opt_in: bool) -> (bool, String) {
     let (status, gzipped, body) = fetch_status(addr, gzip, opt_in).await;
@@ -404,18 +415,7 @@ async fn an_encoded_event_stream_is_refused_or_passes_byte_for_byte_even_with_ma
         "the encoded body should hold the marker frame literally"
     );
     let app = Router::new()
-        .route(
-            "/v1/events",
-            get(|| async {
-                (
-                    [
-                        (header::CONTENT_TYPE, "text/event-stream"),
-                        (header::CONTENT_ENCODING, "gzip"),
-                    ],
-                    stored_gzip(),
-                )
-            }),
-        )
+        .route("/v1/events", get(gzipped_events))
         .layer(BypassMarkerLayer::new())
         .layer(middleware::from_fn(opt_in));
     let addr = spawn_axum(app).await;
@@ -533,18 +533,7 @@ async fn the_502_keeps_the_cors_vary_and_request_id_headers_that_layers_inside_s
     // layer: the client's 502 still reaches the page (CORS) and names its request.
     let x_request_id = http::HeaderName::from_static("x-request-id");
     let app = Router::new()
-        .route(
-            "/v1/events",
-            get(|| async {
-                (
-                    [
-                        (header::CONTENT_TYPE, "text/event-stream"),
-                        (header::CONTENT_ENCODING, "gzip"),
-                    ],
-                    stored_gzip(),
-                )
-            }),
-        )
+        .route("/v1/events", get(gzipped_events))
         .layer(
             ServiceBuilder::new()
                 .layer(BypassMarkerLayer::new())
