@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{black_box, criterion_main, Criterion, Throughput};
 use futures_util::FutureExt;
 use http::{header, Request, Response};
 use http_body::Body;
@@ -176,5 +176,10 @@ where
     );
 }
 
-criterion_group!(benches, guard);
+// criterion_group! writes an undocumented `pub fn benches`.
+#[allow(missing_docs)]
+mod group {
+    criterion::criterion_group!(benches, super::guard);
+}
+use group::benches;
 criterion_main!(benches);

@@ -30,7 +30,7 @@ source "$root/tests/envoy/install.sh"
 if [[ -n "${ENVOY:-}" ]]; then envoy_bin="$ENVOY"; else install_envoy; fi
 command -v valgrind >/dev/null || { echo "module_callgrind: valgrind is not installed" >&2; exit 1; }
 module_dir="$root/target/release"
-[[ -f "$module_dir/libbypass_marker.so" ]] ||
+[[ -f "$module_dir/libbypass_marker_envoy_module.so" ]] ||
   { echo "module_callgrind: build the module first (cargo build --release -p bypass-marker-envoy-module)" >&2; exit 1; }
 
 work="$(mktemp -d)"

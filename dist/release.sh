@@ -8,7 +8,7 @@
 #   bypass-marker-VERSION-TRIPLE.tar.gz           the binary (`proxy` and `ext-proc`), README,
 #                                                 licenses, docs/{sidecar,deploy,envoy}.md and
 #                                                 the systemd unit bypass-marker.service
-#   libbypass_marker-VERSION-envoy-V1-V2-V3-TRIPLE.so
+#   libbypass_marker_envoy_module-VERSION-envoy-V1-V2-V3-TRIPLE.so
 #                                                 the Envoy dynamic module, named with the Envoy
 #                                                 releases tests/envoy/module.sh loads it in
 #   bypass_marker-VERSION-wasm32-wasip1.wasm      the proxy-wasm plugin (any machine, any Envoy
@@ -101,7 +101,7 @@ plugin_build="$(package_dir bypass-marker-wasm)/build.sh"
 log "bash ${plugin_build#"$root/"}  (cargo build --release --locked -p bypass-marker-wasm --target $wasm_target)"
 plugin="$(bash "$plugin_build")"
 bin="$target/release/bypass-marker"
-module="$target/release/libbypass_marker.so"
+module="$target/release/libbypass_marker_envoy_module.so"
 [[ -x "$bin" && -f "$module" && -f "$plugin" ]] || die "no $bin, $module or $plugin after the builds"
 log "built in $((SECONDS - started)) s"
 
@@ -126,7 +126,7 @@ tar -C "$stage" --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owne
   gzip -9n >"$out/$name.tar.gz"
 
 # The module, named with the Envoy releases it was tested with.
-cp "$module" "$out/libbypass_marker-$version-envoy-${ENVOY_TESTED// /-}-$triple.so"
+cp "$module" "$out/libbypass_marker_envoy_module-$version-envoy-${ENVOY_TESTED// /-}-$triple.so"
 
 # The plugin: Wasm, the same file on every machine, for every Envoy with a Wasm runtime.
 cp "$plugin" "$out/bypass_marker-$version-$wasm_target.wasm"

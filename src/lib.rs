@@ -214,7 +214,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+#![warn(unreachable_pub)]
 
 pub mod annotations;
 mod body;

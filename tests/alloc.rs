@@ -5,13 +5,12 @@
 //! and only a frame that spans chunks is copied. Here "the same" is checked by pointer and length,
 //! and "without allocating" by counting every allocation the polling thread makes.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
+use test_support::alloc::{allocations, Counting};
 
 use bytes::Bytes;
 use futures_util::task::noop_waker_ref;
@@ -20,46 +19,8 @@ use http_body::{Body, Frame};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::{BypassMarkerBody, BypassMarkerLayer};
 
-/// Counts the allocations (and reallocations) of each thread, so tests running in parallel do not
-/// see each other's.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    // `try_with`: the allocator may be called while a thread is being torn down.
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+static ALLOCATOR: Counting = Counting;
 
 const MARKER: &str = "event: x-bypass-remote-prefill\n: true\n\n";
 

@@ -3,9 +3,8 @@
 //! when something is stripped, the new array), never a copy of the body.
 #![cfg(feature = "json")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
+use test_support::alloc::{bytes_allocated, Counting};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -16,44 +15,8 @@ use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::json::JsonGuardBody;
 use tower_bypass_marker::BypassMarkerLayer;
 
-/// Counts the bytes each thread allocates, so tests running in parallel do not see each other's.
-struct Counting;
-
-thread_local! {
-    static BYTES: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count(n: usize) {
-    let _ = BYTES.try_with(|b| b.set(b.get() + n as u64));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc(layout)
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        System.alloc_zeroed(layout)
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocated() -> u64 {
-    BYTES.with(Cell::get)
-}
+static ALLOCATOR: Counting = Counting;
 
 /// A 1 MiB JSON body: a long base64 string, then `nvext.annotations`.
 fn big(annotations: &str) -> Bytes {
@@ -82,9 +45,9 @@ fn guard(body: Bytes, forwarded: usize) -> u64 {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .unwrap();
-    let before = allocated();
+    let before = bytes_allocated();
     let res = svc.call(req).now_or_never().unwrap().unwrap();
-    let after = allocated();
+    let after = bytes_allocated();
     assert_eq!(res.status(), 200);
     after - before
 }

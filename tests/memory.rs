@@ -8,11 +8,8 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -20,77 +17,27 @@ use bytes::{Bytes, BytesMut};
 use common::event_stream;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
+use test_support::alloc::{live, peak, reset_peak, Counting, Turn};
 use tower::{Layer, Service};
 use tower_bypass_marker::{BypassMarkerBody, BypassMarkerLayer, FrameTooLarge, Overflow};
-
-/// Counts live heap bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-fn shrank(by: usize) {
-    LIVE.fetch_sub(by, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        System.dealloc(p, layout);
-        shrank(layout.size());
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let q = System.realloc(p, layout, new_size);
-        if !q.is_null() {
-            if new_size > layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                shrank(layout.size() - new_size);
-            }
-        }
-        q
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
 /// One test at a time, from its first allocation: another test building its input would count in
 /// this one's peak.
-static TURN: Mutex<()> = Mutex::new(());
+static TURN: Turn = Turn::new();
 
 fn my_turn() -> std::sync::MutexGuard<'static, ()> {
-    TURN.lock().unwrap_or_else(|e| e.into_inner())
+    TURN.take()
 }
 
 /// Runs `f` and returns its result and the peak of live heap bytes above the level at the start.
 fn peak_above_baseline<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let baseline = LIVE.load(Ordering::SeqCst);
-    PEAK.store(baseline, Ordering::SeqCst);
+    reset_peak();
+    let baseline = live();
     let out = f();
-    (out, PEAK.load(Ordering::SeqCst) - baseline)
+    (out, peak() - baseline)
 }
 
 const CHUNK: usize = 64 * 1024;

@@ -1,4 +1,4 @@
-//! What the sidecar (`bypass-marker proxy`, `bypass_marker_cli`) costs, over loopback, with the layer and the guard
+//! What the sidecar (`bypass-marker proxy`, `bypass_marker`) costs, over loopback, with the layer and the guard
 //! against `--no-layer` (forwarding untouched), measured in one run:
 //!
 //! ```text
@@ -38,7 +38,7 @@
 //!
 //! `--events N` sets the events per stream of the throughput runs, in both modes (default 5,000).
 
-use bypass_marker_cli as proxy;
+use bypass_marker as proxy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -70,18 +70,7 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the struct we pass, nothing else.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
+use test_support::clock::thread_cpu;
 
 /// What the calling thread has done so far: read and write system calls (`/proc/thread-self/io`),
 /// voluntary context switches (`/proc/thread-self/status`) and microseconds of CPU time in user

@@ -3,7 +3,7 @@
 //! Parses the command line, sets up logs, binds, waits for Ctrl-C or SIGTERM and picks the exit
 //! code: 0 after a clean stop, 2 for a usage error (clap's, or an invalid annotation name), 1 when
 //! it cannot serve, 3 when `--shutdown-grace` ran out and requests in flight were cut. Everything
-//! it serves is in `bypass_marker_cli`.
+//! it serves is in `bypass_marker`.
 //!
 //! Nothing here panics on a closed or broken stdout or stderr: every line is written with its
 //! error ignored (no `println!` or `eprintln!`), and the log subscriber drops lines it cannot
@@ -12,7 +12,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use bypass_marker_cli::{self as cli, Cli, Command, ExtProcArgs, Metrics, NameError, ProxyArgs};
+use bypass_marker::{self as cli, Cli, Command, ExtProcArgs, Metrics, NameError, ProxyArgs};
 use clap::CommandFactory as _;
 use tokio::sync::watch;
 

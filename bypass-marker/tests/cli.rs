@@ -528,7 +528,7 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
 /// positive number, never 0.
 #[test]
 fn proxy_threads_default_to_one() {
-    use bypass_marker_cli::ProxyArgs;
+    use bypass_marker::ProxyArgs;
 
     if std::env::var_os("BYPASS_MARKER_THREADS").is_none() {
         let args = ProxyArgs::from_args(["--upstream", "http://x"]).unwrap();
@@ -543,7 +543,7 @@ fn proxy_threads_default_to_one() {
 /// `--read-coalesce MICROS`: 50 us by default, 0 (never) to 1000, whole microseconds only.
 #[test]
 fn read_coalesce_takes_whole_microseconds_up_to_a_millisecond() {
-    use bypass_marker_cli::ProxyArgs;
+    use bypass_marker::ProxyArgs;
 
     let parse =
         |value: &str| ProxyArgs::from_args(["--upstream", "http://x", "--read-coalesce", value]);
@@ -566,7 +566,7 @@ fn read_coalesce_takes_whole_microseconds_up_to_a_millisecond() {
 /// positive number, never 0.
 #[test]
 fn ext_proc_threads_default_to_one() {
-    use bypass_marker_cli::ExtProcArgs;
+    use bypass_marker::ExtProcArgs;
 
     if std::env::var_os("BYPASS_MARKER_THREADS").is_none() {
         let args = ExtProcArgs::from_args(std::iter::empty::<&str>()).unwrap();

@@ -200,7 +200,7 @@ fn the_unit_on_the_page_is_the_shipped_unit() {
 /// Issue 42: the page's figure for the default `--max-connections` is the code's.
 #[test]
 fn the_max_connections_figure_is_the_codes() {
-    let n = bypass_marker_cli::default_max_connections(Some(20_000), 1);
+    let n = bypass_marker::default_max_connections(Some(20_000), 1);
     assert_eq!(n, 9983);
     assert!(
         PAGE.contains(&format!("{n} for a limit of 20,000 and one thread")),
@@ -241,9 +241,9 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 /// or the processor lacks (the processor's own are on docs/envoy.md) (a `bypass_marker_` word that is not a metric is in `NOT_METRICS`).
 #[test]
 fn every_metric_is_on_the_page_and_back() {
-    const NOT_METRICS: &[&str] = &["bypass_marker_cli", "bypass_marker", "bypass_marker_so"];
-    let proxy = bypass_marker_cli::Metrics::new(["x"], true).encode();
-    let ext_proc = bypass_marker_cli::Metrics::frames_only(["x"], true).encode();
+    const NOT_METRICS: &[&str] = &["bypass_marker", "bypass_marker", "bypass_marker_so"];
+    let proxy = bypass_marker::Metrics::new(["x"], true).encode();
+    let ext_proc = bypass_marker::Metrics::frames_only(["x"], true).encode();
     let served = metric_names(&proxy);
     let known: BTreeSet<String> = served.union(&metric_names(&ext_proc)).cloned().collect();
     for name in [

@@ -1,4 +1,4 @@
-//! The Envoy processor (`bypass_marker_cli::envoy::serve`) when the process runs out of file
+//! The Envoy processor (`bypass_marker::envoy::serve`) when the process runs out of file
 //! descriptors: accepting must neither stop (health answers again once descriptors are free) nor
 //! spin (tonic's own accept loop retries a failed accept at once).
 //!
@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use bypass_marker_cli::envoy::{self, ExtProc};
+use bypass_marker::envoy::{self, ExtProc};
 use support::{starve, PATIENCE};
 use tokio::net::TcpListener;
 use tonic_health::pb::health_check_response::ServingStatus;

@@ -15,7 +15,7 @@ mod logs;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
-use bypass_marker_cli::envoy::{self, ExtProc};
+use bypass_marker::envoy::{self, ExtProc};
 use bytes::Bytes;
 use common::{concat, data, frames_body, read_all, MARKER, PATIENCE};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap as ProtoHeaderMap, HeaderValue};
@@ -2697,7 +2697,7 @@ mod full_duplex {
 /// not an answer.
 #[tokio::test]
 async fn both_front_doors_time_every_answer_by_kind() {
-    use bypass_marker_cli::envoy::{AnswerTimes, MessageKind};
+    use bypass_marker::envoy::{AnswerTimes, MessageKind};
     use std::sync::{Arc, Mutex};
 
     #[derive(Default)]

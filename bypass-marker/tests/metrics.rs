@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
-use bypass_marker_cli::{self as cli, metrics, Metrics};
+use bypass_marker::{self as cli, metrics, Metrics};
 use bytes::Bytes;
 use http::{header, StatusCode};
 use http_body_util::{BodyExt as _, Full};

@@ -1,4 +1,4 @@
-//! The sidecar (`bypass-marker proxy`, `bypass_marker_cli`), served on 127.0.0.1 in front
+//! The sidecar (`bypass-marker proxy`, `bypass_marker`), served on 127.0.0.1 in front
 //! of real upstream servers and called with real clients (hyper's, and raw TCP where the test
 //! needs control of every byte).
 //!
@@ -12,7 +12,7 @@
 //! BYPASS_MARKER_PROXY_STREAMS=1000 cargo test --test proxy -- --nocapture
 //! ```
 
-use bypass_marker_cli as proxy;
+use bypass_marker as proxy;
 
 #[path = "../../tests/logs/mod.rs"]
 mod logs;

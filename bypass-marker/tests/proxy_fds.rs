@@ -1,11 +1,11 @@
-//! The sidecar (`bypass_marker_cli`) when the process runs out of file descriptors: its accept
+//! The sidecar (`bypass_marker`) when the process runs out of file descriptors: its accept
 //! loop must neither stop (serving resumes once descriptors are free) nor spin.
 //!
 //! Its own test binary, because it lowers the process's limit on open files.
 #![cfg(target_os = "linux")]
 
-use bypass_marker_cli as proxy;
-use bypass_marker_cli::proxy::ACCEPT_FAILURES;
+use bypass_marker as proxy;
+use bypass_marker::proxy::ACCEPT_FAILURES;
 
 mod support;
 

@@ -39,7 +39,7 @@ script=()
 # What the bootstrap puts in Envoy, for the errors of the options it has no line for.
 loads() {
   if grep -q 'envoy.filters.http.dynamic_modules' "$src"; then
-    echo "the dynamic module (Envoy finds libbypass_marker.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH, not through an option)"
+    echo "the dynamic module (Envoy finds libbypass_marker_envoy_module.so through ENVOY_DYNAMIC_MODULES_SEARCH_PATH, not through an option)"
   elif grep -q 'envoy.filters.http.wasm' "$src"; then
     echo "the proxy-wasm plugin (--plugin PATH sets its file)"
   elif grep -q 'envoy.filters.http.ext_proc' "$src"; then

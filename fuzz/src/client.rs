@@ -1,5 +1,5 @@
 //! The sidecar's own HTTP/1.1 upstream client (`bypass-marker/src/client*`, reached through the hidden
-//! `bypass_marker_cli::differential`) held to hyper's client
+//! `bypass_marker::differential`) held to hyper's client
 //! (`hyper::client::conn::http1`): the same upstream bytes, cut into the same writes, go to
 //! both, and both must reach the same verdict.
 //!
@@ -52,9 +52,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bypass_marker_cli::differential::Client;
-pub use bypass_marker_cli::differential::{Reason, Refusal};
-use bypass_marker_cli::Upstream;
+use bypass_marker::differential::Client;
+pub use bypass_marker::differential::{Reason, Refusal};
+use bypass_marker::Upstream;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body::{Body, Frame, SizeHint};

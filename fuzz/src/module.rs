@@ -2,9 +2,9 @@
 //! driven through its in-memory stream in the hook orders Envoy can produce, and compared with the
 //! tower body for the same layer, opt-in and chunks.
 
-use bypass_marker::config::Config;
-use bypass_marker::stream::memory::Simulated;
-use bypass_marker::stream::{BodyStatus, HeadersStatus, TrailersStatus};
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::stream::memory::Simulated;
+use bypass_marker_envoy_adapter::stream::{BodyStatus, HeadersStatus, TrailersStatus};
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 
 use crate::case::Case;

@@ -8,7 +8,7 @@
 //! The request head waits for the guard, as the module's does (an Envoy with
 //! `allow_on_headers_stop_iteration`).
 
-use bypass_marker::config::Config;
+use bypass_marker_envoy_adapter::config::Config;
 use bypass_marker_wasm::fake::Simulated;
 use proxy_wasm::types::Action;
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;

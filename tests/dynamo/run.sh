@@ -14,8 +14,8 @@
 # It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
 # its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
 # second Envoy 1.40.0 with the dynamic module (examples/envoy/dynamic-module.yaml,
-# target/release/libbypass_marker.so), and behind a third with the proxy-wasm plugin
-# (examples/envoy/wasm.yaml, bypass_marker.wasm from wasm-plugin/build.sh).
+# target/release/libbypass_marker_envoy_module.so), and behind a third with the proxy-wasm plugin
+# (examples/envoy/wasm.yaml, bypass_marker.wasm from bypass-marker-wasm/build.sh).
 #
 # Then, with no hub, etcd or NATS:
 #   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
@@ -143,13 +143,13 @@ if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
   "$ext_proc_bin" ext-proc --help >/dev/null 2>&1 ||
     die "$ext_proc_bin has no working \`ext-proc\` subcommand; DYNAMO_ENVOY=0 leaves Envoy out"
   log "Envoy $ENVOY_VERSION at $envoy_bin, the processor $ext_proc_bin"
-  # The dynamic module (envoy-module/), for a second Envoy that filters in-process.
+  # The dynamic module (bypass-marker-envoy-module/), for a second Envoy that filters in-process.
   (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) ||
     die "cannot build the dynamic module (cargo build --release -p bypass-marker-envoy-module)"
   module_dir="${CARGO_TARGET_DIR:-$root/target}/release"
-  [[ -f "$module_dir/libbypass_marker.so" ]] || die "no $module_dir/libbypass_marker.so"
-  # The proxy-wasm plugin (wasm-plugin/), for a third Envoy that runs it in V8.
-  wasm_file="$(bash "$root/wasm-plugin/build.sh")" || die "cannot build the plugin (bash wasm-plugin/build.sh)"
+  [[ -f "$module_dir/libbypass_marker_envoy_module.so" ]] || die "no $module_dir/libbypass_marker_envoy_module.so"
+  # The proxy-wasm plugin (bypass-marker-wasm/), for a third Envoy that runs it in V8.
+  wasm_file="$(bash "$root/bypass-marker-wasm/build.sh")" || die "cannot build the plugin (bash bypass-marker-wasm/build.sh)"
 fi
 
 # ---------------------------------------------------------------------------------------------

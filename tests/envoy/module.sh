@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Envoy dynamic module end to end: the real Envoy 1.40.0 with the shipped bootstrap
-# (examples/envoy/dynamic-module.yaml) loading target/release/libbypass_marker.so, real upstreams,
+# (examples/envoy/dynamic-module.yaml) loading target/release/libbypass_marker_envoy_module.so, real upstreams,
 # real SDKs, all on 127.0.0.1; then Envoy 1.38.3 and 1.39.3 (the releases Envoy Gateway 1.8 and
 # 1.9 ship) load the same module and filter split streams.
 #
@@ -208,7 +208,7 @@ done
 
 # Every Envoy callback the module calls is exported by each Envoy tested (Envoy resolves them all
 # when it loads the module).
-imports="$(nm -D --undefined-only "$modules/libbypass_marker.so" | awk '/envoy_dynamic_module_callback/ {print $2}' | sort)"
+imports="$(nm -D --undefined-only "$modules/libbypass_marker_envoy_module.so" | awk '/envoy_dynamic_module_callback/ {print $2}' | sort)"
 for version in 1.40.0 $older; do
   missing="$(comm -23 <(echo "$imports") <(nm -D --defined-only "${envoys[$version]}" | awk '{print $3}' | sort))"
   ok=0

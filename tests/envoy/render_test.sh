@@ -22,7 +22,7 @@ trap 'rm -rf "$work"' EXIT
 source "$here/install.sh"
 install_envoy
 (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module)
-plugin="$(bash "$root/wasm-plugin/build.sh")"
+plugin="$(bash "$root/bypass-marker-wasm/build.sh")"
 
 passed=0
 failed=0

@@ -67,10 +67,10 @@ source "$root/tests/sdk/sdks.sh"
 install_sdks
 log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
-log "building the plugin (bash wasm-plugin/build.sh)"
-plugin="$(bash "$root/wasm-plugin/build.sh")" || die "cannot build the plugin"
+log "building the plugin (bash bypass-marker-wasm/build.sh)"
+plugin="$(bash "$root/bypass-marker-wasm/build.sh")" || die "cannot build the plugin"
 log "building the plugin with feature test-panic (its own target directory)"
-panic_plugin="$(bash "$root/wasm-plugin/build.sh" --features test-panic --target-dir "$target/test-panic")" ||
+panic_plugin="$(bash "$root/bypass-marker-wasm/build.sh" --features test-panic --target-dir "$target/test-panic")" ||
   die "cannot build the test-panic plugin"
 build_router
 log "installs and builds ready in $((SECONDS - started)) s"

@@ -27,8 +27,8 @@ max_body="${WASM_MEMORY_MAX_BODY:-33554432}"
 version="${WASM_MEMORY_ENVOY:-1.40.0}"
 
 install_envoys "$version"
-log "building the plugin (bash wasm-plugin/build.sh)"
-plugin="$(bash "$root/wasm-plugin/build.sh")" || die "cannot build the plugin"
+log "building the plugin (bash bypass-marker-wasm/build.sh)"
+plugin="$(bash "$root/bypass-marker-wasm/build.sh")" || die "cannot build the plugin"
 
 start upstream "$python" "$here/upstream.py" --lifetime "$LIFETIME"
 wait_for "$last_group" 100 listening upstream || die "upstream.py did not start: $(cat "$work/upstream.log")"

@@ -135,7 +135,7 @@ log "bases ($base_image, $copier_image) made in $((SECONDS - t)) s"
 
 t=$SECONDS
 cargo build --quiet --release --locked -p bypass-marker -p bypass-marker-envoy-module
-bash "$root/wasm-plugin/build.sh" >/dev/null
+bash "$root/bypass-marker-wasm/build.sh" >/dev/null
 hand_version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)"
 for pair in bypass-marker:bypass-marker envoy-module:bypass-marker-envoy-module wasm:bypass-marker-wasm; do
   (cd "$root" && podman build --quiet --target "${pair%%:*}" --build-arg "BASE_IMAGE=$base_image" \
@@ -175,8 +175,8 @@ tested="$(sed -n 's/^ENVOY_TESTED="\(.*\)"$/\1/p' "$root/dist/release.sh")"
 older="$(sed -n 's/^older="\${ENVOY_OLDER:-\(.*\)}"$/\1/p' "$envoy_here/module.sh")"
 ok=0
 [[ -n "$older" && "$(tr ' ' '\n' <<<"$tested" | sort -V)" == "$(tr ' ' '\n' <<<"1.40.0 $older" | sort -V)" &&
-  -f "$dist/libbypass_marker-$version-envoy-${tested// /-}-$triple.so" ]] && ok=1
-count $ok "the module is named with the Envoy releases tests/envoy/module.sh loads it in: libbypass_marker-$version-envoy-${tested// /-}-$triple.so"
+  -f "$dist/libbypass_marker_envoy_module-$version-envoy-${tested// /-}-$triple.so" ]] && ok=1
+count $ok "the module is named with the Envoy releases tests/envoy/module.sh loads it in: libbypass_marker_envoy_module-$version-envoy-${tested// /-}-$triple.so"
 
 # The tarball holds the binary the image holds.
 mkdir -p "$work/tarball"
@@ -270,9 +270,9 @@ ok=0
 count $ok "$image: no shell, no package manager ($(wc -l <"$work/image.files") paths)${bad:+; found: $(tr '\n' ' ' <<<"$bad")}"
 files "$module_image" >"$work/module.files"
 ok=0
-grep -qx 'libbypass_marker.so' "$work/module.files" && grep -qx 'libbypass_marker.so.sha256' "$work/module.files" &&
+grep -qx 'libbypass_marker_envoy_module.so' "$work/module.files" && grep -qx 'libbypass_marker_envoy_module.so.sha256' "$work/module.files" &&
   grep -qx 'bin/cp' "$work/module.files" && ok=1
-count $ok "$module_image: /libbypass_marker.so, /libbypass_marker.so.sha256 and /bin/cp: $(tr '\n' ' ' <"$work/module.files")"
+count $ok "$module_image: /libbypass_marker_envoy_module.so, /libbypass_marker_envoy_module.so.sha256 and /bin/cp: $(tr '\n' ' ' <"$work/module.files")"
 files "$wasm_image" /plugin.wasm >"$work/wasm.files"
 ok=0
 [[ "$(cat "$work/wasm.files")" == plugin.wasm ]] && ok=1
@@ -345,13 +345,13 @@ chown 65532:65532 "$work/modules"
 copy=(podman run --rm --network none --read-only --user 65532 --cap-drop ALL --security-opt no-new-privileges
   -v "$work/modules:/modules")
 status=0
-{ "${copy[@]}" --entrypoint cp "$module_image" /libbypass_marker.so /modules/libbypass_marker.so &&
-  "${copy[@]}" "$module_image" /libbypass_marker.so.sha256 /modules/; } >"$work/copy.log" 2>&1 || status=$?
+{ "${copy[@]}" --entrypoint cp "$module_image" /libbypass_marker_envoy_module.so /modules/libbypass_marker_envoy_module.so &&
+  "${copy[@]}" "$module_image" /libbypass_marker_envoy_module.so.sha256 /modules/; } >"$work/copy.log" 2>&1 || status=$?
 ok=0
-((status == 0)) && (cd "$work/modules" && sha256sum -c --quiet libbypass_marker.so.sha256) &&
-  [[ "$(awk '{print $1}' "$work/modules/libbypass_marker.so.sha256")" == \
-    "$(grep -F " libbypass_marker-$version-envoy-" "$dist/SHA256SUMS" | awk '{print $1}')" ]] && ok=1
-count $ok "the module copied out of $module_image by its cp (status $status) matches its recorded sha256 and SHA256SUMS: $(cat "$work/modules/libbypass_marker.so.sha256" 2>/dev/null) $(cat "$work/copy.log")"
+((status == 0)) && (cd "$work/modules" && sha256sum -c --quiet libbypass_marker_envoy_module.so.sha256) &&
+  [[ "$(awk '{print $1}' "$work/modules/libbypass_marker_envoy_module.so.sha256")" == \
+    "$(grep -F " libbypass_marker_envoy_module-$version-envoy-" "$dist/SHA256SUMS" | awk '{print $1}')" ]] && ok=1
+count $ok "the module copied out of $module_image by its cp (status $status) matches its recorded sha256 and SHA256SUMS: $(cat "$work/modules/libbypass_marker_envoy_module.so.sha256" 2>/dev/null) $(cat "$work/copy.log")"
 listen="$(free_port)"
 admin="$(free_port)"
 render_bootstrap "$root/examples/envoy/dynamic-module.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$admin" \

@@ -41,10 +41,10 @@ done
 # The module where the Gateway's pods have it: <the file the init container copies> in <a
 # directory>, ENVOY_DYNAMIC_MODULES_SEARCH_PATH naming it (the example's own path is /etc/istio/...).
 read -r copied search_path < <("$yaml_python" "$here/bootstrap.py" --print-copy)
-count "$([[ "$copied" == libbypass_marker.so && "$search_path" == /* ]] && echo 1 || echo 0)" \
+count "$([[ "$copied" == libbypass_marker_envoy_module.so && "$search_path" == /* ]] && echo 1 || echo 0)" \
   "the Gateway's Deployment patch copies $copied and points ENVOY_DYNAMIC_MODULES_SEARCH_PATH at $search_path"
 mkdir -p "$work/modules"
-cp "$target/release/libbypass_marker.so" "$work/modules/$copied"
+cp "$target/release/libbypass_marker_envoy_module.so" "$work/modules/$copied"
 export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$work/modules"
 
 start router "$router" --addr 127.0.0.1:0 --no-layer --shutdown-after "$LIFETIME"

@@ -47,12 +47,12 @@ build_bypass_marker() {
   [[ -x "$bin" ]] || die "no bypass-marker binary at $bin"
 }
 
-# The dynamic module, built here: $target/release/libbypass_marker.so.
+# The dynamic module, built here: $target/release/libbypass_marker_envoy_module.so.
 build_module() {
   log "building the module (cargo build --release -p bypass-marker-envoy-module)"
   (cd "$root" && cargo build --quiet --release -p bypass-marker-envoy-module) ||
     die "cannot build the module"
-  [[ -f "$target/release/libbypass_marker.so" ]] || die "no $target/release/libbypass_marker.so"
+  [[ -f "$target/release/libbypass_marker_envoy_module.so" ]] || die "no $target/release/libbypass_marker_envoy_module.so"
 }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-${SUITE// /-}.XXXXXX")"

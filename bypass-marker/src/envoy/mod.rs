@@ -89,7 +89,7 @@
 //! # Running it
 //!
 //! ```
-//! use bypass_marker_cli::envoy::{self, ExtProc};
+//! use bypass_marker::envoy::{self, ExtProc};
 //! use tower_bypass_marker::BypassMarkerLayer;
 //!
 //! # #[tokio::main(flavor = "current_thread")]

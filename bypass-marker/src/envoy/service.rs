@@ -49,7 +49,7 @@ const SMALL: usize = 64 << 10;
 /// gives the service nothing per connection to remember it by, unlike [`serve`](super::serve).
 ///
 /// ```
-/// use bypass_marker_cli::envoy::ExtProc;
+/// use bypass_marker::envoy::ExtProc;
 /// use tower_bypass_marker::BypassMarkerLayer;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use bypass_marker_cli::ProxyArgs;
+use bypass_marker::ProxyArgs;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -92,7 +92,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// is large, so that a burst of new connections from the proxy is not held up by the upstream's
 /// accept queue.
 pub async fn serve_upstream(app: axum::Router) -> SocketAddr {
-    let listener = bypass_marker_cli::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
+    let listener = bypass_marker::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr

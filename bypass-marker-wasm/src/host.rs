@@ -13,8 +13,8 @@
 
 use std::cell::RefCell;
 
-use bypass_marker::metrics::Counter;
-use bypass_marker::stream::{Body, Headers, Host, Level};
+use bypass_marker_envoy_adapter::metrics::Counter;
+use bypass_marker_envoy_adapter::stream::{Body, Headers, Host, Level};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 

@@ -3,8 +3,8 @@
 
 use std::rc::Rc;
 
-use bypass_marker::config::Config;
-use bypass_marker::stream::RequestHead;
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use serde_json::{Map, Value};

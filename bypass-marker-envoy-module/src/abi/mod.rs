@@ -6,7 +6,7 @@
 //!   callbacks. No logic.
 //! - `hooks.rs`: the hooks this library exports, and the argument that each is sound, including
 //!   when Envoy calls a hook of the stream from inside another (re-entry).
-//! - `host.rs`: [`Host`](crate::stream::Host) on Envoy's callbacks.
+//! - `host.rs`: [`Host`](bypass_marker_envoy_adapter::stream::Host) on Envoy's callbacks.
 //!
 //! Across the three:
 //!
@@ -28,7 +28,7 @@
 
 use std::ptr;
 
-use crate::stream::Level;
+use bypass_marker_envoy_adapter::stream::Level;
 
 mod hooks;
 mod host;

@@ -1,10 +1,10 @@
 //! The plugin without Envoy: [`Stream`](crate::stream::Stream) on a fake of proxy-wasm's host
 //! that keeps Envoy's buffer semantics (`fake`, with the feature of that name), through every hook order Envoy makes.
 
-use bypass_marker::config::Config;
-use bypass_marker::log_limit::LogLimit;
-use bypass_marker::metrics::Counter;
-use bypass_marker::stream::RequestHead;
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::log_limit::LogLimit;
+use bypass_marker_envoy_adapter::metrics::Counter;
+use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 

@@ -1,6 +1,6 @@
 //! A stream held in memory with the buffer semantics of Envoy's proxy-wasm host (Envoy's
 //! `source/extensions/common/wasm/context.cc`): the host of the plugin's tests and of the fuzz
-//! target, which drive [`Stream`] without Envoy (feature `fake`).
+//! target, which drive [`Stream`] without Envoy.
 //!
 //! - The request body hook sees the chunk alone until the plugin pauses; from then on Envoy adds
 //!   each chunk to the body it buffers before the call, and the hook sees all of it.
@@ -12,8 +12,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use bypass_marker::config::Config;
-use bypass_marker::stream::RequestHead;
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use crate::proxy::Proxy;
@@ -84,7 +84,11 @@ impl FakeProxy {
     }
 
     /// The count of a counter's series with this label.
-    pub fn count(&self, counter: bypass_marker::metrics::Counter, label: &str) -> u64 {
+    pub fn count(
+        &self,
+        counter: bypass_marker_envoy_adapter::metrics::Counter,
+        label: &str,
+    ) -> u64 {
         self.counts
             .get(&crate::metrics::metric_name(counter, label))
             .copied()

@@ -1,5 +1,5 @@
 //! A stream held in memory, with Envoy's buffer semantics: the host of the per-stream layer's
-//! tests and of the fuzz target, which drive [`StreamFilter`] without Envoy (feature `memory`).
+//! tests and of the fuzz target, which drive [`StreamFilter`] without Envoy.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 

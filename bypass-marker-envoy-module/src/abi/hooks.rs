@@ -34,9 +34,11 @@ use std::ptr;
 use super::host::EnvoyStream;
 use super::sys::*;
 use super::{log, ModuleBuffer};
-use crate::config::Config;
-use crate::metrics::Counter;
-use crate::stream::{BodyStatus, HeadersStatus, Level, StreamFilter, TrailersStatus};
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::metrics::Counter;
+use bypass_marker_envoy_adapter::stream::{
+    BodyStatus, HeadersStatus, Level, StreamFilter, TrailersStatus,
+};
 
 /// A configuration Envoy loaded: the filter's, and its counters' ids.
 struct ModuleConfig {

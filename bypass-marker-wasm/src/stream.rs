@@ -1,8 +1,10 @@
 //! One HTTP stream: the module's [`StreamFilter`] driven from proxy-wasm's hooks, over
 //! [`WasmHost`]. Safe Rust over [`Proxy`], tested with a fake of it.
 
-use bypass_marker::config::Config;
-use bypass_marker::stream::{BodyStatus, HeadersStatus, RequestHead, StreamFilter, TrailersStatus};
+use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::stream::{
+    BodyStatus, HeadersStatus, RequestHead, StreamFilter, TrailersStatus,
+};
 use proxy_wasm::types::Action;
 
 use crate::host::{Hook, WasmHost};

@@ -8,7 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-use bypass_marker::metrics::Counter;
+use bypass_marker_envoy_adapter::metrics::Counter;
 
 use crate::proxy::Proxy;
 

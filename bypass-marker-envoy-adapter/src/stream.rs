@@ -686,7 +686,6 @@ impl StreamFilter {
     fn test_panic(&self, _hook: &str) {}
 }
 
-#[cfg(any(test, feature = "memory"))]
 pub mod memory;
 #[cfg(test)]
 mod tests;

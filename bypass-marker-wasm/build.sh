@@ -3,8 +3,8 @@
 # package's lib is `bypass_marker_wasm`: `bypass_marker` is the dynamic module's, which this
 # package depends on). Prints the path of the plugin on stdout.
 #
-#   bash wasm-plugin/build.sh                        # target/wasm32-wasip1/release/bypass_marker.wasm
-#   bash wasm-plugin/build.sh --features test-panic  # .../bypass_marker-test-panic.wasm
+#   bash bypass-marker-wasm/build.sh                        # target/wasm32-wasip1/release/bypass_marker.wasm
+#   bash bypass-marker-wasm/build.sh --features test-panic  # .../bypass_marker-test-panic.wasm
 #                                                    # (any other cargo build flags go to cargo)
 #
 # Environment: CARGO_TARGET_DIR. Needs the target: `rustup target add wasm32-wasip1`.

@@ -8,8 +8,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::log;
 use super::sys::*;
-use crate::metrics::Counter;
-use crate::stream::{Body, Headers, Host, Level};
+use bypass_marker_envoy_adapter::metrics::Counter;
+use bypass_marker_envoy_adapter::stream::{Body, Headers, Host, Level};
 
 /// One stream's operations: Envoy's callbacks on its pointer, for the duration of one hook.
 pub(super) struct EnvoyStream<'a> {

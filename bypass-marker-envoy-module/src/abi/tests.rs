@@ -385,7 +385,9 @@ fn a_panic_in_a_hook_resets_the_stream_and_never_unwinds_into_envoy() {
             envoy.request_headers = vec![
                 (b":method".to_vec(), b"GET".to_vec()),
                 (
-                    crate::stream::TEST_PANIC_HEADER.as_bytes().to_vec(),
+                    bypass_marker_envoy_adapter::stream::TEST_PANIC_HEADER
+                        .as_bytes()
+                        .to_vec(),
                     hook.as_bytes().to_vec(),
                 ),
             ];
