@@ -18,8 +18,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use crate::envoy::Charge;
-use crate::logs::Exchange;
+use crate::budget::Charge;
+use crate::logs::RequestLog;
 use tower_bypass_marker::BoxError;
 
 pin_project! {
@@ -251,7 +251,7 @@ pub(crate) struct Watch {
     /// Responses whose body has ended (or been dropped) while hyper may still hold their last
     /// bytes: they stay in flight, and their exchange open, until hyper flushes (see
     /// [`Watched`]'s `poll_flush`).
-    finishing: Mutex<Vec<Exchange>>,
+    finishing: Mutex<Vec<RequestLog>>,
     /// `finishing.len()`, read without the lock at every flush.
     finishing_len: AtomicUsize,
     changed: Notify,
@@ -350,7 +350,7 @@ impl Watch {
         drop(done);
     }
 
-    fn lock_finishing(&self) -> std::sync::MutexGuard<'_, Vec<Exchange>> {
+    fn lock_finishing(&self) -> std::sync::MutexGuard<'_, Vec<RequestLog>> {
         self.finishing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -425,7 +425,7 @@ impl Busy {
     /// The response's body has ended or been dropped: the request stays in flight, and
     /// `exchange` open, until hyper has written the response's last bytes to the socket (or the
     /// connection ends first: then the exchange is not complete).
-    pub(crate) fn finish(&mut self, exchange: Exchange) {
+    pub(crate) fn finish(&mut self, exchange: RequestLog) {
         if self.handed_over {
             return;
         }
@@ -587,9 +587,9 @@ mod tests {
         String::from_utf8(bytes).unwrap()
     }
 
-    fn exchange(complete: bool) -> Exchange {
+    fn exchange(complete: bool) -> RequestLog {
         let metrics = Arc::new(crate::Metrics::new([], false));
-        let mut exchange = Exchange::begin(
+        let mut exchange = RequestLog::begin(
             metrics,
             http::Method::GET,
             "/x".parse().unwrap(),

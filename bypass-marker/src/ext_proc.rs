@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
+use crate::budget;
 use crate::envoy::{self, ExtProc};
 use crate::{ExtProcArgs, Metrics, NameError};
 
@@ -29,7 +30,7 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send,
 {
-    let budget = envoy::BodyBudget::new(args.naming.buffered_budget());
+    let budget = budget::BodyBudget::new(args.naming.buffered_budget());
     metrics.watch_budget(&budget);
     let layer = args.naming.layer()?.observe(metrics.clone());
     tracing::info!(

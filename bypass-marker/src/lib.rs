@@ -29,6 +29,7 @@
 #![warn(unreachable_pub)]
 
 pub mod args;
+pub mod budget;
 mod client;
 mod conn;
 #[doc(hidden)]

@@ -53,7 +53,7 @@ pub fn init(format: LogFormat) -> Result<(), Box<dyn std::error::Error + Send + 
 }
 
 /// One request, from its head to the end of its response: logged and measured when dropped.
-pub(crate) struct Exchange {
+pub(crate) struct RequestLog {
     started: Instant,
     client: Option<SocketAddr>,
     request_id: HeaderValue,
@@ -70,7 +70,7 @@ pub(crate) struct Exchange {
     metrics: Arc<Metrics>,
 }
 
-impl Exchange {
+impl RequestLog {
     /// A request arrived (counted in `streams_active` until this is dropped).
     pub(crate) fn begin(
         metrics: Arc<Metrics>,
@@ -118,7 +118,7 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
+impl Drop for RequestLog {
     fn drop(&mut self) {
         let elapsed = self.started.elapsed();
         self.in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -50,7 +50,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::envoy::{AnswerTimes, BodyBudget, MessageKind};
+use crate::budget::BodyBudget;
+use crate::envoy::{AnswerTimes, MessageKind};
 use tower_bypass_marker::FrameObserver;
 
 /// The content type of the `/metrics` answer.

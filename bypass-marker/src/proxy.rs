@@ -107,11 +107,11 @@ use tower::{Service, ServiceBuilder, ServiceExt as _};
 
 pub use crate::args::default_max_connections;
 use crate::args::{max_connections, ProxyArgs};
+use crate::budget::BodyBudget;
 use crate::client::trim_ows;
 use crate::conn::{Busy, Expired, HeldBody, Releasing, StallTimeout, Watch, Watched};
-use crate::envoy::BodyBudget;
 use crate::forward::{error, remove_hop_by_hop, stalled, FromForward};
-use crate::logs::{request_id, Exchange};
+use crate::logs::{request_id, RequestLog};
 use crate::metrics::{probe, removed_on_this_thread, Metrics, UpstreamError};
 use crate::{Forward, UpstreamBody};
 use tower_bypass_marker::sans_io::{HeadDecision, RequestGuard};
@@ -489,7 +489,7 @@ where
                 };
             }
             let id = request_id(req.headers_mut());
-            let mut exchange = Exchange::begin(
+            let mut exchange = RequestLog::begin(
                 metrics.clone(),
                 req.method().clone(),
                 req.uri().clone(),
@@ -737,7 +737,7 @@ fn method_not_allowed() -> Response<UpstreamBody> {
 }
 
 pin_project! {
-    /// A response body that keeps its connection busy and its request's [`Exchange`] open until
+    /// A response body that keeps its connection busy and its request's [`RequestLog`] open until
     /// its last bytes have been written to the socket, counting the bytes it yields and the
     /// frames the layer removed for it.
     ///
@@ -749,7 +749,7 @@ pin_project! {
         #[pin]
         body: B,
         busy: Busy,
-        exchange: Option<Exchange>,
+        exchange: Option<RequestLog>,
     }
 
     impl<B: Body> PinnedDrop for Tracked<B> {
@@ -768,7 +768,7 @@ pin_project! {
 }
 
 impl<B: Body> Tracked<B> {
-    fn new(body: B, busy: Busy, exchange: Exchange) -> Self {
+    fn new(body: B, busy: Busy, exchange: RequestLog) -> Self {
         Self {
             body,
             busy,

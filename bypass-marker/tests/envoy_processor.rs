@@ -15,6 +15,7 @@ mod logs;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
+use bypass_marker::budget;
 use bypass_marker::envoy::{self, ExtProc};
 use bytes::Bytes;
 use common::{concat, data, frames_body, read_all, MARKER, PATIENCE};
@@ -2018,7 +2019,7 @@ async fn serve_advertises_a_max_concurrent_streams() {
 }
 
 /// A processor with the default layer, a `--max-body` of `max_body` and `budget` shared.
-fn budgeted(max_body: usize, budget: &envoy::BodyBudget) -> ExtProc {
+fn budgeted(max_body: usize, budget: &budget::BodyBudget) -> ExtProc {
     ExtProc::new(BypassMarkerLayer::new())
         .max_body_bytes(max_body)
         .body_budget(budget.clone())
@@ -2078,7 +2079,7 @@ fn assert_over_budget(answer: &ProcessingResponse) {
 /// bytes are given back once it has been.
 #[tokio::test]
 async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
-    let budget = envoy::BodyBudget::new(2_000_000);
+    let budget = budget::BodyBudget::new(2_000_000);
     let (server, mut client) = connected(budgeted(1_000_000, &budget)).await;
     let mut heads = Vec::new();
     for _ in 0..2 {
@@ -2104,7 +2105,7 @@ async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
     }
     assert_eq!(budget.refused(), 0);
     // A declared length the budget could never hold is refused at once, before Envoy buffers it.
-    let tight = envoy::BodyBudget::new(1_000_000);
+    let tight = budget::BodyBudget::new(1_000_000);
     let (small, mut small_client) = connected(budgeted(1_000_000, &tight)).await;
     let mut never = Stream::open(&mut small_client).await;
     assert_over_budget(&never.call(json_headers(Some(900_000))).await.unwrap());
@@ -2119,7 +2120,7 @@ async fn a_declared_length_reserves_nothing_of_the_processors_budget() {
 /// request still fits in the last eighth; a judged body gives its bytes back.
 #[tokio::test]
 async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
-    let budget = envoy::BodyBudget::new(1 << 20);
+    let budget = budget::BodyBudget::new(1 << 20);
     let (server, mut client) =
         connected(ExtProc::new(BypassMarkerLayer::new()).body_budget(budget.clone())).await;
     // A body held mid-message: the first 700,000 bytes of an 800,000-byte body message.
@@ -2162,7 +2163,7 @@ async fn past_the_processors_budget_a_request_gets_a_503_with_retry_after() {
 /// the rest of it is dropped as it comes, nothing stays held, and the call ends cleanly.
 #[tokio::test]
 async fn a_body_passing_the_budget_as_it_arrives_gets_the_503_before_its_end() {
-    let budget = envoy::BodyBudget::new(1 << 20);
+    let budget = budget::BodyBudget::new(1 << 20);
     let server = start(budgeted(4 << 20, &budget)).await;
     let mut call = RawCall::open(server.addr).await;
     call.send(&encoded(json_headers(None), true)).await;
@@ -2183,7 +2184,7 @@ async fn a_body_passing_the_budget_as_it_arrives_gets_the_503_before_its_end() {
 /// message and as a whole one.
 #[tokio::test]
 async fn a_body_the_guard_does_not_read_passes_uncharged() {
-    let budget = envoy::BodyBudget::new(2_000_000);
+    let budget = budget::BodyBudget::new(2_000_000);
     let server = start(budgeted(1_000_000, &budget)).await;
     let upload = Msg::RequestHeaders(headers_msg(
         &[
@@ -2215,7 +2216,7 @@ async fn a_body_the_guard_does_not_read_passes_uncharged() {
 }
 
 /// Waits until `budget` holds at least `n` bytes (the processor has read what was sent).
-async fn held_at_least(budget: &envoy::BodyBudget, n: u64) {
+async fn held_at_least(budget: &budget::BodyBudget, n: u64) {
     tokio::time::timeout(PATIENCE, async {
         while budget.held() < n {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -2483,7 +2484,7 @@ mod full_duplex {
     /// back.
     #[tokio::test]
     async fn held_full_duplex_chunks_count_against_the_processors_budget() {
-        let budget = envoy::BodyBudget::new(1 << 20);
+        let budget = budget::BodyBudget::new(1 << 20);
         let (server, mut client) = connected(
             ExtProc::new(BypassMarkerLayer::dynamo())
                 .max_body_bytes(4 << 20)

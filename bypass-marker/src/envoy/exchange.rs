@@ -12,8 +12,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use http::{Method, StatusCode};
 use tonic::Status;
 
-use super::budget::Charge;
 use super::proto;
+use crate::budget::Charge;
 use tower_bypass_marker::sans_io::{
     BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestGuard, RequestStep,
     ResponseStep, UnseenRequest,
@@ -22,7 +22,7 @@ use tower_bypass_marker::BypassMarkerLayer;
 
 /// One HTTP request through Envoy's external processing filter: the shared
 /// [`GatewayExchange`] state machine, spoken in ext_proc's messages.
-pub(crate) struct Exchange {
+pub(crate) struct ExtProcExchange {
     exchange: GatewayExchange,
     /// Body modes Envoy announced in `protocol_config` (first message), else the documented
     /// configuration's (BUFFERED, STREAMED).
@@ -56,7 +56,7 @@ pub(crate) struct Exchange {
 /// The largest body chunk sent back in one `FULL_DUPLEX_STREAMED` answer, as Envoy recommends.
 const STREAMED_CHUNK: usize = 64 << 10;
 
-impl Exchange {
+impl ExtProcExchange {
     pub(crate) fn new(layer: &BypassMarkerLayer, guard: RequestGuard, charge: Charge) -> Self {
         Self {
             // Request headers that never came mean `request_header_mode: SKIP`: the guard did

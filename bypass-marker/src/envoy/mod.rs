@@ -183,7 +183,6 @@
 //! - [`ExtProc::into_service`]: the [`ExtProcService`] alone, for a tonic server of your own.
 
 mod answer_times;
-mod budget;
 mod connection;
 mod exchange;
 mod processor;
@@ -193,7 +192,6 @@ mod service;
 mod stream;
 
 pub use answer_times::{AnswerTimes, MessageKind};
-pub use budget::{BodyBudget, Charge, SMALL_BODY_BYTES};
 pub use processor::ExtProc;
 pub use serve::{serve, MAX_CONCURRENT_STREAMS};
 pub use service::ExtProcService;

@@ -8,11 +8,11 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use tonic::{Request, Response, Status, Streaming};
 
 use super::answer_times::{AnswerClock, AnswerTimes};
-use super::budget::BodyBudget;
 use super::connection::Origin;
-use super::exchange::Exchange;
+use super::exchange::ExtProcExchange;
 use super::stream::ProcessStream;
 use super::ExtProcService;
+use crate::budget::BodyBudget;
 use tower_bypass_marker::sans_io::RequestGuard;
 use tower_bypass_marker::BypassMarkerLayer;
 
@@ -134,8 +134,8 @@ impl ExtProc {
     }
 
     /// A fresh state for one gRPC stream.
-    pub(crate) fn exchange(&self) -> Exchange {
-        Exchange::new(&self.layer, self.guard.clone(), self.budget.charge())
+    pub(crate) fn exchange(&self) -> ExtProcExchange {
+        ExtProcExchange::new(&self.layer, self.guard.clone(), self.budget.charge())
     }
 
     /// The connection of a stream whose request carries `extensions` (see [`Origin::of`]).

@@ -1,5 +1,5 @@
 //! Conversions between Envoy's ext_proc messages and `http` types, and the few responses the
-//! processor sends. No state: [`Exchange`](super::exchange::Exchange) decides, this file spells
+//! processor sends. No state: [`ExtProcExchange`](super::exchange::ExtProcExchange) decides, this file spells
 //! the decisions in protobuf.
 
 use envoy_types::pb::envoy::config::core::v3::{

@@ -15,7 +15,7 @@ use tonic::Status;
 
 use super::answer_times::{AnswerClock, MessageKind};
 use super::connection::Origin;
-use super::exchange::Exchange;
+use super::exchange::ExtProcExchange;
 use super::{proto, ExtProc};
 
 /// The path of the one method, `envoy.service.ext_proc.v3.ExternalProcessor/Process`.
@@ -139,7 +139,7 @@ pin_project! {
     struct Answers<B> {
         #[pin]
         inbound: B,
-        exchange: Exchange,
+        exchange: ExtProcExchange,
         // Where the one observability-mode line per connection is logged.
         origin: Origin,
         max_message: usize,

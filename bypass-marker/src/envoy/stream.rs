@@ -8,7 +8,7 @@ use tonic::{Status, Streaming};
 
 use super::answer_times::{AnswerClock, MessageKind};
 use super::connection::Origin;
-use super::exchange::Exchange;
+use super::exchange::ExtProcExchange;
 use super::proto;
 
 /// The processor's side of one `Process` call: one response for each message Envoy sends, in
@@ -19,7 +19,7 @@ use super::proto;
 /// [module docs](super) for when that happens).
 pub struct ProcessStream {
     inbound: Streaming<ProcessingRequest>,
-    exchange: Exchange,
+    exchange: ExtProcExchange,
     origin: Origin,
     clock: Option<AnswerClock>,
     done: bool,
@@ -28,7 +28,7 @@ pub struct ProcessStream {
 impl ProcessStream {
     pub(crate) fn new(
         inbound: Streaming<ProcessingRequest>,
-        exchange: Exchange,
+        exchange: ExtProcExchange,
         origin: Origin,
         clock: Option<AnswerClock>,
     ) -> Self {

@@ -26,7 +26,7 @@ pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
 /// A process-wide budget of request body bytes held in memory; clones share it.
 ///
 /// ```
-/// use bypass_marker::envoy::BodyBudget;
+/// use bypass_marker::budget::BodyBudget;
 ///
 /// let budget = BodyBudget::new(8 << 20);
 /// let mut first = budget.charge();
