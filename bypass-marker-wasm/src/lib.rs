@@ -25,14 +25,16 @@
 //! ([`plugin::parse`]); a bad one stops the plugin from starting, with a log line that names the
 //! key. The request head waits until the guard has judged the body, which needs Envoy's
 //! `allow_on_headers_stop_iteration` (Envoy 1.35 and later); where a gateway cannot set it, the
-//! configuration says `"request-head": "forwarded"` (docs/envoy.md, "Holding the request head"). Each stream drives the module's per-stream adapter
-//! ([`bypass_marker_envoy_adapter::stream::StreamFilter`], over `tower_bypass_marker::sans_io::GatewayExchange`), so
-//! the plugin, the module and `bypass-marker ext-proc` answer the same input with the same bytes.
-//! The layers: [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes
-//! them on Envoy); [`host`] implements the module's `Host` with them; [`stream::Stream`] maps
-//! proxy-wasm's hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts. Everything but
-//! the entry point is safe Rust, and everything but [`plugin`] runs on a fake of
-//! [`proxy::Proxy`] in the tests ([`fake`]).
+//! configuration says `"request-head": "forwarded"` (docs/envoy.md, "Holding the request head").
+//! Each stream drives the Envoy adapter the module drives too
+//! ([`bypass_marker_envoy_adapter::stream::StreamFilter`], over
+//! `tower_bypass_marker::sans_io::GatewayExchange`), so the plugin, the module and
+//! `bypass-marker ext-proc` answer the same input with the same bytes. The layers:
+//! [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes them on
+//! Envoy); [`host`] implements the adapter's `Host` with them; [`stream::Stream`] maps proxy-wasm's
+//! hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts. Everything but the entry
+//! point is safe Rust, and everything but [`plugin`] runs on a fake of [`proxy::Proxy`] in the
+//! tests ([`fake`]).
 //!
 //! A panic cannot be caught on `wasm32-wasip1` (panics abort): it traps the plugin's VM, and Envoy
 //! fails every stream of that VM (a 503 before the response, a reset after its head), never
