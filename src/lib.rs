@@ -216,6 +216,9 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+#[macro_use]
+mod macros;
+
 pub mod annotations;
 mod body;
 mod config;

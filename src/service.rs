@@ -31,20 +31,7 @@ impl<S> BypassMarker<S> {
         Self::new(inner, Arc::new(Config::new()))
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!();
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for BypassMarker<S> {
