@@ -9,7 +9,7 @@
 # VmHWM). A benchmark, not a CI check: it fails only if a body is not served.
 #
 #   bash tests/envoy/wasm_memory.sh                         # N=1000, M=33554432 (the default)
-#   WASM_MEMORY_BODIES=10 WASM_MEMORY_MAX_BODY=536870912 bash tests/envoy/wasm_memory.sh
+#   WASM_MEMORY_MAX_BODY=536870912 bash tests/envoy/wasm_memory.sh   # at the cap: 73 min here
 #
 # Environment: WASM_MEMORY_BODIES (N), WASM_MEMORY_MAX_BODY (M, at most 536870912: the plugin's
 # cap), WASM_MEMORY_ENVOY (default ENVOY_NEWEST of tests/versions.sh), ENVOY_CACHE, PYTHON, CARGO_TARGET_DIR.
