@@ -20,8 +20,15 @@ const MODEL = 'tiny';
 const MAX_TOKENS = 64;
 
 const args = clientArgs(
-  { via: { type: 'string', default: 'the proxy' }, replies: { type: 'string' } },
-  ['replies'],
+  {
+    'sdk-dir': { type: 'string' },
+    'base-url': { type: 'string' },
+    label: { type: 'string' },
+    via: { type: 'string', default: 'the proxy' },
+    version: { type: 'string' },
+    replies: { type: 'string' },
+  },
+  ['sdk-dir', 'base-url', 'label', 'version', 'replies'],
   ['pass', 'fail'],
 );
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));

@@ -42,9 +42,11 @@
 #   ENVOY_OLDER         the older Envoys that must load the module (default ENVOY_MODULE_OLDER of tests/versions.sh)
 set -euo pipefail
 
-SUITE="envoy module" LIFETIME=900
+SUITE="envoy module"
+LIFETIME=900
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
+source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 older="${ENVOY_OLDER:-$ENVOY_MODULE_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"

@@ -15,9 +15,11 @@
 # Ends with `envoy try it: N passed, M failed`; exits non-zero if anything failed.
 set -euo pipefail
 
-SUITE="envoy try it" LIFETIME=900
+SUITE="envoy try it"
+LIFETIME=900
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
+source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 install_envoys $ENVOY_NEWEST

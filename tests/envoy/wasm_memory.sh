@@ -15,9 +15,11 @@
 # cap), WASM_MEMORY_ENVOY (default ENVOY_NEWEST of tests/versions.sh), ENVOY_CACHE, PYTHON, CARGO_TARGET_DIR.
 set -euo pipefail
 
-SUITE="wasm memory" LIFETIME=7200
+SUITE="wasm memory"
+LIFETIME=7200
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
+source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 bodies="${WASM_MEMORY_BODIES:-1000}"

@@ -28,7 +28,16 @@ const OPT_IN = ['x-bypass-remote-prefill'];
 const MARKER = 'the x-bypass-remote-prefill frame';
 const REQUEST_ID = 'the request_id frame';
 
-const args = clientArgs({}, [], ['pass', 'fail-every-stream']);
+const args = clientArgs(
+  {
+    'sdk-dir': { type: 'string' },
+    'base-url': { type: 'string' },
+    label: { type: 'string' },
+    version: { type: 'string' },
+  },
+  ['sdk-dir', 'base-url', 'label', 'version'],
+  ['pass', 'fail-every-stream'],
+);
 
 const { report, failures } = reporter();
 

@@ -27,9 +27,13 @@
 # SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache).
 set -euo pipefail
 
-SUITE=sdk LIFETIME=600
+SUITE=sdk
+# Every process started here stops by itself after this long, even if this script is killed
+# without its trap.
+LIFETIME=600
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
+source "$here/../support/preamble.sh"
 cache="$sdk_cache"
 mkdir -p "$cache"
 

@@ -6,18 +6,11 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 
-// The command line: --sdk-dir, --base-url, --label, --version and --expect, which every client
-// takes, and `options` as node:util's parseArgs takes them, of which `required` are required too;
-// `expects` are the values --expect may take. A missing or wrong one exits 2.
+// The command line: `options` as node:util's parseArgs takes them, `required` the names without a
+// default, `expects` the values --expect may take. A missing or wrong one exits 2.
 export function clientArgs(options, required, expects) {
-  const common = ['sdk-dir', 'base-url', 'label', 'version', 'expect'];
-  const { values: args } = parseArgs({
-    options: Object.fromEntries([
-      ...common.map((name) => [name, { type: 'string' }]),
-      ...Object.entries(options),
-    ]),
-  });
-  for (const name of [...common, ...required]) {
+  const { values: args } = parseArgs({ options: { expect: { type: 'string' }, ...options } });
+  for (const name of [...required, 'expect']) {
     if (!args[name]) {
       console.error(`client.mjs: --${name} is required`);
       process.exit(2);

@@ -1,12 +1,10 @@
 # The start every end-to-end suite shares (tests/envoy/{run,module,wasm,concurrency}.sh,
 # tests/soak/run.sh, tests/images/run.sh, tests/dynamo/run.sh, tests/sdk/run.sh). The suite sets
 # `SUITE` (the name its log lines start with) and `LIFETIME` (the seconds any process it starts may
-# live: each stops by itself after it, even if the suite is killed without its trap), then sources
-# this file after `set -euo pipefail`.
+# live), then sources this file after `set -euo pipefail`.
 #
-# It sources tests/versions.sh and sets `root` (the repository), `here` (the suite's folder),
-# `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE), `target` ($CARGO_TARGET_DIR) and
-# `work` (a scratch directory, removed at exit with every
+# It sources tests/versions.sh and sets `root` (the repository), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
+# `target` ($CARGO_TARGET_DIR) and `work` (a scratch directory, removed at exit with every
 # process started by `start`), defines `log`, `die`, `raise_open_files`, `build_bypass_marker`
 # and `build_module`, and sources tests/support/procs.sh and tests/support/checks.sh.
 
@@ -14,8 +12,6 @@
 : "${LIFETIME:?set LIFETIME before sourcing tests/support/preamble.sh}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-# The suite's own folder.
-here="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 # The versions of Envoy, Dynamo and the SDKs the suites run: one file.
 # shellcheck source=tests/versions.sh
 source "$root/tests/versions.sh"
