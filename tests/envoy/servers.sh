@@ -46,24 +46,3 @@ start_upstreams() {
   router_direct="$url"
 }
 
-
-# The counters both in-process filters keep, after a suite's checks have made each of them count:
-# for Envoy's admin at $1, with the metric prefix $2 (the module's and the plugin's names differ:
-# docs/envoy.md, "Dashboards") and $3 before each check's line, one check a series, each above 0.
-check_counters() {
-  local admin="$1" prefix="$2" label="${3:+$3: }" stats series value ok
-  stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$admin/stats/prometheus', timeout=5).read().decode())")"
-  for series in \
-    'frames_removed{annotation="x-bypass-remote-prefill"}' \
-    'frames_removed{annotation="llm_metrics"}' \
-    'frames_forwarded{annotation="x-bypass-remote-prefill"}' \
-    'frames_forwarded{annotation="request_id"}' \
-    'requests_refused{status="400"}' \
-    'requests_refused{status="413"}' \
-    'encoded_streams_refused{coding="gzip"}'; do
-    value="$(grep -F "$prefix$series " <<<"$stats" | awk '{print $2}')"
-    ok=0
-    [[ -n "$value" && "$value" -gt 0 ]] && ok=1
-    count $ok "$label/stats/prometheus: $prefix$series ${value:-missing}"
-  done
-}

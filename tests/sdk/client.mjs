@@ -17,7 +17,10 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { clientArgs, loadOpenAI, reporter } from '../support/openai_node.mjs';
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
 
 const MAX_TOKENS = 8;
 // A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
@@ -28,18 +31,35 @@ const OPT_IN = ['x-bypass-remote-prefill'];
 const MARKER = 'the x-bypass-remote-prefill frame';
 const REQUEST_ID = 'the request_id frame';
 
-const args = clientArgs(
-  {
+const { values: args } = parseArgs({
+  options: {
     'sdk-dir': { type: 'string' },
     'base-url': { type: 'string' },
+    expect: { type: 'string' },
     label: { type: 'string' },
     version: { type: 'string' },
   },
-  ['sdk-dir', 'base-url', 'label', 'version'],
-  ['pass', 'fail-every-stream'],
-);
+});
+for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version']) {
+  if (!args[name]) {
+    console.error(`client.mjs: --${name} is required`);
+    process.exit(2);
+  }
+}
+if (!['pass', 'fail-every-stream'].includes(args.expect)) {
+  console.error(`client.mjs: --expect must be pass or fail-every-stream, got ${args.expect}`);
+  process.exit(2);
+}
 
-const { report, failures } = reporter();
+let failures = 0;
+function report(ok, what, why = '') {
+  if (ok) {
+    console.log(`PASS ${what}`);
+  } else {
+    failures += 1;
+    console.log(`FAIL ${what}: ${why}`);
+  }
+}
 
 // What the simulated echo model answers: the prompt's words, cycled, MAX_TOKENS of them.
 function echoText(prompt) {
@@ -48,7 +68,12 @@ function echoText(prompt) {
   return Array.from({ length: MAX_TOKENS }, (_, i) => words[i % words.length]).join(' ');
 }
 
-const { OpenAI, version } = loadOpenAI(args['sdk-dir']);
+// The package under --sdk-dir, not one this script's own location would resolve.
+const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
+const entry = sdkRequire.resolve('openai');
+const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
+const sdk = sdkRequire(entry);
+const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
 
 async function main() {
   if (version !== args.version) {
@@ -144,4 +169,4 @@ try {
 } catch (err) {
   report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
 }
-process.exitCode = failures() > 0 ? 1 : 0;
+process.exitCode = failures > 0 ? 1 : 0;
