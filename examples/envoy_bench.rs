@@ -2,7 +2,7 @@
 //! on the same upstream and the same client, in one run:
 //!
 //! ```text
-//! bash tests/envoy/install.sh                          # the newest Envoy from PyPI, into a cache
+//! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
 //! cargo build --release -p bypass-marker
 //! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker_envoy_module.so
 //! bash bypass-marker-wasm/build.sh                 # target/wasm32-wasip1/release/bypass_marker.wasm
@@ -875,7 +875,7 @@ fn parse_args() -> Args {
                     || Path::new(&home).join(".cache/tower-bypass-marker-envoy"),
                     PathBuf::from,
                 );
-                cache.join(format!("venv-{}/bin/envoy", newest_envoy()))
+                cache.join("venv-1.40.0/bin/envoy")
             },
             PathBuf::from,
         ),
@@ -963,15 +963,6 @@ fn parse_args() -> Args {
         }
     }
     args
-}
-
-/// The newest Envoy the suites run (`ENVOY_NEWEST` in tests/versions.sh, the one file that says).
-fn newest_envoy() -> &'static str {
-    include_str!("../tests/versions.sh")
-        .lines()
-        .find_map(|line| line.strip_prefix("ENVOY_NEWEST="))
-        .map(|value| value.trim_matches('"'))
-        .expect("tests/versions.sh sets ENVOY_NEWEST")
 }
 
 fn main() {

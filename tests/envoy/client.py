@@ -599,7 +599,7 @@ async def run_stall(args):
     await served_after(args, "processor continued")
 
     # In the middle of a stream. Envoy forwards nothing more, but it re-arms the message timeout
-    # with every chunk it sends the processor (the newest Envoy), so the stream breaks a message
+    # with every chunk it sends the processor (Envoy 1.40.0), so the stream breaks a message
     # timeout after the upstream's last chunk (or once the chunks held for the processor reach the
     # buffer limit), not a message timeout after the stall.
     # The events that may still arrive after the stall are those the processor answered before

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thousands of long-lived event streams at once through the newest Envoy with the shipped
+# Thousands of long-lived event streams at once through the real Envoy 1.40.0 with the shipped
 # bootstrap (examples/envoy/dynamic-module.yaml: its circuit breakers as shipped, its addresses
 # set by examples/envoy/render.sh) and the dynamic module, all on 127.0.0.1: N streams (default
 # 5,000) of E events (default 100) MS apart (default 20 ms), every one in flight at once. Checks

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The Envoy dynamic module end to end: the newest Envoy with the shipped bootstrap
+# The Envoy dynamic module end to end: the real Envoy 1.40.0 with the shipped bootstrap
 # (examples/envoy/dynamic-module.yaml) loading target/release/libbypass_marker_envoy_module.so, real upstreams,
-# real SDKs, all on 127.0.0.1; then the older Envoys of tests/versions.sh (the releases Envoy Gateway 1.8 and
+# real SDKs, all on 127.0.0.1; then Envoy 1.38.3 and 1.39.3 (the releases Envoy Gateway 1.8 and
 # 1.9 ship) load the same module and filter split streams.
 #
 #   bash tests/envoy/module.sh
@@ -24,13 +24,13 @@
 #     serves the next request (in response_body, the reset re-enters the module: Envoy 1.40 runs
 #     stream_complete from inside reset_stream);
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged
-#     (the 502 in the older Envoys too);
+#     (the 502 in 1.38.3 and 1.39.3 too);
 #   - two content-type headers (text/plain, application/json), which Envoy joins with a comma,
 #     over HTTP/1.1 and HTTP/2 (curl): the router-owned name is stripped all the same;
-#   - envoy.filters.http.buffer, then a Lua filter calling body(), before the module, in every
-#     Envoy the module loads in (max-body 100): {"model":"m"}, a 56-byte body, the body `1` and a body
+#   - envoy.filters.http.buffer, then a Lua filter calling body(), before the module, in 1.40.0,
+#     1.38.3 and 1.39.3 (max-body 100): {"model":"m"}, a 56-byte body, the body `1` and a body
 #     naming a router-owned marker each reach the upstream once, as sent (the marker stripped);
-#   - the older Envoys of tests/versions.sh load the module (ABI v0.2.0 against their v0.1.0: a warning) and
+#   - Envoy 1.38.3 and 1.39.3 load the module (ABI v0.2.0 against their v0.1.0: a warning) and
 #     filter split streams byte for byte;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy module: N passed, M failed`; exits non-zero if anything failed.
@@ -39,7 +39,7 @@
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
-#   ENVOY_OLDER         the older Envoys that must load the module (default ENVOY_MODULE_OLDER of tests/versions.sh)
+#   ENVOY_OLDER         the older Envoys that must load the module (default "1.38.3 1.39.3")
 set -euo pipefail
 
 SUITE="envoy module"
@@ -48,7 +48,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
-older="${ENVOY_OLDER:-$ENVOY_MODULE_OLDER}"
+older="${ENVOY_OLDER:-1.38.3 1.39.3}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/servers.sh
@@ -58,8 +58,8 @@ source "$here/servers.sh"
 # Installs and builds
 
 started=$SECONDS
-install_envoys $ENVOY_NEWEST $older
-envoy_bin="${envoys[$ENVOY_NEWEST]}"
+install_envoys 1.40.0 $older
+envoy_bin="${envoys[1.40.0]}"
 log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
 
 # shellcheck source=tests/sdk/sdks.sh
@@ -96,12 +96,12 @@ start_envoy() {
   url="http://127.0.0.1:$listen"
   admin_url="http://127.0.0.1:$admin"
 }
-start_envoy envoy-upstream $ENVOY_NEWEST "${upstream##*:}" "$modules"
+start_envoy envoy-upstream 1.40.0 "${upstream##*:}" "$modules"
 envoy_upstream="$url"
 envoy_upstream_admin="$admin_url"
-start_envoy envoy-router $ENVOY_NEWEST "${router_behind##*:}" "$modules"
+start_envoy envoy-router 1.40.0 "${router_behind##*:}" "$modules"
 envoy_router="$url"
-start_envoy envoy-panic $ENVOY_NEWEST "${upstream##*:}" "$panic_modules"
+start_envoy envoy-panic 1.40.0 "${upstream##*:}" "$panic_modules"
 envoy_panic="$url"
 log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, Envoy $envoy_upstream, $envoy_router, $envoy_panic (test-panic module)"
 
@@ -112,7 +112,7 @@ only_loopback
 
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-upstream.log" && ok=1
-count $ok "Envoy $ENVOY_NEWEST loads the module: \"Dynamic module ABI version v0.2.0 matched\""
+count $ok "Envoy 1.40.0 loads the module: \"Dynamic module ABI version v0.2.0 matched\""
 
 client=("$python" "$here/client.py")
 run_client "request side, pass-through, opt-ins" "${client[@]}" checks --front module \
@@ -209,7 +209,7 @@ done
 # Every Envoy callback the module calls is exported by each Envoy tested (Envoy resolves them all
 # when it loads the module).
 imports="$(nm -D --undefined-only "$modules/libbypass_marker_envoy_module.so" | awk '/envoy_dynamic_module_callback/ {print $2}' | sort)"
-for version in $ENVOY_NEWEST $older; do
+for version in 1.40.0 $older; do
   missing="$(comm -23 <(echo "$imports") <(nm -D --defined-only "${envoys[$version]}" | awk '{print $3}' | sort))"
   ok=0
   [[ -n "$imports" && -z "$missing" ]] && ok=1
@@ -221,7 +221,7 @@ done
 # each body reaches the upstream once, as sent, in every Envoy tested. The module runs with
 # max-body 100 here.
 chain_bootstrap() { "$python" "$here/variant.py" "$root/examples/envoy/dynamic-module.yaml" "$1"; }
-for version in $ENVOY_NEWEST $older; do
+for version in 1.40.0 $older; do
   for kind in buffer lua; do
     chain_bootstrap "$kind" >"$work/chain-$kind.yaml" || die "cannot write the $kind bootstrap"
     chain_listen="$(free_port)"

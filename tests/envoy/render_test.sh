@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The operator's render script (examples/envoy/render.sh): every bootstrap under examples/envoy/
 # rendered with other addresses (an IP upstream, a DNS name, IPv6) carries exactly those values
-# and passes `envoy --mode validate` (the newest Envoy, the module's with the module built here, the
+# and passes `envoy --mode validate` (Envoy 1.40.0, the module's with the module built here, the
 # plugin's with `--plugin` naming the plugin built here); bad
 # values are refused with nothing on stdout. (Traffic through a rendered bootstrap:
 # tests/envoy/concurrency.sh.)

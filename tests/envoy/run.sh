@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Envoy external processor end to end: the newest Envoy with the shipped bootstrap
+# The Envoy external processor end to end: a real Envoy 1.40.0 with the shipped bootstrap
 # (examples/envoy/ext-proc.yaml), `bypass-marker ext-proc` and real upstreams, all on 127.0.0.1.
 #
 #   bash tests/envoy/run.sh

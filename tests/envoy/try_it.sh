@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # docs/envoy.md's "Try it end to end without Dynamo", run exactly as written: the lines of its
-# code block, taken from the page, in one shell from the repository's root, with the newest Envoy on
+# code block, taken from the page, in one shell from the repository's root, with Envoy 1.40.0 on
 # the PATH (the page says to install it) and, after each line that starts a server in the
 # background, a wait until that server's port accepts (a person waits by reading). Then the
 # page's counter line and its `kill %1 %2`.
@@ -22,8 +22,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
-install_envoys $ENVOY_NEWEST
-envoy_dir="$(dirname "${envoys[$ENVOY_NEWEST]}")"
+install_envoys 1.40.0
+envoy_dir="$(dirname "${envoys[1.40.0]}")"
 
 page="$root/docs/envoy.md"
 # The first sh block after the paragraph's title.

@@ -19,14 +19,14 @@
 #     the simulated Dynamo router and of upstream.py: openai-python streams through it (and fails
 #     straight to the router: the control), a raw client opted in to the marker gets it byte for
 #     byte; the manifest's probes (/health through the proxy, /metrics) answer 200;
-#   - `ext-proc` from the same image behind the newest Envoy (examples/envoy/ext-proc.yaml) filters a
+#   - `ext-proc` from the same image behind Envoy 1.40.0 (examples/envoy/ext-proc.yaml) filters a
 #     stream;
 #   - the module copied out of its image the way examples/envoy-gateway/'s init container does
-#     (`cp`, a static busybox), its sha256 the one recorded in the image and in SHA256SUMS, loaded by the newest Envoy
-#     (examples/envoy/dynamic-module.yaml) for a stream;
+#     (`cp`, a static busybox), its sha256 the one recorded in the image and in SHA256SUMS, loaded by Envoy
+#     1.40.0 (examples/envoy/dynamic-module.yaml) for a stream;
 #   - the plugin's image is Istio's Wasm image: one gzipped layer holding plugin.wasm and nothing
 #     else; the plugin taken out of the OCI archive as Istio and Envoy Gateway take it out of what
-#     they pull (wasm_image.py), its sha256 the .wasm's in SHA256SUMS, loaded by the newest Envoy's V8
+#     they pull (wasm_image.py), its sha256 the .wasm's in SHA256SUMS, loaded by Envoy 1.40.0's V8
 #     (examples/envoy/wasm.yaml) for a stream;
 #   - examples/k8s/ names the images as the release command tags them, and runs them as user 65532;
 #     examples/envoy-gateway/ and examples/istio/ pull the module and the plugin by those tags;
@@ -170,12 +170,13 @@ ok=0
 [[ "$listed" == "$present" && $(wc -w <<<"$listed") -eq 9 ]] && ok=1
 count $ok "SHA256SUMS lists every artifact (9): $listed"
 
-# The Envoy releases in the module's name are the ones tests/envoy/module.sh loads it in: the
-# newest and the older ones of tests/versions.sh, oldest first.
-tested="$(tr ' ' '\n' <<<"$ENVOY_MODULE_OLDER $ENVOY_NEWEST" | sort -V | paste -sd '-')"
+# The Envoy releases in the module's name are the ones tests/envoy/module.sh runs.
+tested="$(sed -n 's/^ENVOY_TESTED="\(.*\)"$/\1/p' "$root/dist/release.sh")"
+older="$(sed -n 's/^older="\${ENVOY_OLDER:-\(.*\)}"$/\1/p' "$envoy_here/module.sh")"
 ok=0
-[[ -f "$dist/libbypass_marker_envoy_module-$version-envoy-$tested-$triple.so" ]] && ok=1
-count $ok "the module is named with the Envoy releases tests/envoy/module.sh loads it in: libbypass_marker_envoy_module-$version-envoy-$tested-$triple.so"
+[[ -n "$older" && "$(tr ' ' '\n' <<<"$tested" | sort -V)" == "$(tr ' ' '\n' <<<"1.40.0 $older" | sort -V)" &&
+  -f "$dist/libbypass_marker_envoy_module-$version-envoy-${tested// /-}-$triple.so" ]] && ok=1
+count $ok "the module is named with the Envoy releases tests/envoy/module.sh loads it in: libbypass_marker_envoy_module-$version-envoy-${tested// /-}-$triple.so"
 
 # The tarball holds the binary the image holds.
 mkdir -p "$work/tarball"
@@ -308,7 +309,7 @@ envoy_ready_in() { wait_for "$last_group" 300 envoy_ready "$1"; }
 install_envoy || die "cannot install Envoy $ENVOY_VERSION"
 # shellcheck source=tests/sdk/sdks.sh
 source "$root/tests/sdk/sdks.sh"
-sdk_python="$(install_py "$OPENAI_PYTHON")"
+sdk_python="$(install_py "$PY_PINNED")"
 build_router
 start_upstreams
 
@@ -324,7 +325,7 @@ wait_for "$last_group" 300 listening "proxy-upstream-$$" ||
   die "the second proxy container did not start: $(cat "$work/proxy-upstream-$$.log")"
 proxy_upstream="$url"
 
-# The processor from the same image, behind the newest Envoy.
+# The processor from the same image, behind Envoy 1.40.0.
 ext_proc_port="$(free_port)"
 run_container ext-proc "$image" ext-proc --listen "127.0.0.1:$ext_proc_port" --preset dynamo
 wait_for "$last_group" 300 accepts "$ext_proc_port" || die "the ext-proc container did not start: $(cat "$work/ext-proc-$$.log")"
@@ -360,7 +361,7 @@ ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$work/modules" start envoy-module "$envoy_bin
 envoy_ready_in "$admin" || die "Envoy with the module did not get ready: $(tail -n 20 "$work/envoy-module.log")"
 envoy_module="http://127.0.0.1:$listen"
 
-# The plugin taken out of its image (above), loaded by the newest Envoy's V8 with the shipped bootstrap.
+# The plugin taken out of its image (above), loaded by Envoy 1.40.0's V8 with the shipped bootstrap.
 listen="$(free_port)"
 wasm_admin="$(free_port)"
 render_bootstrap "$root/examples/envoy/wasm.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$wasm_admin" \
@@ -386,21 +387,21 @@ else
 fi
 
 sdk_client="$root/tests/sdk/client.py"
-run_client "python openai $OPENAI_PYTHON through the proxy container" "$sdk_python" "$sdk_client" sdk \
-  --base-url "$proxy/v1" --expect pass --label "python openai $OPENAI_PYTHON via the image's proxy" --version "$OPENAI_PYTHON"
-run_client "python openai $OPENAI_PYTHON straight to the router" "$sdk_python" "$sdk_client" sdk \
-  --base-url "$router_direct/v1" --expect fail-every-stream --label "python openai $OPENAI_PYTHON direct" --version "$OPENAI_PYTHON"
+run_client "python openai $PY_PINNED through the proxy container" "$sdk_python" "$sdk_client" sdk \
+  --base-url "$proxy/v1" --expect pass --label "python openai $PY_PINNED via the image's proxy" --version "$PY_PINNED"
+run_client "python openai $PY_PINNED straight to the router" "$sdk_python" "$sdk_client" sdk \
+  --base-url "$router_direct/v1" --expect fail-every-stream --label "python openai $PY_PINNED direct" --version "$PY_PINNED"
 run_client "raw client through the proxy container" "$python" "$sdk_client" raw --layer-url "$proxy" \
   --no-layer-url "$router_direct"
 run_client "one stream through the proxy container" "$python" "$images_here/one_request.py" --url "$proxy_upstream" \
   --upstream "$upstream" --label "the image's proxy"
-run_client "one stream through Envoy $ENVOY_NEWEST and the ext-proc container" "$python" "$images_here/one_request.py" \
-  --url "$envoy_ext_proc" --upstream "$upstream" --label "Envoy $ENVOY_NEWEST + the image's ext-proc"
+run_client "one stream through Envoy 1.40.0 and the ext-proc container" "$python" "$images_here/one_request.py" \
+  --url "$envoy_ext_proc" --upstream "$upstream" --label "Envoy 1.40.0 + the image's ext-proc"
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-module.log" && ok=1
-count $ok "Envoy $ENVOY_NEWEST loads the module copied out of $module_image"
-run_client "one stream through Envoy $ENVOY_NEWEST and the plugin from its image" "$python" "$images_here/one_request.py" \
-  --url "$envoy_wasm" --upstream "$upstream" --label "Envoy $ENVOY_NEWEST + the image's plugin"
+count $ok "Envoy 1.40.0 loads the module copied out of $module_image"
+run_client "one stream through Envoy 1.40.0 and the plugin from its image" "$python" "$images_here/one_request.py" \
+  --url "$envoy_wasm" --upstream "$upstream" --label "Envoy 1.40.0 + the image's plugin"
 wasm_vms="$("$python" -c '
 import sys, urllib.request
 stats = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
@@ -408,9 +409,9 @@ print(sum(int(l.split(": ")[1]) for l in stats.splitlines() if l.startswith("was
 ' "http://127.0.0.1:$wasm_admin/stats?filter=wasm" 2>&1)"
 ok=0
 [[ "$wasm_vms" =~ ^[0-9]+$ ]] && ((wasm_vms > 0)) && ok=1
-count $ok "Envoy $ENVOY_NEWEST runs the plugin out of $wasm_image in V8 (wasm.envoy.wasm.runtime.v8.active: $wasm_vms)"
-run_client "one stream through Envoy $ENVOY_NEWEST and the module from its image" "$python" "$images_here/one_request.py" \
-  --url "$envoy_module" --upstream "$upstream" --label "Envoy $ENVOY_NEWEST + the image's module"
+count $ok "Envoy 1.40.0 runs the plugin out of $wasm_image in V8 (wasm.envoy.wasm.runtime.v8.active: $wasm_vms)"
+run_client "one stream through Envoy 1.40.0 and the module from its image" "$python" "$images_here/one_request.py" \
+  --url "$envoy_module" --upstream "$upstream" --label "Envoy 1.40.0 + the image's module"
 
 # The probes of examples/k8s/: liveness, GET /livez on the metrics port, answers from the proxy alone; readiness,
 # GET /health, goes through to the frontend and answers with its status (Dynamo's frontend serves

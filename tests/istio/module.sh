@@ -7,7 +7,7 @@
 #
 #   bash tests/istio/module.sh
 #
-# Checks, in the newest Envoy (and `envoy --mode validate` in the older ones the module loads in):
+# Checks, in Envoy 1.40.0 (and `envoy --mode validate` in 1.38.3 and 1.39.3):
 #   - Envoy loads the module from the search path alone, with the example's filter_config;
 #   - the simulated router (`--no-layer`, as Dynamo is) streams through it: no request_id or
 #     marker frame reaches a client that did not opt in, the opted-in frame arrives byte for byte
@@ -28,7 +28,7 @@ source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$root/tests/envoy/servers.sh"
 
-install_envoys "$ENVOY_NEWEST" $ENVOY_MODULE_OLDER
+install_envoys 1.40.0 1.38.3 1.39.3
 build_module
 build_router
 # pyyaml for bootstrap.py: the validate suites' venv has it; else the interpreter's own.
@@ -78,12 +78,12 @@ through_envoy() {
   kill -TERM -- "-$last_group" 2>/dev/null || true
 }
 
-through_envoy $ENVOY_NEWEST kept
-through_envoy $ENVOY_NEWEST dropped
+through_envoy 1.40.0 kept
+through_envoy 1.40.0 dropped
 
 # The older Envoys Envoy Gateway ships: the same bootstrap passes `envoy --mode validate` (which
 # loads the module).
-for version in $ENVOY_MODULE_OLDER; do
+for version in 1.38.3 1.39.3; do
   "$yaml_python" "$here/bootstrap.py" --listen 10000 --admin 9901 --upstream 8000 >"$work/validate.json"
   status=0
   timeout 60 "${envoys[$version]}" --mode validate -c "$work/validate.json" >"$work/validate.log" 2>&1 || status=$?

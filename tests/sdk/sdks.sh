@@ -3,16 +3,18 @@
 # openai-python and openai-node, each pinned and newest, each in its own directory under
 # $sdk_cache, kept across runs, so each suite uses the other's installs. Also the version of
 # Anthropic's Python SDK that tests/dynamo/run.sh streams Dynamo's /v1/messages with (pinned only:
-# `install_py "$ANTHROPIC_PYTHON" anthropic`).
+# `install_py "$ANTHROPIC_PINNED" anthropic`).
 #
 # Sourced, not run. The caller sets `sdk_cache` and `python` and defines `log` and `die`;
 # `install_sdks` then fills `py_versions`, `node_versions`, `py_bin`, `node_dir` and `node_bin`,
 # and `run_sdk_clients` runs them all against a front door and its control.
 # SDK_OFFLINE=1: no registry look-ups, use the newest SDKs already in the cache.
 
-# The pinned versions (OPENAI_PYTHON, OPENAI_NODE, ANTHROPIC_PYTHON, NODE_WHEEL): tests/versions.sh.
-# shellcheck source=tests/versions.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../versions.sh"
+PY_PINNED=2.28.0
+NODE_PINNED=6.9.0
+ANTHROPIC_PINNED=2.16.0
+# A Node.js from PyPI, for an openai-node that needs a newer Node than the machine has.
+NODE_WHEEL=24.19.0
 
 # The newest version on the registry, or "" if it cannot be asked.
 newest_pypi() {
@@ -103,9 +105,9 @@ install_sdks() {
   py_newest="$(resolve_newest py-openai "$(newest_pypi)")"
   node_newest="$(resolve_newest node-openai "$(newest_npm)")"
 
-  declare -ga py_versions=("$OPENAI_PYTHON") node_versions=("$OPENAI_NODE")
-  [[ "$py_newest" != "$OPENAI_PYTHON" ]] && py_versions+=("$py_newest")
-  [[ "$node_newest" != "$OPENAI_NODE" ]] && node_versions+=("$node_newest")
+  declare -ga py_versions=("$PY_PINNED") node_versions=("$NODE_PINNED")
+  [[ "$py_newest" != "$PY_PINNED" ]] && py_versions+=("$py_newest")
+  [[ "$node_newest" != "$NODE_PINNED" ]] && node_versions+=("$node_newest")
 
   declare -gA py_bin node_dir node_bin
   for v in "${py_versions[@]}"; do py_bin[$v]="$(install_py "$v")"; done

@@ -6,9 +6,9 @@
 #
 # Starts one upstream (tests/envoy/upstream.py) and, in front of it at the same time:
 #   - the sidecar, `bypass-marker proxy`;
-#   - the newest Envoy (tests/envoy/install.sh) with `bypass-marker ext-proc` as its external processor,
+#   - Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as its external processor,
 #     from the shipped bootstrap examples/envoy/ext-proc.yaml;
-#   - the newest Envoy with the dynamic module (libbypass_marker_envoy_module.so), from examples/envoy/dynamic-module.yaml;
+#   - Envoy 1.40.0 with the dynamic module (libbypass_marker_envoy_module.so), from examples/envoy/dynamic-module.yaml;
 # each with the Dynamo preset and a max-body of 64 KiB. Then tests/soak/driver.py sends each of
 # them the same mix: streams of every annotation (clients that ask for nothing, opt in, try to
 # force a router-owned marker), paced streams, clients that reset mid-stream, upstreams that reset

@@ -3,7 +3,7 @@
 # `SUITE` (the name its log lines start with) and `LIFETIME` (the seconds any process it starts may
 # live), then sources this file after `set -euo pipefail`.
 #
-# It sources tests/versions.sh and sets `root` (the repository), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
+# It sets `root` (the repository), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
 # `target` ($CARGO_TARGET_DIR) and `work` (a scratch directory, removed at exit with every
 # process started by `start`), defines `log`, `die`, `raise_open_files`, `build_bypass_marker`
 # and `build_module`, and sources tests/support/procs.sh and tests/support/checks.sh.
@@ -12,9 +12,6 @@
 : "${LIFETIME:?set LIFETIME before sourcing tests/support/preamble.sh}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-# The versions of Envoy, Dynamo and the SDKs the suites run: one file.
-# shellcheck source=tests/versions.sh
-source "$root/tests/versions.sh"
 python="${PYTHON:-python3}"
 sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
 target="${CARGO_TARGET_DIR:-$root/target}"
