@@ -262,14 +262,6 @@ impl StreamFilter {
         Some(headers)
     }
 
-    /// Fails the stream on the exchange's error, or on a step this adapter does not know.
-    fn fail_on<T>(&mut self, host: &mut impl Host, step: Result<T, ExchangeError>) {
-        let err = step
-            .err()
-            .unwrap_or(ExchangeError::Order("a step this module does not know"));
-        self.fail(host, &err);
-    }
-
     /// The request's headers.
     pub fn on_request_headers(
         &mut self,
@@ -320,9 +312,16 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 HeadersStatus::StopIteration
             }
-            // An error, or a step added in a later version of the library: fail closed.
-            other => {
-                self.fail_on(host, other);
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
+                HeadersStatus::StopIteration
+            }
+            Err(err) => {
+                self.fail(host, &err);
                 HeadersStatus::StopIteration
             }
         }
@@ -451,9 +450,16 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 BodyStatus::StopIterationNoBuffer
             }
-            // An error, or a step added in a later version of the library: fail closed.
-            other => {
-                self.fail_on(host, other);
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
+                BodyStatus::StopIterationNoBuffer
+            }
+            Err(err) => {
+                self.fail(host, &err);
                 BodyStatus::StopIterationNoBuffer
             }
         }
@@ -511,9 +517,16 @@ impl StreamFilter {
                 self.refuse_response(host, &headers, &refusal);
                 HeadersStatus::StopIteration
             }
-            // An error, or a step added in a later version of the library: fail closed.
-            other => {
-                self.fail_on(host, other);
+            // A step added in a later version of the library: fail closed.
+            Ok(_) => {
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a step this module does not know"),
+                );
+                HeadersStatus::StopIteration
+            }
+            Err(err) => {
+                self.fail(host, &err);
                 HeadersStatus::StopIteration
             }
         }
