@@ -240,28 +240,6 @@ impl StreamFilter {
         }
     }
 
-    /// The headers a head is judged by (its content type, encoding and length), or `None` once
-    /// the stream has failed on a value that is not valid (`invalid` says which head).
-    fn content_headers(
-        &mut self,
-        host: &mut impl Host,
-        head: Headers,
-        invalid: &'static str,
-    ) -> Option<HeaderMap> {
-        let mut headers = HeaderMap::new();
-        for name in [
-            header::CONTENT_TYPE,
-            header::CONTENT_ENCODING,
-            header::CONTENT_LENGTH,
-        ] {
-            if !host.headers(head, &name, &mut headers) {
-                self.fail(host, &ExchangeError::Order(invalid));
-                return None;
-            }
-        }
-        Some(headers)
-    }
-
     /// The request's headers.
     pub fn on_request_headers(
         &mut self,
@@ -279,14 +257,21 @@ impl StreamFilter {
             .value(Headers::Request, ":method")
             .and_then(|m| Method::from_bytes(&m).ok())
             .unwrap_or(Method::GET);
-        // Envoy passes no value that is not valid on; should one come, the guard cannot judge it.
-        let Some(headers) = self.content_headers(
-            host,
-            Headers::Request,
-            "a request header value that is not valid",
-        ) else {
-            return HeadersStatus::StopIteration;
-        };
+        let mut headers = HeaderMap::new();
+        for name in [
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::CONTENT_LENGTH,
+        ] {
+            if !host.headers(Headers::Request, &name, &mut headers) {
+                // Envoy passes no such value on; should one come, the guard cannot judge it.
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a request header value that is not valid"),
+                );
+                return HeadersStatus::StopIteration;
+            }
+        }
         let step = self
             .exchange
             .request_headers(method, &headers, end_of_stream);
@@ -484,15 +469,22 @@ impl StreamFilter {
             .value(Headers::Response, ":status")
             .and_then(|s| StatusCode::from_bytes(&s).ok())
             .unwrap_or(StatusCode::OK);
-        // A head the filter cannot read: to filter the body as if it were an event stream would
-        // be guessing, so the stream fails.
-        let Some(headers) = self.content_headers(
-            host,
-            Headers::Response,
-            "a response header value that is not valid",
-        ) else {
-            return HeadersStatus::StopIteration;
-        };
+        let mut headers = HeaderMap::new();
+        for name in [
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::CONTENT_LENGTH,
+        ] {
+            if !host.headers(Headers::Response, &name, &mut headers) {
+                // A head the filter cannot read: filter the body as if it were an event stream
+                // would be guessing, so the stream fails.
+                self.fail(
+                    host,
+                    &ExchangeError::Order("a response header value that is not valid"),
+                );
+                return HeadersStatus::StopIteration;
+            }
+        }
         match self
             .exchange
             .response_headers(status, &headers, end_of_stream)
