@@ -4,7 +4,6 @@
 use bypass_marker_envoy_adapter::config::Config;
 use bypass_marker_envoy_adapter::log_limit::LogLimit;
 use bypass_marker_envoy_adapter::metrics::Counter;
-use bypass_marker_envoy_adapter::stream::memory::GZIPPED_JSON;
 use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
@@ -309,7 +308,14 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert_eq!(d.fake().count(Counter::RequestsRefused, "400"), 1);
     // 415 for a JSON body the guard cannot read (encoded), at the head.
     let mut d = Simulated::new(&config);
-    let head = d.request("POST", GZIPPED_JSON, false);
+    let head = d.request(
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        false,
+    );
     assert_eq!(head, Action::Pause);
     let (status, body) = d.fake().sent.clone().unwrap();
     assert_eq!(status, 415);

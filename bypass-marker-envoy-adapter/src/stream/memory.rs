@@ -10,12 +10,6 @@ use super::{
 use crate::config::Config;
 use crate::metrics::Counter;
 
-/// A JSON request head whose body the guard cannot read (gzip): refused at the head with a 415.
-pub const GZIPPED_JSON: &[(&str, &str)] = &[
-    ("content-type", "application/json"),
-    ("content-encoding", "gzip"),
-];
-
 /// A request head as a host's header list: `:method`, then `headers` in order.
 pub fn request_head(method: &str, headers: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
     let pseudo = (":method", method);

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
-use super::memory::{Simulated as Driver, GZIPPED_JSON};
+use super::memory::Simulated as Driver;
 use super::*;
 use crate::config::Config;
 use crate::metrics::Counter;
@@ -312,7 +312,14 @@ fn a_refused_request_gets_the_guards_reply_a_log_line_and_a_count_and_nothing_go
 #[test]
 fn a_refusal_at_the_head_stops_the_request_there() {
     let mut d = Driver::dynamo();
-    let status = d.request("POST", GZIPPED_JSON, false);
+    let status = d.request(
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        false,
+    );
     assert_eq!(status, HeadersStatus::StopIteration);
     assert_eq!(d.fake.sent.as_ref().map(|s| s.0), Some(415));
     // Envoy may still deliver body chunks it had: none goes on.
