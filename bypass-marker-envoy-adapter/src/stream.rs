@@ -4,7 +4,7 @@
 //! callbacks; the tests implement it on a fake stream.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use tower_bypass_marker::sans_io::{
     BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestStep, ResponseStep,
     UnseenRequest,
@@ -45,23 +45,6 @@ pub enum Level {
     Warn,
     /// `error`.
     Error,
-}
-
-/// Appends each of `values` to `into` as a value of header `name`, in order; false at the first
-/// that is not a valid header value (what [`Host::headers`] answers then). Every host's
-/// `headers` is this, over the values it finds.
-pub fn append_values<'a>(
-    into: &mut HeaderMap,
-    name: &HeaderName,
-    values: impl IntoIterator<Item = &'a [u8]>,
-) -> bool {
-    for value in values {
-        match HeaderValue::from_bytes(value) {
-            Ok(value) => into.append(name.clone(), value),
-            Err(_) => return false,
-        };
-    }
-    true
 }
 
 /// The operations on one stream that the filter needs: Envoy's callbacks, or a fake.

@@ -1,23 +1,11 @@
 //! A stream held in memory, with Envoy's buffer semantics: the host of the per-stream layer's
 //! tests and of the fuzz target, which drive [`StreamFilter`] without Envoy.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::{
-    append_values, Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter,
-    TrailersStatus,
-};
+use super::{Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter, TrailersStatus};
 use crate::config::Config;
 use crate::metrics::Counter;
-
-/// A request head as a host's header list: `:method`, then `headers` in order.
-pub fn request_head(method: &str, headers: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
-    let pseudo = (":method", method);
-    std::iter::once(&pseudo)
-        .chain(headers)
-        .map(|(name, value)| ((*name).to_owned(), value.as_bytes().to_vec()))
-        .collect()
-}
 
 /// One stream as Envoy holds it, and what left it.
 #[derive(Debug, Default)]
@@ -95,11 +83,17 @@ impl MemoryHost {
 
 impl Host for MemoryHost {
     fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool {
-        let values = self
-            .list(headers)
-            .iter()
-            .filter(|(key, _)| key == name.as_str());
-        append_values(into, name, values.map(|(_, value)| value.as_slice()))
+        for (key, value) in self.list(headers) {
+            if key == name.as_str() {
+                match HeaderValue::from_bytes(value) {
+                    Ok(value) => {
+                        into.append(name.clone(), value);
+                    }
+                    Err(_) => return false,
+                }
+            }
+        }
+        true
     }
 
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>> {
@@ -208,7 +202,14 @@ impl Simulated {
         headers: &[(&str, &str)],
         end_of_stream: bool,
     ) -> HeadersStatus {
-        self.fake.request_headers = request_head(method, headers);
+        self.fake.request_headers =
+            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
+                .chain(
+                    headers
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
+                )
+                .collect();
         self.filter
             .on_request_headers(&mut self.fake, end_of_stream)
     }
