@@ -4,7 +4,7 @@
 //! callbacks; the tests implement it on a fake stream.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, Method, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tower_bypass_marker::sans_io::{
     BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestStep, ResponseStep,
     UnseenRequest,
@@ -89,6 +89,23 @@ pub trait Host {
     fn increment(&mut self, counter: Counter, label: &str, value: u64);
     /// Writes a line to Envoy's log.
     fn log(&mut self, level: Level, message: &str);
+}
+
+/// Appends each of `values` to `into` as a value of header `name`: the one loop behind every
+/// host's [`Host::headers`], which differ only in where the values come from. False at the first
+/// value that is not a valid header value.
+pub fn append_header_values<'v>(
+    name: &HeaderName,
+    values: impl IntoIterator<Item = &'v [u8]>,
+    into: &mut HeaderMap,
+) -> bool {
+    for value in values {
+        let Ok(value) = HeaderValue::from_bytes(value) else {
+            return false;
+        };
+        into.append(name.clone(), value);
+    }
+    true
 }
 
 /// What a headers hook tells Envoy.

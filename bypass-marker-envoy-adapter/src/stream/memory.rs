@@ -1,9 +1,12 @@
 //! A stream held in memory, with Envoy's buffer semantics: the host of the per-stream layer's
 //! tests and of the fuzz target, which drive [`StreamFilter`] without Envoy.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
-use super::{Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter, TrailersStatus};
+use super::{
+    append_header_values, Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter,
+    TrailersStatus,
+};
 use crate::config::Config;
 use crate::metrics::Counter;
 
@@ -83,17 +86,12 @@ impl MemoryHost {
 
 impl Host for MemoryHost {
     fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool {
-        for (key, value) in self.list(headers) {
-            if key == name.as_str() {
-                match HeaderValue::from_bytes(value) {
-                    Ok(value) => {
-                        into.append(name.clone(), value);
-                    }
-                    Err(_) => return false,
-                }
-            }
-        }
-        true
+        let values = self
+            .list(headers)
+            .iter()
+            .filter(|(key, _)| key == name.as_str())
+            .map(|(_, value)| value.as_slice());
+        append_header_values(name, values, into)
     }
 
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>> {
