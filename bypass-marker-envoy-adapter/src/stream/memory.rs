@@ -39,6 +39,15 @@ pub struct MemoryHost {
     pub received_is_buffered: bool,
 }
 
+/// A request head as a fake stream holds it: `:method` first, then these headers. Shared with the
+/// proxy-wasm plugin's fake host.
+pub fn request_head(method: &str, headers: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    std::iter::once((":method", method))
+        .chain(headers.iter().copied())
+        .map(|(name, value)| (name.to_owned(), value.as_bytes().to_vec()))
+        .collect()
+}
+
 fn index(body: Body) -> usize {
     match body {
         Body::ReceivedRequest => 0,
@@ -200,14 +209,7 @@ impl Simulated {
         headers: &[(&str, &str)],
         end_of_stream: bool,
     ) -> HeadersStatus {
-        self.fake.request_headers =
-            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
-                .chain(
-                    headers
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
-                )
-                .collect();
+        self.fake.request_headers = request_head(method, headers);
         self.filter
             .on_request_headers(&mut self.fake, end_of_stream)
     }
