@@ -108,6 +108,20 @@ pub fn append_header_values<'v>(
     true
 }
 
+/// The headers a head is judged by (type, coding, length), read from the host; `None` if one of
+/// them has a value that is not a valid header value.
+fn judged_headers(host: &impl Host, headers: Headers) -> Option<HeaderMap> {
+    let mut into = HeaderMap::new();
+    [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LENGTH,
+    ]
+    .iter()
+    .all(|name| host.headers(headers, name, &mut into))
+    .then_some(into)
+}
+
 /// What a headers hook tells Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadersStatus {
@@ -257,21 +271,14 @@ impl StreamFilter {
             .value(Headers::Request, ":method")
             .and_then(|m| Method::from_bytes(&m).ok())
             .unwrap_or(Method::GET);
-        let mut headers = HeaderMap::new();
-        for name in [
-            header::CONTENT_TYPE,
-            header::CONTENT_ENCODING,
-            header::CONTENT_LENGTH,
-        ] {
-            if !host.headers(Headers::Request, &name, &mut headers) {
-                // Envoy passes no such value on; should one come, the guard cannot judge it.
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a request header value that is not valid"),
-                );
-                return HeadersStatus::StopIteration;
-            }
-        }
+        let Some(headers) = judged_headers(host, Headers::Request) else {
+            // Envoy passes no such value on; should one come, the guard cannot judge it.
+            self.fail(
+                host,
+                &ExchangeError::Order("a request header value that is not valid"),
+            );
+            return HeadersStatus::StopIteration;
+        };
         let step = self
             .exchange
             .request_headers(method, &headers, end_of_stream);
@@ -469,22 +476,15 @@ impl StreamFilter {
             .value(Headers::Response, ":status")
             .and_then(|s| StatusCode::from_bytes(&s).ok())
             .unwrap_or(StatusCode::OK);
-        let mut headers = HeaderMap::new();
-        for name in [
-            header::CONTENT_TYPE,
-            header::CONTENT_ENCODING,
-            header::CONTENT_LENGTH,
-        ] {
-            if !host.headers(Headers::Response, &name, &mut headers) {
-                // A head the filter cannot read: filter the body as if it were an event stream
-                // would be guessing, so the stream fails.
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a response header value that is not valid"),
-                );
-                return HeadersStatus::StopIteration;
-            }
-        }
+        let Some(headers) = judged_headers(host, Headers::Response) else {
+            // A head the filter cannot read: filter the body as if it were an event stream
+            // would be guessing, so the stream fails.
+            self.fail(
+                host,
+                &ExchangeError::Order("a response header value that is not valid"),
+            );
+            return HeadersStatus::StopIteration;
+        };
         match self
             .exchange
             .response_headers(status, &headers, end_of_stream)
