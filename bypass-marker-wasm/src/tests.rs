@@ -14,6 +14,11 @@ use crate::metrics::metric_name;
 const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
 const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
 const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
+/// A JSON request head the guard cannot read (its body is encoded).
+const GZIPPED_JSON: &[(&str, &str)] = &[
+    ("content-type", "application/json"),
+    ("content-encoding", "gzip"),
+];
 
 fn stream_body() -> Vec<u8> {
     [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
@@ -308,14 +313,7 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert_eq!(d.fake().count(Counter::RequestsRefused, "400"), 1);
     // 415 for a JSON body the guard cannot read (encoded), at the head.
     let mut d = Simulated::new(&config);
-    let head = d.request(
-        "POST",
-        &[
-            ("content-type", "application/json"),
-            ("content-encoding", "gzip"),
-        ],
-        false,
-    );
+    let head = d.request("POST", GZIPPED_JSON, false);
     assert_eq!(head, Action::Pause);
     let (status, body) = d.fake().sent.clone().unwrap();
     assert_eq!(status, 415);
