@@ -308,3 +308,23 @@ impl Simulated {
         self.filter.on_stream_complete(&mut self.fake);
     }
 }
+
+/// What the per-stream suites (the adapter's and the proxy-wasm plugin's) drive streams with.
+pub mod fixtures {
+    /// The router's marker frame, removed for a client that did not opt in.
+    pub const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+    /// A data frame, always forwarded.
+    pub const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    /// An annotation frame a client may opt in to.
+    pub const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
+    /// A JSON request head the guard cannot read (its body is encoded).
+    pub const GZIPPED_JSON: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+
+    /// An event stream with a marker before and after the frames that go on.
+    pub fn stream_body() -> Vec<u8> {
+        [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
+    }
+}

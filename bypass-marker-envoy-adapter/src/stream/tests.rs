@@ -5,19 +5,12 @@ use std::fmt::Write as _;
 
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
+use super::memory::fixtures::{stream_body, DATA, GZIPPED_JSON, MARKER, REQUEST_ID};
 use super::memory::Simulated as Driver;
 use super::*;
 use crate::config::Config;
 use crate::metrics::Counter;
 
-const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
-const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
-const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
-/// A JSON request head the guard cannot read (its body is encoded).
-const GZIPPED_JSON: &[(&str, &str)] = &[
-    ("content-type", "application/json"),
-    ("content-encoding", "gzip"),
-];
 /// A request body that names a router-owned marker, and the same body once the guard spliced it.
 const ROUTER_OWNED: &[u8] =
     br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
@@ -65,10 +58,6 @@ fn tower(layer: &BypassMarkerLayer, requested: &RequestedAnnotations, body: &[u8
         Some(filter) => filter.filter_all([body]).unwrap(),
         None => body.to_vec(),
     }
-}
-
-fn stream_body() -> Vec<u8> {
-    [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
 }
 
 #[test]
