@@ -35,6 +35,17 @@ fn assert_spliced_upstream(d: &Driver) {
     );
 }
 
+/// A response the filter stopped: a later `chunk` and the trailers are held, and the client has
+/// had nothing.
+fn assert_response_stopped(d: &mut Driver, chunk: &[u8], end_of_stream: bool) {
+    assert_eq!(
+        d.response_chunk(&[chunk], end_of_stream),
+        BodyStatus::StopIterationNoBuffer
+    );
+    assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
+    assert!(d.fake.client.is_empty());
+}
+
 /// The filter answered with `status` and a JSON error of this `code`: the reply's body.
 fn local_reply(d: &Driver, status: u16, code: &str) -> Vec<u8> {
     let (sent, body) = d.fake.sent.clone().expect("a local reply");
@@ -357,12 +368,7 @@ fn a_frame_over_the_limit_resets_the_stream_and_nothing_more_goes_out() {
     assert_eq!(d.fake.reset.as_deref(), Some("bypass_marker"));
     assert!(d.fake.client.is_empty());
     // Later chunks and the end let nothing through either.
-    assert_eq!(
-        d.response_chunk(&[DATA], true),
-        BodyStatus::StopIterationNoBuffer
-    );
-    assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
-    assert!(d.fake.client.is_empty());
+    assert_response_stopped(&mut d, DATA, true);
     assert!(
         d.fake.logs.iter().any(|(level, _)| *level == Level::Warn),
         "{:?}",
@@ -561,12 +567,7 @@ fn an_encoded_event_stream_with_something_to_remove_gets_a_502_before_any_byte()
         assert_eq!(d.fake.count(Counter::EncodedStreamsRefused, label), 1);
         assert!(d.fake.logs.len() <= 1, "{:?}", d.fake.logs);
         // The upstream's (compressed) body never goes out.
-        assert_eq!(
-            d.response_chunk(&[MARKER], false),
-            BodyStatus::StopIterationNoBuffer
-        );
-        assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
-        assert!(d.fake.client.is_empty());
+        assert_response_stopped(&mut d, MARKER, false);
         // The filter's own reply, passed through the response hooks, goes out whole.
         assert_eq!(
             d.response(
