@@ -152,6 +152,23 @@ impl EventStreamFilter {
         }
     }
 
+    /// Panics unless the filter is open and its last input is used up: what `method` ([`push`]
+    /// or [`edit`]) requires.
+    ///
+    /// [`push`]: Self::push
+    /// [`edit`]: Self::edit
+    #[track_caller]
+    fn assert_takes_input(&self, method: &str) {
+        assert!(
+            self.state == State::Open,
+            "EventStreamFilter::{method} after finish"
+        );
+        assert!(
+            self.chunk.is_empty() && self.frames.ready.is_empty(),
+            "EventStreamFilter::{method} before poll_output returned NeedInput"
+        );
+    }
+
     /// Feeds the next chunk of the body. An empty chunk is not the end of the body.
     ///
     /// # Panics
@@ -159,14 +176,7 @@ impl EventStreamFilter {
     /// When the previous chunk has not been used up (`poll_output` has not returned
     /// [`FilterOutput::NeedInput`] since the last `push`), or after [`finish`](Self::finish).
     pub fn push(&mut self, chunk: Bytes) {
-        assert!(
-            self.state == State::Open,
-            "EventStreamFilter::push after finish"
-        );
-        assert!(
-            self.chunk.is_empty() && self.frames.ready.is_empty(),
-            "EventStreamFilter::push before poll_output returned NeedInput"
-        );
+        self.assert_takes_input("push");
         self.chunk = chunk;
     }
 
@@ -281,14 +291,7 @@ impl EventStreamFilter {
     ///
     /// When output of a [`push`](Self::push)ed chunk has not been taken, or after the end.
     pub fn edit(&mut self, chunk: &[&[u8]], edit: &mut ChunkEdit) -> Result<(), FrameTooLarge> {
-        assert!(
-            self.state == State::Open,
-            "EventStreamFilter::edit after finish"
-        );
-        assert!(
-            self.chunk.is_empty() && self.frames.ready.is_empty(),
-            "EventStreamFilter::edit before poll_output returned NeedInput"
-        );
+        self.assert_takes_input("edit");
         // The open frame's bytes in this chunk, from this offset on, left where they are.
         let mut span = None;
         let start = edit.len;

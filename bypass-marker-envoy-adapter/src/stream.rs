@@ -4,7 +4,7 @@
 //! callbacks; the tests implement it on a fake stream.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, Method, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tower_bypass_marker::sans_io::{
     BodyStep, ChunkEdit, ExchangeError, GatewayExchange, Refusal, RequestStep, ResponseStep,
     UnseenRequest,
@@ -89,6 +89,37 @@ pub trait Host {
     fn increment(&mut self, counter: Counter, label: &str, value: u64);
     /// Writes a line to Envoy's log.
     fn log(&mut self, level: Level, message: &str);
+}
+
+/// Appends each of `values` to `into` as a value of header `name`: the one loop behind every
+/// host's [`Host::headers`], which differ only in where the values come from. False at the first
+/// value that is not a valid header value.
+pub fn append_header_values<'v>(
+    name: &HeaderName,
+    values: impl IntoIterator<Item = &'v [u8]>,
+    into: &mut HeaderMap,
+) -> bool {
+    for value in values {
+        let Ok(value) = HeaderValue::from_bytes(value) else {
+            return false;
+        };
+        into.append(name.clone(), value);
+    }
+    true
+}
+
+/// The headers a head is judged by (type, coding, length), read from the host; `None` if one of
+/// them has a value that is not a valid header value.
+fn judged_headers(host: &impl Host, headers: Headers) -> Option<HeaderMap> {
+    let mut into = HeaderMap::new();
+    [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LENGTH,
+    ]
+    .iter()
+    .all(|name| host.headers(headers, name, &mut into))
+    .then_some(into)
 }
 
 /// What a headers hook tells Envoy.
@@ -240,21 +271,14 @@ impl StreamFilter {
             .value(Headers::Request, ":method")
             .and_then(|m| Method::from_bytes(&m).ok())
             .unwrap_or(Method::GET);
-        let mut headers = HeaderMap::new();
-        for name in [
-            header::CONTENT_TYPE,
-            header::CONTENT_ENCODING,
-            header::CONTENT_LENGTH,
-        ] {
-            if !host.headers(Headers::Request, &name, &mut headers) {
-                // Envoy passes no such value on; should one come, the guard cannot judge it.
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a request header value that is not valid"),
-                );
-                return HeadersStatus::StopIteration;
-            }
-        }
+        let Some(headers) = judged_headers(host, Headers::Request) else {
+            // Envoy passes no such value on; should one come, the guard cannot judge it.
+            self.fail(
+                host,
+                &ExchangeError::Order("a request header value that is not valid"),
+            );
+            return HeadersStatus::StopIteration;
+        };
         let step = self
             .exchange
             .request_headers(method, &headers, end_of_stream);
@@ -452,22 +476,15 @@ impl StreamFilter {
             .value(Headers::Response, ":status")
             .and_then(|s| StatusCode::from_bytes(&s).ok())
             .unwrap_or(StatusCode::OK);
-        let mut headers = HeaderMap::new();
-        for name in [
-            header::CONTENT_TYPE,
-            header::CONTENT_ENCODING,
-            header::CONTENT_LENGTH,
-        ] {
-            if !host.headers(Headers::Response, &name, &mut headers) {
-                // A head the filter cannot read: filter the body as if it were an event stream
-                // would be guessing, so the stream fails.
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a response header value that is not valid"),
-                );
-                return HeadersStatus::StopIteration;
-            }
-        }
+        let Some(headers) = judged_headers(host, Headers::Response) else {
+            // A head the filter cannot read: filter the body as if it were an event stream
+            // would be guessing, so the stream fails.
+            self.fail(
+                host,
+                &ExchangeError::Order("a response header value that is not valid"),
+            );
+            return HeadersStatus::StopIteration;
+        };
         match self
             .exchange
             .response_headers(status, &headers, end_of_stream)

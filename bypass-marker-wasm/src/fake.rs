@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::stream::memory::request_head;
 use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
@@ -221,14 +222,7 @@ impl Simulated {
         headers: &[(&str, &str)],
         end_of_stream: bool,
     ) -> Action {
-        self.fake().request_headers =
-            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
-                .chain(
-                    headers
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
-                )
-                .collect();
+        self.fake().request_headers = request_head(method, headers);
         let action = self.stream.on_request_headers(end_of_stream);
         if action == Action::Continue {
             self.send_head();

@@ -14,8 +14,8 @@
 use std::cell::RefCell;
 
 use bypass_marker_envoy_adapter::metrics::Counter;
-use bypass_marker_envoy_adapter::stream::{Body, Headers, Host, Level};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use bypass_marker_envoy_adapter::stream::{append_header_values, Body, Headers, Host, Level};
+use http::{HeaderMap, HeaderName};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
 use crate::proxy::Proxy;
@@ -141,17 +141,11 @@ impl<P: Proxy> Drop for WasmHost<'_, P> {
 impl<P: Proxy> Host for WasmHost<'_, P> {
     fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool {
         self.with_headers(headers, |list| {
-            for (key, value) in list {
-                if key.eq_ignore_ascii_case(name.as_str()) {
-                    match HeaderValue::from_bytes(value) {
-                        Ok(value) => {
-                            into.append(name.clone(), value);
-                        }
-                        Err(_) => return false,
-                    }
-                }
-            }
-            true
+            let values = list
+                .iter()
+                .filter(|(key, _)| key.eq_ignore_ascii_case(name.as_str()))
+                .map(|(_, value)| value.as_slice());
+            append_header_values(name, values, into)
         })
     }
 

@@ -4,20 +4,15 @@
 use bypass_marker_envoy_adapter::config::Config;
 use bypass_marker_envoy_adapter::log_limit::LogLimit;
 use bypass_marker_envoy_adapter::metrics::Counter;
+use bypass_marker_envoy_adapter::stream::memory::fixtures::{
+    stream_body, DATA, GZIPPED_JSON, MARKER,
+};
 use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
 use crate::fake::{FakeProxy, Simulated};
 use crate::metrics::metric_name;
-
-const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
-const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
-const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
-
-fn stream_body() -> Vec<u8> {
-    [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
-}
 
 /// What the tower body gives a client that asked for `requested`, from the same bytes.
 fn tower(requested: &[&str], body: &[u8]) -> Vec<u8> {
@@ -308,14 +303,7 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert_eq!(d.fake().count(Counter::RequestsRefused, "400"), 1);
     // 415 for a JSON body the guard cannot read (encoded), at the head.
     let mut d = Simulated::new(&config);
-    let head = d.request(
-        "POST",
-        &[
-            ("content-type", "application/json"),
-            ("content-encoding", "gzip"),
-        ],
-        false,
-    );
+    let head = d.request("POST", GZIPPED_JSON, false);
     assert_eq!(head, Action::Pause);
     let (status, body) = d.fake().sent.clone().unwrap();
     assert_eq!(status, 415);

@@ -1,9 +1,12 @@
 //! A stream held in memory, with Envoy's buffer semantics: the host of the per-stream layer's
 //! tests and of the fuzz target, which drive [`StreamFilter`] without Envoy.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
-use super::{Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter, TrailersStatus};
+use super::{
+    append_header_values, Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter,
+    TrailersStatus,
+};
 use crate::config::Config;
 use crate::metrics::Counter;
 
@@ -34,6 +37,15 @@ pub struct MemoryHost {
     /// The received request chunk is the buffered request body (an earlier filter buffered it):
     /// both names reach `bodies[1]`, as in Envoy.
     pub received_is_buffered: bool,
+}
+
+/// A request head as a fake stream holds it: `:method` first, then these headers. Shared with the
+/// proxy-wasm plugin's fake host.
+pub fn request_head(method: &str, headers: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    std::iter::once((":method", method))
+        .chain(headers.iter().copied())
+        .map(|(name, value)| (name.to_owned(), value.as_bytes().to_vec()))
+        .collect()
 }
 
 fn index(body: Body) -> usize {
@@ -83,17 +95,12 @@ impl MemoryHost {
 
 impl Host for MemoryHost {
     fn headers(&self, headers: Headers, name: &HeaderName, into: &mut HeaderMap) -> bool {
-        for (key, value) in self.list(headers) {
-            if key == name.as_str() {
-                match HeaderValue::from_bytes(value) {
-                    Ok(value) => {
-                        into.append(name.clone(), value);
-                    }
-                    Err(_) => return false,
-                }
-            }
-        }
-        true
+        let values = self
+            .list(headers)
+            .iter()
+            .filter(|(key, _)| key == name.as_str())
+            .map(|(_, value)| value.as_slice());
+        append_header_values(name, values, into)
     }
 
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>> {
@@ -202,14 +209,7 @@ impl Simulated {
         headers: &[(&str, &str)],
         end_of_stream: bool,
     ) -> HeadersStatus {
-        self.fake.request_headers =
-            std::iter::once((":method".to_owned(), method.as_bytes().to_vec()))
-                .chain(
-                    headers
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())),
-                )
-                .collect();
+        self.fake.request_headers = request_head(method, headers);
         self.filter
             .on_request_headers(&mut self.fake, end_of_stream)
     }
@@ -306,5 +306,25 @@ impl Simulated {
     /// The end of the stream.
     pub fn complete(&mut self) {
         self.filter.on_stream_complete(&mut self.fake);
+    }
+}
+
+/// What the per-stream suites (the adapter's and the proxy-wasm plugin's) drive streams with.
+pub mod fixtures {
+    /// The router's marker frame, removed for a client that did not opt in.
+    pub const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+    /// A data frame, always forwarded.
+    pub const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    /// An annotation frame a client may opt in to.
+    pub const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
+    /// A JSON request head the guard cannot read (its body is encoded).
+    pub const GZIPPED_JSON: &[(&str, &str)] = &[
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+
+    /// An event stream with a marker before and after the frames that go on.
+    pub fn stream_body() -> Vec<u8> {
+        [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
     }
 }

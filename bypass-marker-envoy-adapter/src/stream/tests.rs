@@ -5,14 +5,63 @@ use std::fmt::Write as _;
 
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
+use super::memory::fixtures::{stream_body, DATA, GZIPPED_JSON, MARKER, REQUEST_ID};
 use super::memory::Simulated as Driver;
 use super::*;
 use crate::config::Config;
 use crate::metrics::Counter;
 
-const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
-const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
-const REQUEST_ID: &[u8] = b"event: request_id\ndata: \"r-1\"\n\n";
+/// A request body that names a router-owned marker, and the same body once the guard spliced it.
+const ROUTER_OWNED: &[u8] =
+    br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+const SPLICED: &[u8] = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
+
+/// Sends the head of a JSON request declaring [`ROUTER_OWNED`]'s length.
+fn router_owned_head(d: &mut Driver) -> HeadersStatus {
+    let length = ROUTER_OWNED.len().to_string();
+    let headers = [
+        ("content-type", "application/json"),
+        ("content-length", length.as_str()),
+    ];
+    d.request("POST", &headers, false)
+}
+
+/// [`SPLICED`] went upstream, declaring its own length.
+fn assert_spliced_upstream(d: &Driver) {
+    assert_eq!(d.fake.upstream, SPLICED);
+    assert_eq!(
+        d.fake.header(Headers::Request, "content-length"),
+        Some(SPLICED.len().to_string().as_bytes())
+    );
+}
+
+/// A response the filter stopped: a later `chunk` and the trailers are held, and the client has
+/// had nothing.
+fn assert_response_stopped(d: &mut Driver, chunk: &[u8], end_of_stream: bool) {
+    assert_eq!(
+        d.response_chunk(&[chunk], end_of_stream),
+        BodyStatus::StopIterationNoBuffer
+    );
+    assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
+    assert!(d.fake.client.is_empty());
+}
+
+/// The filter answered with `status` and a JSON error of this `code`: the reply's body.
+fn local_reply(d: &Driver, status: u16, code: &str) -> Vec<u8> {
+    let (sent, body) = d.fake.sent.clone().expect("a local reply");
+    assert_eq!(sent, status, "{code}");
+    let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["code"], code);
+    body
+}
+
+/// A stream under the Dynamo preset past both heads: a GET answered with an event stream.
+fn event_stream() -> Driver {
+    let mut d = Driver::dynamo();
+    let _ = d.request("GET", &[], true);
+    let _ = d.sse();
+    d
+}
 
 /// What the tower body gives a client that asked for `requested`, from the same bytes.
 fn tower(layer: &BypassMarkerLayer, requested: &RequestedAnnotations, body: &[u8]) -> Vec<u8> {
@@ -20,10 +69,6 @@ fn tower(layer: &BypassMarkerLayer, requested: &RequestedAnnotations, body: &[u8
         Some(filter) => filter.filter_all([body]).unwrap(),
         None => body.to_vec(),
     }
-}
-
-fn stream_body() -> Vec<u8> {
-    [MARKER, REQUEST_ID, DATA, MARKER, b"data: [DONE]\n\n"].concat()
 }
 
 #[test]
@@ -60,9 +105,7 @@ fn a_stream_split_at_every_position_and_into_slices_gives_the_tower_bodys_bytes(
 
 #[test]
 fn a_stream_in_one_byte_chunks_is_filtered_and_nothing_waits_for_more_data() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     let body = stream_body();
     let mut expected_so_far = Vec::new();
     for (i, byte) in body.iter().enumerate() {
@@ -83,9 +126,7 @@ fn a_stream_in_one_byte_chunks_is_filtered_and_nothing_waits_for_more_data() {
 
 #[test]
 fn chunks_with_nothing_to_remove_are_not_touched() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     let before = d.fake.mutations;
     for _ in 0..3 {
         assert_eq!(d.response_chunk(&[DATA, DATA], false), BodyStatus::Continue);
@@ -108,9 +149,7 @@ fn chunks_with_nothing_to_remove_are_not_touched() {
 
 #[test]
 fn a_frame_held_across_chunks_is_flushed_on_an_empty_last_chunk() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     // An event whose last line has no end: held, then judged as it stands at the end.
     assert_eq!(
         d.response_chunk(&[b"data: tail"], false),
@@ -123,9 +162,7 @@ fn a_frame_held_across_chunks_is_flushed_on_an_empty_last_chunk() {
 
 #[test]
 fn a_held_frame_goes_out_before_the_response_trailers() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     assert_eq!(
         d.response_chunk(
             &[b"event: x-bypass-remote-prefill\n: true\n\ndata: 1\n"],
@@ -139,9 +176,7 @@ fn a_held_frame_goes_out_before_the_response_trailers() {
 
 #[test]
 fn the_marker_is_drained_from_the_front_without_copying_the_rest() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     let before = d.fake.mutations;
     let chunk = [MARKER, DATA].concat();
     assert_eq!(d.response_chunk(&[&chunk], false), BodyStatus::Continue);
@@ -239,19 +274,9 @@ fn the_opt_in_is_carried_from_the_request_to_its_response_and_counted() {
 #[test]
 fn a_router_owned_name_is_spliced_out_of_a_body_that_arrives_in_pieces() {
     let mut d = Driver::dynamo();
-    let body =
-        br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
-    let length = body.len().to_string();
-    let headers = [
-        ("content-type", "application/json"),
-        ("content-length", length.as_str()),
-    ];
-    assert_eq!(
-        d.request("POST", &headers, false),
-        HeadersStatus::StopIteration
-    );
-    for (i, byte) in body.iter().enumerate() {
-        let last = i + 1 == body.len();
+    assert_eq!(router_owned_head(&mut d), HeadersStatus::StopIteration);
+    for (i, byte) in ROUTER_OWNED.iter().enumerate() {
+        let last = i + 1 == ROUTER_OWNED.len();
         let status = d.request_chunk(&[*byte], last);
         let want = if last {
             BodyStatus::Continue
@@ -260,12 +285,7 @@ fn a_router_owned_name_is_spliced_out_of_a_body_that_arrives_in_pieces() {
         };
         assert_eq!(status, want, "byte {i}");
     }
-    let spliced = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
-    assert_eq!(d.fake.upstream, spliced);
-    assert_eq!(
-        d.fake.header(Headers::Request, "content-length"),
-        Some(spliced.len().to_string().as_bytes())
-    );
+    assert_spliced_upstream(&d);
 }
 
 #[test]
@@ -289,10 +309,7 @@ fn a_refused_request_gets_the_guards_reply_a_log_line_and_a_count_and_nothing_go
         d.request_chunk(br#"{"nvext":{"annotations":"x"}}"#, true),
         BodyStatus::StopIterationNoBuffer
     );
-    let (status, body) = d.fake.sent.clone().expect("a local reply");
-    assert_eq!(status, 400);
-    let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(error["error"]["code"], "invalid_nvext");
+    let body = local_reply(&d, 400, "invalid_nvext");
     assert!(d.fake.upstream.is_empty());
     assert_eq!(d.fake.count(Counter::RequestsRefused, "400"), 1);
     let logs = d.fake.logs.clone();
@@ -312,14 +329,7 @@ fn a_refused_request_gets_the_guards_reply_a_log_line_and_a_count_and_nothing_go
 #[test]
 fn a_refusal_at_the_head_stops_the_request_there() {
     let mut d = Driver::dynamo();
-    let status = d.request(
-        "POST",
-        &[
-            ("content-type", "application/json"),
-            ("content-encoding", "gzip"),
-        ],
-        false,
-    );
+    let status = d.request("POST", GZIPPED_JSON, false);
     assert_eq!(status, HeadersStatus::StopIteration);
     assert_eq!(d.fake.sent.as_ref().map(|s| s.0), Some(415));
     // Envoy may still deliver body chunks it had: none goes on.
@@ -350,9 +360,7 @@ fn a_body_over_max_body_is_refused_as_soon_as_it_is_known_to_be() {
 
 #[test]
 fn a_frame_over_the_limit_resets_the_stream_and_nothing_more_goes_out() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     let mut huge = b"data: ".to_vec();
     huge.resize(2 << 20, b'x');
     let status = d.response_chunk(&[&huge], false);
@@ -360,12 +368,7 @@ fn a_frame_over_the_limit_resets_the_stream_and_nothing_more_goes_out() {
     assert_eq!(d.fake.reset.as_deref(), Some("bypass_marker"));
     assert!(d.fake.client.is_empty());
     // Later chunks and the end let nothing through either.
-    assert_eq!(
-        d.response_chunk(&[DATA], true),
-        BodyStatus::StopIterationNoBuffer
-    );
-    assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
-    assert!(d.fake.client.is_empty());
+    assert_response_stopped(&mut d, DATA, true);
     assert!(
         d.fake.logs.iter().any(|(level, _)| *level == Level::Warn),
         "{:?}",
@@ -375,9 +378,7 @@ fn a_frame_over_the_limit_resets_the_stream_and_nothing_more_goes_out() {
 
 #[test]
 fn a_client_that_resets_mid_stream_ends_the_stream_with_its_counts_and_nothing_else() {
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[], true);
-    let _ = d.sse();
+    let mut d = event_stream();
     let _ = d.response_chunk(&[MARKER, b"data: par"], false);
     d.complete();
     assert_eq!(
@@ -416,9 +417,7 @@ fn every_hook_order_gives_the_tower_bytes_or_a_reset_never_a_partial_clean_end()
     let mut log = String::new();
     for split in [1, 2, 7, 13, body.len()] {
         for ending in ["eos-on-data", "empty-eos", "trailers"] {
-            let mut d = Driver::dynamo();
-            let _ = d.request("GET", &[], true);
-            let _ = d.sse();
+            let mut d = event_stream();
             let chunks: Vec<&[u8]> = body.chunks(split).collect();
             for (i, chunk) in chunks.iter().enumerate() {
                 let last = i + 1 == chunks.len() && ending == "eos-on-data";
@@ -439,34 +438,46 @@ fn every_hook_order_gives_the_tower_bytes_or_a_reset_never_a_partial_clean_end()
 #[test]
 fn requests_that_go_on_ask_the_upstream_for_identity_encoding() {
     // Skipped by the guard, and read by it: both go on, both ask for an unencoded response.
-    let mut d = Driver::dynamo();
-    let _ = d.request("GET", &[("accept-encoding", "gzip")], true);
-    assert_eq!(
-        d.fake.header(Headers::Request, "accept-encoding"),
-        Some(&b"identity"[..])
-    );
-    let mut d = Driver::dynamo();
-    let json = [
-        ("content-type", "application/json"),
-        ("accept-encoding", "gzip, br"),
-    ];
-    let _ = d.request("POST", &json, false);
-    assert_eq!(
-        d.fake.header(Headers::Request, "accept-encoding"),
-        Some(&b"identity"[..])
-    );
     // A refused one goes nowhere.
-    let mut d = Driver::dynamo();
-    let gzipped = [
-        ("content-type", "application/json"),
-        ("content-encoding", "gzip"),
-        ("accept-encoding", "gzip"),
+    let cases = [
+        (
+            "skipped",
+            "GET",
+            &[("accept-encoding", "gzip")][..],
+            true,
+            &b"identity"[..],
+        ),
+        (
+            "read",
+            "POST",
+            &[
+                ("content-type", "application/json"),
+                ("accept-encoding", "gzip, br"),
+            ],
+            false,
+            b"identity",
+        ),
+        (
+            "refused",
+            "POST",
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+                ("accept-encoding", "gzip"),
+            ],
+            false,
+            b"gzip",
+        ),
     ];
-    let _ = d.request("POST", &gzipped, false);
-    assert_eq!(
-        d.fake.header(Headers::Request, "accept-encoding"),
-        Some(&b"gzip"[..])
-    );
+    for (case, method, headers, end_of_stream, want) in cases {
+        let mut d = Driver::dynamo();
+        let _ = d.request(method, headers, end_of_stream);
+        assert_eq!(
+            d.fake.header(Headers::Request, "accept-encoding"),
+            Some(want),
+            "{case}"
+        );
+    }
 }
 
 /// Issue 27, item 1: a filter before this one (`envoy.filters.http.buffer`, a Lua `body()`)
@@ -512,24 +523,12 @@ fn a_body_an_earlier_filter_buffered_is_read_once() {
     assert_eq!(d.fake.upstream, b"1");
     // Router-owned names are still stripped, once, with the length of the spliced body.
     let mut d = Driver::dynamo();
-    let body =
-        br#"{"stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
-    let length = body.len().to_string();
-    let headers = [
-        ("content-type", "application/json"),
-        ("content-length", length.as_str()),
-    ];
-    let _ = d.request("POST", &headers, false);
+    let _ = router_owned_head(&mut d);
     assert_eq!(
-        d.request_buffered_before(&[&body[..30], &body[30..]], true),
+        d.request_buffered_before(&[&ROUTER_OWNED[..30], &ROUTER_OWNED[30..]], true),
         BodyStatus::Continue
     );
-    let spliced = br#"{"stream":true,"nvext":{"annotations":["request_id"]}}"#;
-    assert_eq!(d.fake.upstream, spliced);
-    assert_eq!(
-        d.fake.header(Headers::Request, "content-length"),
-        Some(spliced.len().to_string().as_bytes())
-    );
+    assert_spliced_upstream(&d);
 }
 
 /// The same body handed on by an earlier filter before its end (a filter that buffers part of
@@ -564,19 +563,11 @@ fn an_encoded_event_stream_with_something_to_remove_gets_a_502_before_any_byte()
             false,
         );
         assert_eq!(status, HeadersStatus::StopIteration, "{coding}");
-        let (status, body) = d.fake.sent.clone().expect("a local reply");
-        assert_eq!(status, 502);
-        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(error["error"]["code"], "encoded_event_stream");
+        let body = local_reply(&d, 502, "encoded_event_stream");
         assert_eq!(d.fake.count(Counter::EncodedStreamsRefused, label), 1);
         assert!(d.fake.logs.len() <= 1, "{:?}", d.fake.logs);
         // The upstream's (compressed) body never goes out.
-        assert_eq!(
-            d.response_chunk(&[MARKER], false),
-            BodyStatus::StopIterationNoBuffer
-        );
-        assert_eq!(d.response_trailers(), TrailersStatus::StopIteration);
-        assert!(d.fake.client.is_empty());
+        assert_response_stopped(&mut d, MARKER, false);
         // The filter's own reply, passed through the response hooks, goes out whole.
         assert_eq!(
             d.response(

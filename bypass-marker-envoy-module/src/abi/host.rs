@@ -4,12 +4,12 @@
 
 use std::cell::Cell;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
 use super::log;
 use super::sys::*;
 use bypass_marker_envoy_adapter::metrics::Counter;
-use bypass_marker_envoy_adapter::stream::{Body, Headers, Host, Level};
+use bypass_marker_envoy_adapter::stream::{append_header_values, Body, Headers, Host, Level};
 
 /// One stream's operations: Envoy's callbacks on its pointer, for the duration of one hook.
 pub(super) struct EnvoyStream<'a> {
@@ -85,22 +85,11 @@ impl Host for EnvoyStream<'_> {
         let Some((first, count)) = self.header_at(headers, name.as_str().as_bytes(), 0) else {
             return true;
         };
-        for index in 0..count {
-            let value = if index == 0 {
-                Some(first)
-            } else {
-                self.header_at(headers, name.as_str().as_bytes(), index)
-                    .map(|(value, _)| value)
-            };
-            let Some(value) = value else { break };
-            match HeaderValue::from_bytes(value) {
-                Ok(value) => {
-                    into.append(name.clone(), value);
-                }
-                Err(_) => return false,
-            }
-        }
-        true
+        let rest = (1..count).map_while(|index| {
+            self.header_at(headers, name.as_str().as_bytes(), index)
+                .map(|(value, _)| value)
+        });
+        append_header_values(name, std::iter::once(first).chain(rest), into)
     }
 
     fn value(&self, headers: Headers, name: &str) -> Option<Vec<u8>> {

@@ -306,6 +306,34 @@ fn config(text: &'static [u8]) -> ConfigModulePtr {
 /// A fake stream pointer: the fake keeps one stream per thread, so any non-null value does.
 const STREAM: FilterEnvoyPtr = 1 as FilterEnvoyPtr;
 
+/// A header list as the fake Envoy holds it.
+fn head(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pairs
+        .iter()
+        .map(|(name, value)| (name.as_bytes().to_vec(), value.as_bytes().to_vec()))
+        .collect()
+}
+
+/// Gives the fake stream a GET whose response is an event stream.
+fn event_stream(envoy: &mut FakeEnvoy) {
+    envoy.request_headers = head(&[(":method", "GET")]);
+    envoy.response_headers = head(&[(":status", "200"), ("content-type", "text/event-stream")]);
+}
+
+/// Runs the event stream's two heads through the hooks: both go on.
+fn pass_heads(filter: FilterModulePtr) {
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(STREAM, filter, true),
+        HEADERS_CONTINUE,
+        "request head"
+    );
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_response_headers(STREAM, filter, false),
+        HEADERS_CONTINUE,
+        "response head"
+    );
+}
+
 #[test]
 fn program_init_returns_envoy_1_40s_abi_version() {
     // SAFETY: a static NUL-terminated string.
@@ -337,21 +365,8 @@ fn a_stream_through_the_exported_hooks_has_its_marker_drained_and_counted() {
         ]
     );
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
-    with(|envoy| {
-        envoy.request_headers = vec![(b":method".to_vec(), b"GET".to_vec())];
-        envoy.response_headers = vec![
-            (b":status".to_vec(), b"200".to_vec()),
-            (b"content-type".to_vec(), b"text/event-stream".to_vec()),
-        ];
-    });
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(STREAM, filter, true),
-        HEADERS_CONTINUE
-    );
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_response_headers(STREAM, filter, false),
-        HEADERS_CONTINUE
-    );
+    with(event_stream);
+    pass_heads(filter);
     with(|envoy| {
         envoy.bodies[2] = b"event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\n".to_vec()
     });
@@ -382,19 +397,11 @@ fn a_panic_in_a_hook_resets_the_stream_and_never_unwinds_into_envoy() {
         let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
         with(|envoy| {
             *envoy = FakeEnvoy::default();
-            envoy.request_headers = vec![
-                (b":method".to_vec(), b"GET".to_vec()),
-                (
-                    bypass_marker_envoy_adapter::stream::TEST_PANIC_HEADER
-                        .as_bytes()
-                        .to_vec(),
-                    hook.as_bytes().to_vec(),
-                ),
-            ];
-            envoy.response_headers = vec![
-                (b":status".to_vec(), b"200".to_vec()),
-                (b"content-type".to_vec(), b"text/event-stream".to_vec()),
-            ];
+            event_stream(envoy);
+            envoy.request_headers.extend(head(&[(
+                bypass_marker_envoy_adapter::stream::TEST_PANIC_HEADER,
+                hook,
+            )]));
             envoy.bodies[2] = b"event: x-bypass-remote-prefill\n: true\n\n".to_vec();
         });
         let statuses = [
@@ -444,10 +451,7 @@ fn a_body_an_earlier_filter_buffered_is_read_once_through_the_hooks() {
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
     with(|envoy| {
         *envoy = FakeEnvoy::default();
-        envoy.request_headers = vec![
-            (b":method".to_vec(), b"POST".to_vec()),
-            (b"content-type".to_vec(), b"application/json".to_vec()),
-        ];
+        envoy.request_headers = head(&[(":method", "POST"), ("content-type", "application/json")]);
         envoy.bodies[BUFFERED_REQUEST_BODY as usize] = br#"{"model":"m"}"#.to_vec();
         envoy.received_is_buffered = true;
     });
@@ -481,21 +485,10 @@ fn a_stream_completed_and_destroyed_from_inside_its_reset_is_freed_after_the_hoo
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
     with(|envoy| {
         *envoy = FakeEnvoy::default();
-        envoy.request_headers = vec![(b":method".to_vec(), b"GET".to_vec())];
-        envoy.response_headers = vec![
-            (b":status".to_vec(), b"200".to_vec()),
-            (b"content-type".to_vec(), b"text/event-stream".to_vec()),
-        ];
+        event_stream(envoy);
         envoy.reenter_on_reset = Some(filter as usize);
     });
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(STREAM, filter, true),
-        HEADERS_CONTINUE
-    );
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_response_headers(STREAM, filter, false),
-        HEADERS_CONTINUE
-    );
+    pass_heads(filter);
     // A marker frame and then a frame over the 1 MiB limit: the filter resets the stream.
     let mut body = b"event: x-bypass-remote-prefill\n: true\n\n".to_vec();
     body.extend(std::iter::repeat_n(b'x', 2 << 20));
@@ -541,11 +534,7 @@ fn a_panic_freeing_a_filter_is_caught_on_both_destroy_paths() {
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
     with(|envoy| {
         *envoy = FakeEnvoy::default();
-        envoy.request_headers = vec![(b":method".to_vec(), b"GET".to_vec())];
-        envoy.response_headers = vec![
-            (b":status".to_vec(), b"200".to_vec()),
-            (b"content-type".to_vec(), b"text/event-stream".to_vec()),
-        ];
+        event_stream(envoy);
         envoy.reenter_on_reset = Some(filter as usize);
     });
     envoy_dynamic_module_on_http_filter_request_headers(STREAM, filter, true);
@@ -572,10 +561,7 @@ fn the_filters_own_reply_passes_its_response_hooks_from_inside_send_response() {
     let filter = envoy_dynamic_module_on_http_filter_new(config, STREAM);
     with(|envoy| {
         *envoy = FakeEnvoy::default();
-        envoy.request_headers = vec![
-            (b":method".to_vec(), b"POST".to_vec()),
-            (b"content-type".to_vec(), b"application/json".to_vec()),
-        ];
+        envoy.request_headers = head(&[(":method", "POST"), ("content-type", "application/json")]);
         envoy.bodies[RECEIVED_REQUEST_BODY as usize] = br#"{"nvext":{"annotations":"x"}}"#.to_vec();
         envoy.reenter_on_reply = Some(filter as usize);
     });
