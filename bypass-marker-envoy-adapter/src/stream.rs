@@ -254,6 +254,14 @@ impl StreamFilter {
         }
     }
 
+    /// Fails the stream on the exchange's error, or on a step this adapter does not know.
+    fn fail_on<T>(&mut self, host: &mut impl Host, step: Result<T, ExchangeError>) {
+        let err = step
+            .err()
+            .unwrap_or(ExchangeError::Order("a step this module does not know"));
+        self.fail(host, &err);
+    }
+
     /// The request's headers.
     pub fn on_request_headers(
         &mut self,
@@ -304,16 +312,9 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 HeadersStatus::StopIteration
             }
-            // A step added in a later version of the library: fail closed.
-            Ok(_) => {
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a step this module does not know"),
-                );
-                HeadersStatus::StopIteration
-            }
-            Err(err) => {
-                self.fail(host, &err);
+            // An error, or a step added in a later version of the library: fail closed.
+            other => {
+                self.fail_on(host, other);
                 HeadersStatus::StopIteration
             }
         }
@@ -442,16 +443,9 @@ impl StreamFilter {
                 self.refuse(host, &refusal);
                 BodyStatus::StopIterationNoBuffer
             }
-            // A step added in a later version of the library: fail closed.
-            Ok(_) => {
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a step this module does not know"),
-                );
-                BodyStatus::StopIterationNoBuffer
-            }
-            Err(err) => {
-                self.fail(host, &err);
+            // An error, or a step added in a later version of the library: fail closed.
+            other => {
+                self.fail_on(host, other);
                 BodyStatus::StopIterationNoBuffer
             }
         }
@@ -509,16 +503,9 @@ impl StreamFilter {
                 self.refuse_response(host, &headers, &refusal);
                 HeadersStatus::StopIteration
             }
-            // A step added in a later version of the library: fail closed.
-            Ok(_) => {
-                self.fail(
-                    host,
-                    &ExchangeError::Order("a step this module does not know"),
-                );
-                HeadersStatus::StopIteration
-            }
-            Err(err) => {
-                self.fail(host, &err);
+            // An error, or a step added in a later version of the library: fail closed.
+            other => {
+                self.fail_on(host, other);
                 HeadersStatus::StopIteration
             }
         }
