@@ -234,10 +234,6 @@ mod service;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-#[cfg(test)]
-#[path = "../tests/model/mod.rs"]
-mod test_model;
-
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
