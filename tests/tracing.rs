@@ -2,7 +2,6 @@
 #![cfg(feature = "tracing")]
 
 mod bodies;
-mod logs;
 
 use std::future::Future;
 use std::pin::pin;
@@ -11,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 use bodies::{data, response, Gated};
 use http::Request;
 use http_body::Body;
-use logs::Captured;
+use test_support::logs::Captured;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::BypassMarkerLayer;
 

@@ -3,7 +3,7 @@
 //! dev-dependency only.
 //!
 //! What needs a feature of another package of the workspace is behind a feature of this crate
-//! (`json`, `sidecar`), so that a test of the library without `json` still sees it without.
+//! (`json`, `sidecar`), and so are the modules that need a runtime or a server (`serve`, `logs`), so that a test of the library without `json` still sees it without.
 
 pub mod alloc;
 pub mod clock;
@@ -12,3 +12,7 @@ pub mod model;
 
 #[cfg(feature = "sidecar")]
 pub mod client;
+#[cfg(feature = "logs")]
+pub mod logs;
+#[cfg(feature = "serve")]
+pub mod serve;

@@ -1,5 +1,5 @@
 //! Decoding a response body as an HTTP client does, for the tests that compress (kept out of
-//! `tests/common`, which the binary's package includes too and which has no tower-http).
+//! `test_support::serve`, which the binary's package uses too and which has no tower-http).
 
 use std::convert::Infallible;
 
@@ -8,7 +8,7 @@ use http::Response;
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use crate::common::{BoxError, PATIENCE};
+use test_support::serve::{BoxError, PATIENCE};
 
 /// The body of `res`, decoded from its `content-encoding` (gzip, br, zstd, deflate or none) by
 /// tower-http's client-side `Decompression`, as a string.

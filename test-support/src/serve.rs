@@ -1,7 +1,5 @@
-//! Helpers shared by the integration tests that run real servers and hand-made bodies.
-//!
-//! Each test binary uses a different subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! Real servers and clients on 127.0.0.1, and the hand-made bodies their tests send: what the
+//! integration tests of the library and of the `bypass-marker` package that run servers share.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
