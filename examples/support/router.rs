@@ -1,5 +1,5 @@
 //! A simulated disaggregated LLM router with an OpenAI-compatible HTTP API, shared by the `router`
-//! and `demo` examples and by `tests/router.rs`.
+//! and `demo` examples and by its test, `tests.rs` beside it.
 //!
 //! It reproduces the Dynamo behaviour this crate exists for. The router remembers the prompts it
 //! has served (a hash of each, the last 100,000); a request whose prompt it has seen before is a

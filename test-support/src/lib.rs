@@ -10,6 +10,8 @@ pub mod clock;
 pub mod fuzz;
 pub mod model;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "sidecar")]
 pub mod client;
 #[cfg(feature = "logs")]

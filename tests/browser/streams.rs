@@ -266,7 +266,7 @@ impl Stream {
 }
 
 /// The shortest streams of each kind of disagreement the differential has found (see the docs
-/// of `tests/browser.rs`), and of Chromium's deviation, cut inside every BOM and CRLF.
+/// of `tests/browser/main.rs`), and of Chromium's deviation, cut inside every BOM and CRLF.
 pub fn pinned() -> Vec<Stream> {
     PINNED
         .iter()
