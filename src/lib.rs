@@ -214,7 +214,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
 
 pub mod annotations;
 mod body;

@@ -1,5 +1,5 @@
 //! Hand-made bodies for driving the layer chunk by chunk.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -15,13 +15,13 @@ use tower_bypass_marker::{BoxError, BypassMarkerBody, BypassMarkerLayer, Request
 
 /// One thing the test body yields.
 #[derive(Debug, Clone)]
-pub enum Item {
+pub(crate) enum Item {
     Data(Bytes),
     Trailers(HeaderMap),
     Error(&'static str),
 }
 
-pub fn data(bytes: impl Into<Bytes>) -> Item {
+pub(crate) fn data(bytes: impl Into<Bytes>) -> Item {
     Item::Data(bytes.into())
 }
 
@@ -36,10 +36,10 @@ struct Shared {
 /// A body fed by the test: it yields what was pushed, is `Pending` (with the waker kept) while
 /// nothing is queued, and ends once closed and drained.
 #[derive(Clone, Default)]
-pub struct Gated(Arc<Mutex<Shared>>);
+pub(crate) struct Gated(Arc<Mutex<Shared>>);
 
 impl Gated {
-    pub fn push(&self, item: Item) {
+    pub(crate) fn push(&self, item: Item) {
         let mut s = self.0.lock().unwrap();
         s.items.push_back(item);
         if let Some(w) = s.waker.take() {
@@ -47,7 +47,7 @@ impl Gated {
         }
     }
 
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut s = self.0.lock().unwrap();
         s.closed = true;
         if let Some(w) = s.waker.take() {
@@ -56,7 +56,7 @@ impl Gated {
     }
 
     /// Whether the body is parked on a registered waker.
-    pub fn has_waker(&self) -> bool {
+    pub(crate) fn has_waker(&self) -> bool {
         self.0.lock().unwrap().waker.is_some()
     }
 }
@@ -90,13 +90,13 @@ impl Body for Gated {
 }
 
 /// A body that yields a fixed list of items, then ends.
-pub struct Items {
+pub(crate) struct Items {
     items: VecDeque<Item>,
     hint: SizeHint,
 }
 
 impl Items {
-    pub fn new(items: impl IntoIterator<Item = Item>) -> Self {
+    pub(crate) fn new(items: impl IntoIterator<Item = Item>) -> Self {
         let items: VecDeque<Item> = items.into_iter().collect();
         let len: u64 = items
             .iter()
@@ -137,7 +137,7 @@ impl Body for Items {
 }
 
 /// A response with `content_type` and `body`.
-pub fn response<B>(content_type: &str, body: B) -> Response<B> {
+pub(crate) fn response<B>(content_type: &str, body: B) -> Response<B> {
     Response::builder()
         .header(header::CONTENT_TYPE, content_type)
         .body(body)
@@ -146,7 +146,7 @@ pub fn response<B>(content_type: &str, body: B) -> Response<B> {
 
 /// Runs `body` (with `content-type: text/event-stream`) through `layer` for a request carrying
 /// `requested` in its extensions, returning the response.
-pub async fn through<B>(
+pub(crate) async fn through<B>(
     layer: &BypassMarkerLayer,
     requested: Option<RequestedAnnotations>,
     res: Response<B>,
@@ -168,14 +168,14 @@ where
 
 /// Everything a body yields, in order.
 #[derive(Debug, Default, PartialEq)]
-pub struct Collected {
-    pub data: Vec<u8>,
-    pub chunks: Vec<Bytes>,
-    pub trailers: Option<HeaderMap>,
-    pub error: Option<String>,
+pub(crate) struct Collected {
+    pub(crate) data: Vec<u8>,
+    pub(crate) chunks: Vec<Bytes>,
+    pub(crate) trailers: Option<HeaderMap>,
+    pub(crate) error: Option<String>,
 }
 
-pub async fn collect<B>(body: B) -> Collected
+pub(crate) async fn collect<B>(body: B) -> Collected
 where
     B: Body<Data = Bytes, Error = BoxError>,
 {

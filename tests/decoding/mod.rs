@@ -12,7 +12,7 @@ use test_support::serve::{BoxError, PATIENCE};
 
 /// The body of `res`, decoded from its `content-encoding` (gzip, br, zstd, deflate or none) by
 /// tower-http's client-side `Decompression`, as a string.
-pub async fn decoded<B>(res: Response<B>) -> String
+pub(crate) async fn decoded<B>(res: Response<B>) -> String
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
