@@ -9,10 +9,10 @@
 use std::convert::Infallible;
 use std::path::Path;
 
-use bytes::Bytes;
 use http::{header, Request, Response};
-use http_body::{Body, Frame};
-use http_body_util::{BodyExt, StreamBody};
+use http_body::Body;
+use http_body_util::BodyExt;
+use test_support::body::Chunks;
 use test_support::fuzz::case::Case;
 use test_support::fuzz::{body, filter, oracle};
 use tower::{service_fn, Layer, ServiceExt};
@@ -76,12 +76,7 @@ fn fuzz_seeds_replay_through_the_body() {
 // The findings, written out.
 
 async fn filter(layer: BypassMarkerLayer, chunks: &[&'static [u8]]) -> (Vec<u8>, Option<BoxError>) {
-    let body = StreamBody::new(tokio_stream::iter(
-        chunks
-            .iter()
-            .map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from_static(c))))
-            .collect::<Vec<_>>(),
-    ));
+    let body = Chunks::from_static(chunks);
     let mut body = Some(body);
     let svc = layer.layer(service_fn(move |_req: Request<()>| {
         let body = body.take().expect("called once");

@@ -6,6 +6,7 @@
 //! (`json`, `sidecar`), and so are the modules that need a runtime or a server (`serve`, `logs`), so that a test of the library without `json` still sees it without.
 
 pub mod alloc;
+pub mod body;
 pub mod clock;
 pub mod fuzz;
 pub mod model;
