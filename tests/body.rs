@@ -1,12 +1,10 @@
 //! The layer's response body: what is filtered, what passes through, trailers, errors, hints.
 
-mod bodies;
-
-use bodies::{collect, data, response, through, Gated, Item, Items};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
 use http_body::Body;
 use test_support::body::Chunks;
+use test_support::body::{collect, data, response, through, Gated, Item, Items};
 use tower_bypass_marker::{
     BypassMarkerLayer, FrameTooLarge, Overflow, RequestedAnnotations, BYPASS_REMOTE_PREFILL,
 };
@@ -21,7 +19,7 @@ async fn filter(
     layer: &BypassMarkerLayer,
     requested: Option<RequestedAnnotations>,
     items: impl IntoIterator<Item = Item>,
-) -> bodies::Collected {
+) -> test_support::body::Collected {
     let res = through(layer, requested, response(SSE, Items::new(items))).await;
     collect(res.into_body()).await
 }
