@@ -5,8 +5,6 @@
 //! `ResBody::default()` need the crate's bodies to implement `Default`) and that each layer still
 //! does its job with this one inside it.
 
-mod decoding;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +15,10 @@ use axum::response::sse::{Event, Sse};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
+use test_support::serve::decoded;
 use test_support::serve::*;
 use tokio::sync::Notify;
 use tower::util::BoxCloneSyncService;

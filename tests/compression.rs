@@ -9,8 +9,6 @@
 //! predicate that does, and pin the default too.
 
 #[cfg(feature = "json")]
-mod decoding;
-
 use std::convert::Infallible;
 use std::io::Read;
 
@@ -21,11 +19,11 @@ use axum::response::Response as AxumResponse;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-#[cfg(feature = "json")]
-use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderValue, Request};
 use http_body_util::Full;
+#[cfg(feature = "json")]
+use test_support::serve::decoded;
 use test_support::serve::*;
 use tower::ServiceBuilder;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
