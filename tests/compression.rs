@@ -8,7 +8,6 @@
 //! tower-http's default predicate does not compress `text/event-stream` at all; these tests use a
 //! predicate that does, and pin the default too.
 
-#[cfg(feature = "json")]
 use std::convert::Infallible;
 use std::io::Read;
 
