@@ -11,9 +11,6 @@ use std::time::Duration;
 use bypass_marker::ProxyArgs;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
@@ -85,8 +82,8 @@ pub(crate) async fn start_proxy(command: &mut Command) -> (Child, String) {
 
 // ---- In process: upstreams, the proxy's flags, a client, raw TCP -------------------------------
 
-/// What a client exchange fails with.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// What a client exchange fails with, and the plain HTTP/1.1 client: the library's tests' own.
+pub(crate) use test_support::serve::{h1_client as client, BoxError};
 
 /// Serves `app` on 127.0.0.1 as an upstream; it stops with the test's runtime. Its listen backlog
 /// is large, so that a burst of new connections from the proxy is not held up by the upstream's
@@ -110,11 +107,6 @@ pub(crate) fn proxy_args(upstream: &str, args: &[&str]) -> ProxyArgs {
 /// stops with the test's handle on it.
 pub(crate) async fn stopped(stop: oneshot::Receiver<()>) {
     let _ = stop.await;
-}
-
-/// A hyper client for plain HTTP/1.1.
-pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
 }
 
 /// A response as the client received it.
