@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use criterion::{black_box, criterion_main, Criterion, SamplingMode, Throughput};
 
-mod support;
-
-use support::{adversarial_workloads, workloads, Handover};
+use test_support::bench::{adversarial_workloads, workloads, Handover};
 
 fn throughput(c: &mut Criterion) {
     let adversarial = adversarial_workloads()

@@ -13,7 +13,7 @@
 //!
 //! The main table is printed twice: with the chunks handed over as `Bytes::from_static` and with
 //! reference-counted chunks split off one shared buffer, as hyper hands them over (see `Handover`
-//! in `benches/support/mod.rs`). `--handover static` or `--handover refcounted` prints only one.
+//! in `test-support/src/bench.rs`). `--handover static` or `--handover refcounted` prints only one.
 //!
 //! A second table covers the scanner's worst cases (`adversarial_workloads`): each shape in one
 //! chunk and in 64 KiB chunks, at 1 MiB and 2 MiB, with layer / floor at both sizes and the time
@@ -27,10 +27,7 @@
 
 use std::time::{Duration, Instant};
 
-#[path = "../benches/support/mod.rs"]
-mod support;
-
-use support::{adversarial_workloads, workloads, Handover, Variant, Workload};
+use test_support::bench::{adversarial_workloads, workloads, Handover, Variant, Workload};
 
 struct Options {
     rounds: usize,

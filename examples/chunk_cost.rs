@@ -1,7 +1,7 @@
 //! Runs one variant over one workload of `benches/throughput.rs` a fixed number of times: for
 //! callgrind (instruction counts that repeat to the instruction), and for A/B runs of two builds
 //! (the file builds unchanged in a checkout of an older commit that has the same
-//! `benches/support`).
+//! `test_support::bench`).
 //!
 //! ```text
 //! cargo build --release --example chunk_cost
@@ -15,11 +15,7 @@
 
 use std::time::Instant;
 
-#[path = "../benches/support/mod.rs"]
-#[allow(dead_code)]
-mod support;
-
-use support::{workloads, Handover, Variant};
+use test_support::bench::{workloads, Handover, Variant};
 
 fn main() {
     let mut args = std::env::args().skip(1);

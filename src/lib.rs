@@ -214,7 +214,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
 
 #[macro_use]
 mod macros;
@@ -236,10 +235,6 @@ mod service;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
-
-#[cfg(test)]
-#[path = "../tests/model/mod.rs"]
-mod test_model;
 
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;

@@ -788,10 +788,11 @@ fn touch_lines(input: &[u8]) {
 // The test driver `drive_chunks` follows the module.
 #[allow(clippy::items_after_test_module)]
 mod tests {
+    //! The scanner's steps, held bytes and masks. What it makes of whole inputs, split everywhere
+    //! and held to the reference model, is in `tests/scanner.rs`, through the public filter.
+
     use super::*;
     use crate::BypassMarkerLayer;
-
-    use crate::test_model as model;
 
     const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
     const CHUNK: &[u8] = b"data: {\"id\":1}\n\n";
@@ -802,38 +803,10 @@ mod tests {
         Scanner::new(config, remove)
     }
 
-    fn rules(layer: &BypassMarkerLayer) -> model::Rules {
-        model::Rules {
-            remove: layer
-                .config
-                .names
-                .iter()
-                .map(|n| n.name.as_bytes().to_vec())
-                .collect(),
-            sdk_safe: layer.config.sdk_safe,
-            opted_in: Vec::new(),
-        }
-    }
-
-    /// Feeds `chunks` the way the body does and returns the output. After every chunk, checks
-    /// that exactly what the model calls complete has been yielded (nothing held back that could
-    /// go, nothing of an open frame let out).
-    fn drive(layer: &BypassMarkerLayer, chunks: &[&[u8]]) -> Vec<u8> {
+    /// What the scanner makes of `input` in one chunk, as the body drives it.
+    fn filtered(layer: &BypassMarkerLayer, input: &[u8]) -> Vec<u8> {
         let mut s = scanner(layer);
-        let rules = rules(layer);
-        let mut seen = Vec::new();
-        let mut chunk_index = 0;
-        let out = drive_chunks(&mut s, chunks, |out| {
-            seen.extend_from_slice(chunks[chunk_index]);
-            chunk_index += 1;
-            assert_eq!(
-                Esc(out),
-                Esc(&model::filter(&seen, &rules).complete),
-                "after {:?}",
-                Esc(&seen)
-            );
-        })
-        .expect("no overflow");
+        let out = drive_chunks(&mut s, &[input], |_| {}).expect("no overflow");
         assert!(s.is_idle());
         out
     }
@@ -850,151 +823,8 @@ mod tests {
         }
     }
 
-    /// Checks that `input` becomes `expected` whole, split at every offset, split at every pair
-    /// of offsets (short inputs) and fed a byte at a time, and that the model agrees.
-    fn assert_filters(layer: &BypassMarkerLayer, input: &[u8], expected: &[u8]) {
-        assert_eq!(
-            Esc(&model::filter(input, &rules(layer)).all),
-            Esc(expected),
-            "the model disagrees with the expectation"
-        );
-        assert_eq!(Esc(&drive(layer, &[input])), Esc(expected), "whole");
-        for i in 0..=input.len() {
-            let (a, b) = input.split_at(i);
-            assert_eq!(Esc(&drive(layer, &[a, b])), Esc(expected), "split at {i}");
-        }
-        if input.len() <= 64 {
-            for i in 0..=input.len() {
-                for j in i..=input.len() {
-                    let parts = [&input[..i], &input[i..j], &input[j..]];
-                    assert_eq!(
-                        Esc(&drive(layer, &parts)),
-                        Esc(expected),
-                        "split at {i}, {j}"
-                    );
-                }
-            }
-        }
-        let bytes: Vec<&[u8]> = input.chunks(1).collect();
-        assert_eq!(Esc(&drive(layer, &bytes)), Esc(expected), "byte by byte");
-    }
-
     fn cat(parts: &[&[u8]]) -> Vec<u8> {
         parts.concat()
-    }
-
-    #[test]
-    fn marker_frame_is_removed_at_every_split() {
-        let layer = BypassMarkerLayer::new();
-        let input = cat(&[MARKER, CHUNK, b"data: [DONE]\n\n"]);
-        assert_filters(&layer, &input, &cat(&[CHUNK, b"data: [DONE]\n\n"]));
-    }
-
-    #[test]
-    fn marker_in_the_middle_and_at_the_end_is_removed() {
-        let layer = BypassMarkerLayer::new();
-        assert_filters(&layer, &cat(&[CHUNK, MARKER, CHUNK]), &cat(&[CHUNK, CHUNK]));
-        assert_filters(&layer, &cat(&[CHUNK, MARKER]), CHUNK);
-        assert_filters(&layer, MARKER, b"");
-    }
-
-    #[test]
-    fn every_line_ending_is_understood() {
-        let layer = BypassMarkerLayer::new();
-        for eol in [&b"\n"[..], b"\r", b"\r\n"] {
-            let marker = cat(&[b"event: x-bypass-remote-prefill", eol, b": true", eol, eol]);
-            let data = cat(&[b"data: 1", eol, eol]);
-            assert_filters(&layer, &cat(&[&marker, &data]), &data);
-        }
-        // Mixed endings within one frame and between frames.
-        assert_filters(
-            &layer,
-            b"data: a\r\n\revent: x-bypass-remote-prefill\r: true\n\r\ndata: b\r\r",
-            b"data: a\r\n\rdata: b\r\r",
-        );
-    }
-
-    #[test]
-    fn crlf_split_after_a_removed_frame_drops_the_lf() {
-        let layer = BypassMarkerLayer::new();
-        let out = drive(
-            &layer,
-            &[
-                b"event: x-bypass-remote-prefill\r\n: true\r\n\r",
-                b"\ndata: 1\r\n\r\n",
-            ],
-        );
-        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
-    }
-
-    #[test]
-    fn crlf_split_after_a_kept_frame_forwards_the_lf() {
-        let layer = BypassMarkerLayer::new();
-        let out = drive(&layer, &[b"data: 1\r\n\r", b"\ndata: 2\r\n\r\n"]);
-        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\ndata: 2\r\n\r\n"));
-        // And after a kept frame that was held across chunks.
-        let out = drive(&layer, &[b"data: 1\r", b"\n\r", b"\n"]);
-        assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
-    }
-
-    #[test]
-    fn a_cr_then_a_cr_is_two_line_ends() {
-        let layer = BypassMarkerLayer::new();
-        let out = drive(
-            &layer,
-            &[b"event: x-bypass-remote-prefill\r", b"\rdata: 1\n\n"],
-        );
-        assert_eq!(Esc(&out), Esc(b"data: 1\n\n"));
-    }
-
-    #[test]
-    fn leading_bom_is_kept_and_is_not_part_of_the_field_name() {
-        let layer = BypassMarkerLayer::new();
-        let input = cat(&[BOM, MARKER, CHUNK]);
-        assert_filters(&layer, &input, &cat(&[BOM, CHUNK]));
-        assert_filters(&layer, BOM, BOM);
-    }
-
-    #[test]
-    fn partial_bom_is_part_of_the_first_field_name() {
-        let layer = BypassMarkerLayer::new();
-        // "\xEF\xBBevent" is not "event": the frame is kept, bytes unchanged.
-        let input = cat(&[b"\xEF\xBB", MARKER, MARKER]);
-        assert_filters(&layer, &input, &cat(&[b"\xEF\xBB", MARKER]));
-        assert_filters(&layer, b"\xEF", b"\xEF");
-        assert_filters(&layer, b"\xEF\xBB\n\n", b"\xEF\xBB\n\n");
-    }
-
-    #[test]
-    fn a_bom_that_did_not_begin_the_body_never_begins_the_output() {
-        let layer = BypassMarkerLayer::new();
-        // `\u{FEFF}data` is a field of another name: kept as it is, a LF before it.
-        let kept = cat(&[BOM, b"data: 2\n\n"]);
-        assert_filters(&layer, &cat(&[MARKER, &kept]), &cat(&[b"\n", &kept]));
-        assert_filters(
-            &layer,
-            &cat(&[MARKER, MARKER, &kept, &kept]),
-            &cat(&[b"\n", &kept, &kept]),
-        );
-        let crlf = b"event: x-bypass-remote-prefill\r\n: true\r\n\r\n\xEF\xBB\xBFdata: 2\r\n\r\n";
-        assert_filters(&layer, crlf, b"\n\xEF\xBB\xBFdata: 2\r\n\r\n");
-        let cr = b"event: x-bypass-remote-prefill\r\r\xEF\xBB\xBF\r\r";
-        assert_filters(&layer, cr, b"\n\xEF\xBB\xBF\r\r");
-        // An unterminated frame at the end, released when the body ends.
-        assert_filters(
-            &layer,
-            &cat(&[MARKER, BOM, b"x"]),
-            &cat(&[b"\n", BOM, b"x"]),
-        );
-        assert_filters(&layer, &cat(&[MARKER, BOM]), &cat(&[b"\n", BOM]));
-        // The first bytes of a BOM are not a BOM.
-        assert_filters(&layer, &cat(&[MARKER, b"\xEF\xBB\n\n"]), b"\xEF\xBB\n\n");
-        assert_filters(&layer, &cat(&[MARKER, b"\xEF\n\n"]), b"\xEF\n\n");
-        // Not the first bytes forwarded: content.
-        assert_filters(&layer, &cat(&[b"\n", MARKER, &kept]), &cat(&[b"\n", &kept]));
-        assert_filters(&layer, &cat(&[CHUNK, MARKER, &kept]), &cat(&[CHUNK, &kept]));
-        // A body that began with a BOM keeps it, and a BOM after it stays content.
-        assert_filters(&layer, &cat(&[BOM, MARKER, &kept]), &cat(&[BOM, &kept]));
     }
 
     #[test]
@@ -1065,146 +895,6 @@ mod tests {
     }
 
     #[test]
-    fn a_second_bom_is_ordinary_bytes() {
-        let layer = BypassMarkerLayer::new();
-        let input = cat(&[BOM, BOM, MARKER, MARKER]);
-        assert_filters(&layer, &input, &cat(&[BOM, BOM, MARKER]));
-    }
-
-    #[test]
-    fn field_names_are_compared_exactly() {
-        let layer = BypassMarkerLayer::new();
-        for kept in [
-            &b"Event: x-bypass-remote-prefill\n\n"[..],
-            b"event:  x-bypass-remote-prefill\n\n",
-            b" event: x-bypass-remote-prefill\n\n",
-            b"event: x-bypass-remote-prefill \n\n",
-            b"event: X-Bypass-Remote-Prefill\n\n",
-            b"event: x-bypass-remote-prefillx\n\n",
-            b"event: x-bypass-remote\n\n",
-            b"eventx: x-bypass-remote-prefill\n\n",
-            b"event\n\n",
-            b"data: event: x-bypass-remote-prefill\n\n",
-            b": event: x-bypass-remote-prefill\n\n",
-        ] {
-            assert_filters(&layer, &cat(&[kept, CHUNK]), &cat(&[kept, CHUNK]));
-        }
-        assert_filters(
-            &layer,
-            b"event:x-bypass-remote-prefill\n\ndata: 1\n\n",
-            b"data: 1\n\n",
-        );
-    }
-
-    #[test]
-    fn the_last_event_field_wins() {
-        let layer = BypassMarkerLayer::new();
-        let kept = b"event: x-bypass-remote-prefill\nevent: message\ndata: 1\n\n";
-        assert_filters(&layer, kept, kept);
-        let removed = b"event: message\nevent: x-bypass-remote-prefill\ndata: 1\n\n";
-        assert_filters(&layer, &cat(&[removed, CHUNK]), CHUNK);
-        // An `event` line without a colon sets an empty type, undoing the marker.
-        let kept = b"event: x-bypass-remote-prefill\nevent\n\n";
-        assert_filters(&layer, kept, kept);
-    }
-
-    #[test]
-    fn marker_frame_with_data_and_id_is_removed_whole() {
-        let layer = BypassMarkerLayer::new();
-        let input =
-            b"id: 7\nevent: x-bypass-remote-prefill\ndata: {}\nretry: 10\n: c\n\ndata: 1\n\n";
-        assert_filters(&layer, input, b"data: 1\n\n");
-    }
-
-    #[test]
-    fn keep_alives_comments_and_stray_blank_lines_are_forwarded() {
-        let layer = BypassMarkerLayer::new();
-        let input = cat(&[
-            b"\n\r\n:\n\n: ping\r\n\r\n",
-            MARKER,
-            b"\n\n:keep\n\n",
-            CHUNK,
-            b"\r",
-        ]);
-        assert_filters(
-            &layer,
-            &input,
-            &cat(&[b"\n\r\n:\n\n: ping\r\n\r\n", b"\n\n:keep\n\n", CHUNK, b"\r"]),
-        );
-    }
-
-    #[test]
-    fn invalid_utf8_and_nul_bytes_are_forwarded_unchanged() {
-        let layer = BypassMarkerLayer::new();
-        let odd = b"data: \xff\xfe\x00\xc3\n\xf0\x9f: \x00\n\n";
-        assert_filters(&layer, &cat(&[odd, MARKER, odd]), &cat(&[odd, odd]));
-        let nul_event = b"event: x-bypass-remote-prefill\x00\n\n";
-        assert_filters(&layer, nul_event, nul_event);
-    }
-
-    #[test]
-    fn unterminated_frame_at_the_end_is_judged_as_it_stands() {
-        let layer = BypassMarkerLayer::new();
-        assert_filters(
-            &layer,
-            b"data: 1\n\nevent: x-bypass-remote-prefill",
-            b"data: 1\n\n",
-        );
-        assert_filters(
-            &layer,
-            b"data: 1\n\nevent: x-bypass-remote-prefill\n: t",
-            b"data: 1\n\n",
-        );
-        assert_filters(
-            &layer,
-            b"data: 1\n\nevent: x-bypass-remote-prefill\n",
-            b"data: 1\n\n",
-        );
-        assert_filters(&layer, b"data: 1\n\ndata: 2", b"data: 1\n\ndata: 2");
-        assert_filters(
-            &layer,
-            b"data: 1\n\nevent: other\r",
-            b"data: 1\n\nevent: other\r",
-        );
-    }
-
-    #[test]
-    fn empty_input_yields_nothing() {
-        let layer = BypassMarkerLayer::new();
-        assert_eq!(drive(&layer, &[]), b"");
-        assert_eq!(drive(&layer, &[b"", b""]), b"");
-    }
-
-    #[test]
-    fn an_event_line_spanning_chunks_is_recognised() {
-        let layer = BypassMarkerLayer::new().opt_in("request_id");
-        let out = drive(
-            &layer,
-            &[
-                b"data: 0\n\nev",
-                b"ent: x-bypass-rem",
-                b"ote-prefill",
-                b"\n: true\n",
-                b"\ndata: 1\n\n",
-            ],
-        );
-        assert_eq!(Esc(&out), Esc(b"data: 0\n\ndata: 1\n\n"));
-        // A long value spanning chunks is not mistaken for a name it starts with.
-        let long = cat(&[b"event: request_id", &[b'x'; 300], b"\n\n"]);
-        let out = drive(&layer, &[&long[..10], &long[10..200], &long[200..]]);
-        assert_eq!(Esc(&out), Esc(&long));
-    }
-
-    #[test]
-    fn opt_in_and_never_forwarded_names_are_removed_too() {
-        let layer = BypassMarkerLayer::new()
-            .opt_in("request_id")
-            .never_forward("llm_metrics");
-        let input = b"event: request_id\n: \"abc\"\n\nevent: llm_metrics\ndata: {}\n\nevent: other\ndata: x\n\n";
-        assert_filters(&layer, input, b"event: other\ndata: x\n\n");
-    }
-
-    #[test]
     fn requested_names_are_forwarded_but_never_forwarded_ones_are_not() {
         let layer = BypassMarkerLayer::new()
             .opt_in("request_id")
@@ -1232,29 +922,6 @@ mod tests {
         assert_eq!(s.last_removed_name(), Some("llm_metrics"));
     }
     const BYPASS: &str = crate::BYPASS_REMOTE_PREFILL;
-
-    #[test]
-    fn sdk_safe_mode_removes_frames_without_data_but_keeps_keep_alives() {
-        let layer = BypassMarkerLayer::new().sdk_safe(true);
-        let input =
-            b"id: 1\n\n:\n\nevent: ping\n\nretry: 5\n: c\n\nevent: x\ndata: 1\n\ndata\n\nfoo\n\n";
-        assert_filters(&layer, input, b":\n\nevent: x\ndata: 1\n\ndata\n\n");
-        // Off by default.
-        let layer = BypassMarkerLayer::new();
-        assert_filters(
-            &layer,
-            b"id: 1\n\nevent: ping\n\n",
-            b"id: 1\n\nevent: ping\n\n",
-        );
-    }
-
-    #[test]
-    fn sdk_safe_mode_removes_a_body_of_only_a_partial_bom() {
-        let layer = BypassMarkerLayer::new().sdk_safe(true);
-        assert_filters(&layer, b"\xEF", b"");
-        assert_filters(&layer, b"\xEF\xBB", b"");
-        assert_filters(&layer, b"\xEF\xBB\xBF", b"\xEF\xBB\xBF");
-    }
 
     #[test]
     fn overflow_forward_streams_the_frame_through_unfiltered() {
@@ -1326,44 +993,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn long_lines_are_walked_and_frames_after_them_still_filtered() {
-        let layer = BypassMarkerLayer::new();
-        let long = vec![b'x'; 40 * 1024];
-        let input = cat(&[
-            b"data: ",
-            &long,
-            b"\n\n",
-            MARKER,
-            b"data: ",
-            &long,
-            b"\r\n\r\n",
-            MARKER,
-        ]);
-        let expected = cat(&[b"data: ", &long, b"\n\n", b"data: ", &long, b"\r\n\r\n"]);
-        assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
-        for at in [
-            1,
-            100,
-            1025,
-            16 * 1024,
-            40 * 1024 + 7,
-            40 * 1024 + 20,
-            80 * 1024,
-        ] {
-            let (a, b) = input.split_at(at);
-            assert_eq!(
-                Esc(&drive(&layer, &[a, b])),
-                Esc(&expected),
-                "split at {at}"
-            );
-        }
-        // A long `event` line is never a configured name, and a marker after it still goes.
-        let input = cat(&[b"event: ", &long, b"\ndata: 1\n\n", MARKER]);
-        let expected = cat(&[b"event: ", &long, b"\ndata: 1\n\n"]);
-        assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
-    }
-
     /// A chunk of whole frames (64 bytes or more, ending with an empty line) that holds no
     /// `event:` is forwarded in one step without a run; any `event:` in it, even inside a value,
     /// and SDK-safe mode send it through the general scan, which still removes what it must.
@@ -1377,16 +1006,17 @@ mod tests {
         assert_eq!(s.step(data), Step::Forward(data.len()));
         assert_eq!(s.step(&[]), Step::NeedInput);
         assert!(s.is_idle());
-        // The marker after it in the same chunk is removed.
-        assert_filters(&layer, &cat(&[data, MARKER]), data);
+        // The marker after it in the same chunk is removed (`tests/scanner.rs` splits these inputs
+        // everywhere and holds them to the model).
+        assert_eq!(Esc(&filtered(&layer, &cat(&[data, MARKER]))), Esc(data));
         // `event:` inside a data value is content: kept.
         let value: &[u8] =
             b"data: {\"content\":\"event: x-bypass-remote-prefill\",\"pad\":\"..........\"}\n\n";
         assert!(value.len() >= SHORT_SEARCH);
-        assert_filters(&layer, value, value);
+        assert_eq!(Esc(&filtered(&layer, value)), Esc(value));
         // SDK-safe mode removes a data-less frame of such a chunk.
         let sdk = BypassMarkerLayer::new().sdk_safe(true);
-        assert_filters(&sdk, &cat(&[data, b"id: 7\n\n"]), data);
+        assert_eq!(Esc(&filtered(&sdk, &cat(&[data, b"id: 7\n\n"]))), Esc(data));
     }
 
     #[test]

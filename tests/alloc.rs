@@ -5,17 +5,17 @@
 //! and only a frame that spans chunks is copied. Here "the same" is checked by pointer and length,
 //! and "without allocating" by counting every allocation the polling thread makes.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
-use test_support::alloc::{allocations, Counting};
 
 use bytes::Bytes;
 use futures_util::task::noop_waker_ref;
 use http::{header, Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
+use test_support::alloc::{allocations, Counting};
+use test_support::body::Chunks;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::{BypassMarkerBody, BypassMarkerLayer};
 
@@ -28,21 +28,6 @@ fn chat(i: usize) -> String {
     format!(
         "data: {{\"id\":\"chatcmpl-{i}\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token {i}\"}}}}]}}\n\n"
     )
-}
-
-/// A body that yields the given chunks, always ready. Yielding allocates nothing.
-struct Chunks(VecDeque<Bytes>);
-
-impl Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
-    }
 }
 
 /// Cuts `pieces` out of one buffer, as a network read buffer is cut into chunks, and returns the
@@ -58,7 +43,7 @@ fn chunks(pieces: &[&str]) -> (Chunks, Vec<Bytes>) {
             chunk
         })
         .collect();
-    (Chunks(chunks.iter().cloned().collect()), chunks)
+    (Chunks::new(chunks.iter().cloned()), chunks)
 }
 
 /// The filtering body the default layer makes for a `text/event-stream` response with `body`.

@@ -1,11 +1,10 @@
 //! The layer's response body: what is filtered, what passes through, trailers, errors, hints.
 
-mod bodies;
-
-use bodies::{collect, data, response, through, Gated, Item, Items};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
 use http_body::Body;
+use test_support::body::Chunks;
+use test_support::body::{collect, data, response, through, Gated, Item, Items};
 use tower_bypass_marker::{
     BypassMarkerLayer, FrameTooLarge, Overflow, RequestedAnnotations, BYPASS_REMOTE_PREFILL,
 };
@@ -20,7 +19,7 @@ async fn filter(
     layer: &BypassMarkerLayer,
     requested: Option<RequestedAnnotations>,
     items: impl IntoIterator<Item = Item>,
-) -> bodies::Collected {
+) -> test_support::body::Collected {
     let res = through(layer, requested, response(SSE, Items::new(items))).await;
     collect(res.into_body()).await
 }
@@ -499,37 +498,22 @@ async fn sdk_safe_mode_removes_frames_the_sdks_cannot_parse() {
     );
 }
 
-/// An upstream body whose data is not `Bytes` but a [`bytes::buf::Chain`] of two slices, so the
-/// layer must gather each chunk with `copy_to_bytes`.
-struct ChainBody(std::collections::VecDeque<bytes::buf::Chain<&'static [u8], &'static [u8]>>);
-
-impl Body for ChainBody {
-    type Data = bytes::buf::Chain<&'static [u8], &'static [u8]>;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::task::Poll::Ready(self.0.pop_front().map(|d| Ok(http_body::Frame::data(d))))
-    }
-}
-
 #[tokio::test]
 async fn data_of_other_buf_types_is_filtered_like_bytes() {
     use bytes::Buf;
     let stream: &'static str = "event: x-bypass-remote-prefill\n: true\n\ndata: 1\n\nevent: x-bypass-remote-prefill\n\ndata: 2\n\n";
     let input = stream.as_bytes();
-    // Chunks of 7 bytes, each split in two halves that the body chains together.
+    // Chunks of 7 bytes, each split in two halves that the body chains together: its data is not
+    // `Bytes` but a `bytes::buf::Chain` of two slices, so the layer must gather each chunk with
+    // `copy_to_bytes`.
     let chunks = input
         .chunks(7)
         .map(|c| c.split_at(c.len() / 2))
-        .map(|(a, b)| a.chain(b))
-        .collect();
+        .map(|(a, b)| a.chain(b));
     let res = through(
         &BypassMarkerLayer::new(),
         None,
-        response(SSE, ChainBody(chunks)),
+        response(SSE, Chunks::new(chunks)),
     )
     .await;
     assert!(res.body().is_filtering());

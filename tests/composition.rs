@@ -5,9 +5,6 @@
 //! `ResBody::default()` need the crate's bodies to implement `Default`) and that each layer still
 //! does its job with this one inside it.
 
-mod common;
-mod decoding;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +15,11 @@ use axum::response::sse::{Event, Sse};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use common::*;
-use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
+use test_support::serve::decoded;
+use test_support::serve::*;
 use tokio::sync::Notify;
 use tower::util::BoxCloneSyncService;
 use tower::{service_fn, BoxError, ServiceBuilder};

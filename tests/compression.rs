@@ -8,10 +8,6 @@
 //! tower-http's default predicate does not compress `text/event-stream` at all; these tests use a
 //! predicate that does, and pin the default too.
 
-mod common;
-#[cfg(feature = "json")]
-mod decoding;
-
 use std::convert::Infallible;
 use std::io::Read;
 
@@ -22,12 +18,12 @@ use axum::response::Response as AxumResponse;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::*;
-#[cfg(feature = "json")]
-use decoding::decoded;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderValue, Request};
 use http_body_util::Full;
+#[cfg(feature = "json")]
+use test_support::serve::decoded;
+use test_support::serve::*;
 use tower::ServiceBuilder;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};

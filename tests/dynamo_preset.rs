@@ -2,9 +2,7 @@
 //! for clients with different opt-ins, compared byte for byte; and the guard on Dynamo's
 //! router-owned markers.
 
-mod bodies;
-
-use bodies::{collect, data, response, through, Items};
+use test_support::body::{collect, data, response, through, Items};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
 // The frames as Dynamo 1.6.1 writes them: annotations are `event: NAME` and one comment line,

@@ -2,8 +2,6 @@
 //! ready, clients that go away. Hand-made bodies and services, so every fault lands exactly where
 //! the test wants it.
 
-mod common;
-
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::io;
@@ -13,11 +11,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use futures_util::FutureExt;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
+use test_support::serve::*;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_bypass_marker::{BypassMarkerBody, BypassMarkerLayer};
 

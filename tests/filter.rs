@@ -1,19 +1,17 @@
 //! The sans-IO `EventStreamFilter` is the tower body's engine: for any input, configuration and
 //! chunking it outputs the same bytes as `BypassMarkerBody`, after every chunk and at the end.
 
-mod bodies;
-
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use bodies::{data, response, Gated};
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use proptest::prelude::*;
+use test_support::body::{data, response, Gated};
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::sans_io::FilterOutput;
 use tower_bypass_marker::{BypassMarkerLayer, FrameObserver, Overflow, RequestedAnnotations};

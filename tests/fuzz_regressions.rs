@@ -1,34 +1,20 @@
 //! Inputs the fuzz targets (see FUZZING.md) found, kept as tests that plain `cargo test` runs.
 //!
 //! Every file under `fuzz/regressions/<target>/` (and the seed inputs, `fuzz/seeds/`) is replayed
-//! through the real body with the targets' own decoding and oracle (`fuzz/src/`), the `scanner`
+//! through the real body with the targets' own decoding and oracle (`test_support::fuzz`), the `scanner`
 //! target's inputs with a plain inner body; and every one of them through the public sans-IO
 //! filter, against the model and against the body (the `scanner` and `filter` targets).
 //! The findings in the crate also have a test of their own below, written out by hand.
 
-mod model;
-
-#[allow(dead_code)]
-#[path = "../fuzz/src/body.rs"]
-mod body;
-#[allow(dead_code)]
-#[path = "../fuzz/src/case.rs"]
-mod case;
-#[allow(dead_code)]
-#[path = "../fuzz/src/filter.rs"]
-mod filter;
-#[allow(dead_code)]
-#[path = "../fuzz/src/oracle.rs"]
-mod oracle;
-
 use std::convert::Infallible;
 use std::path::Path;
 
-use bytes::Bytes;
-use case::Case;
 use http::{header, Request, Response};
-use http_body::{Body, Frame};
-use http_body_util::{BodyExt, StreamBody};
+use http_body::Body;
+use http_body_util::BodyExt;
+use test_support::body::Chunks;
+use test_support::fuzz::case::Case;
+use test_support::fuzz::{body, filter, oracle};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::{BoxError, BypassMarkerLayer, FrameTooLarge, Overflow};
 
@@ -90,12 +76,7 @@ fn fuzz_seeds_replay_through_the_body() {
 // The findings, written out.
 
 async fn filter(layer: BypassMarkerLayer, chunks: &[&'static [u8]]) -> (Vec<u8>, Option<BoxError>) {
-    let body = StreamBody::new(tokio_stream::iter(
-        chunks
-            .iter()
-            .map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from_static(c))))
-            .collect::<Vec<_>>(),
-    ));
+    let body = Chunks::from_static(chunks);
     let mut body = Some(body);
     let svc = layer.layer(service_fn(move |_req: Request<()>| {
         let body = body.take().expect("called once");
@@ -184,14 +165,9 @@ async fn frame_too_large_with_a_zero_cap_fails_after_the_data_before_the_frame()
 /// The `json` target's inputs (`fuzz/seeds-json/`, and `fuzz/regressions/json/` once it has any),
 /// replayed with its own driver and oracle.
 #[cfg(feature = "json")]
-#[allow(dead_code)]
-#[path = "../fuzz/src/json.rs"]
-mod json_target;
-
-#[cfg(feature = "json")]
 mod json {
-    use super::json_target as target;
     use std::path::Path;
+    use test_support::fuzz::json as target;
 
     #[test]
     fn json_fuzz_inputs_replay_through_the_guard() {

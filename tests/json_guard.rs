@@ -2,15 +2,15 @@
 //! the upstream receives, and the guard's own answers.
 #![cfg(feature = "json")]
 
-mod common;
+use test_support::serve;
 
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{data, fed_body, frames_body, read_all, BoxError, Forever, PATIENCE};
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
+use serve::{data, fed_body, frames_body, read_all, BoxError, Forever, PATIENCE};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_bypass_marker::json::{JsonGuardBody, ResponseBody};
 use tower_bypass_marker::{BypassMarkerLayer, JsonGuardLayer, RequestedAnnotations};
@@ -26,7 +26,7 @@ struct Seen {
 
 impl Seen {
     fn body(&self) -> Bytes {
-        common::concat(&self.frames)
+        serve::concat(&self.frames)
     }
 }
 
@@ -512,9 +512,9 @@ async fn a_failing_body_gets_400() {
 async fn sse_upstream(
     _req: Request<JsonGuardBody<Full<Bytes>>>,
 ) -> Result<Response<Full<Bytes>>, BoxError> {
-    Ok(common::event_stream(Full::new(Bytes::from(format!(
+    Ok(serve::event_stream(Full::new(Bytes::from(format!(
         "{}data: 1\n\n",
-        common::MARKER
+        serve::MARKER
     )))))
 }
 
@@ -534,7 +534,7 @@ async fn either_layer_order_grants_the_opt_in() {
     let bypass = bypass();
     let asked = r#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#;
     let not_asked = r#"{"nvext":{"annotations":["x-bypass-remote-prefill:true"]}}"#;
-    let with_marker = format!("{}data: 1\n\n", common::MARKER);
+    let with_marker = format!("{}data: 1\n\n", serve::MARKER);
 
     let guard_outside = ServiceBuilder::new()
         .layer(bypass.json_guard())

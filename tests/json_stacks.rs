@@ -3,7 +3,7 @@
 //! 100-continue`) and by raw HTTP/1.1 where the exchange itself is what is tested.
 #![cfg(feature = "json")]
 
-mod common;
+use test_support::serve;
 
 use std::net::SocketAddr;
 
@@ -12,11 +12,11 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use common::{data, fed_body, read_all, spawn_axum, FedBody, MARKER, PATIENCE};
 use http::{header, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serve::{data, fed_body, read_all, spawn_axum, FedBody, MARKER, PATIENCE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ type Received = mpsc::UnboundedSender<Bytes>;
 /// frame and a chunk, whatever it was asked.
 async fn chat(State(received): State<Received>, body: Bytes) -> Response<Body> {
     received.send(body).unwrap();
-    common::event_stream(Body::from(format!("{MARKER}{REQUEST_ID}{CHUNK}")))
+    serve::event_stream(Body::from(format!("{MARKER}{REQUEST_ID}{CHUNK}")))
 }
 
 /// Serves the guarded app; `guard_outside` chooses the layer order.
@@ -78,7 +78,7 @@ async fn received(rx: &mut mpsc::UnboundedReceiver<Bytes>) -> Bytes {
 async fn the_guard_strips_the_request_and_grants_the_response_in_either_order() {
     for guard_outside in [true, false] {
         let (addr, mut rx) = serve(guard_outside, 1 << 20).await;
-        let client = common::h1_client();
+        let client = serve::h1_client();
 
         // A client that asked for the marker and request_id: the router never sees the marker,
         // the client gets both frames.
@@ -168,7 +168,7 @@ async fn hyper_clients_expect_100_continue_is_served() {
     let mut req = post_json(addr, ASKED);
     req.headers_mut()
         .insert(header::EXPECT, "100-continue".parse().unwrap());
-    let res = common::h1_client().request(req).await.unwrap();
+    let res = serve::h1_client().request(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(received(&mut rx).await, ASKED_SEEN);
     let (body, _) = read_all(res.into_body()).await;
@@ -233,7 +233,7 @@ async fn expect_100_continue_is_answered_only_when_the_guard_reads() {
 async fn a_bad_body_gets_a_json_400_through_the_stack() {
     let (addr, mut rx) = serve(true, 1 << 20).await;
     let body = r#"{"nvext":{"annotations":["x-bypass-remote-prefill"]},"nv\u0065xt":null}"#;
-    let res = common::h1_client()
+    let res = serve::h1_client()
         .request(post_json(addr, body))
         .await
         .unwrap();

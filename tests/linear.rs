@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, Request, Response};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::BodyExt;
+use test_support::body::Chunks;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::BypassMarkerLayer;
 
@@ -80,15 +81,10 @@ async fn filter(chunks: Vec<Bytes>) -> Vec<u8> {
         .layer(service_fn(move |_req: Request<()>| {
             let chunks = chunks.clone();
             async move {
-                let stream = futures_util::stream::iter(
-                    chunks
-                        .into_iter()
-                        .map(|c| Ok::<_, Infallible>(http_body::Frame::data(c))),
-                );
                 Ok::<_, Infallible>(
                     Response::builder()
                         .header(header::CONTENT_TYPE, "text/event-stream")
-                        .body(StreamBody::new(stream))
+                        .body(Chunks::new(chunks))
                         .unwrap(),
                 )
             }

@@ -12,8 +12,6 @@
 //! file-descriptor limit is low) and the rest share h2c connections, 100 streams each. The test
 //! prints the process's resident memory before and after.
 
-mod common;
-
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,9 +24,9 @@ use axum::response::{IntoResponse, Response as AxumResponse};
 use axum::routing::get;
 use axum::{Extension, Router};
 use bytes::Bytes;
-use common::*;
 use http::{header, Request};
 use http_body_util::{BodyExt, Full};
+use test_support::serve::*;
 use tokio::sync::{mpsc, Barrier};
 use tokio_stream::wrappers::ReceiverStream;
 use tower_bypass_marker::BypassMarkerLayer;

@@ -6,18 +6,16 @@
 //! The tests in this binary take turns, so each peak belongs to one test. Run with `--nocapture`
 //! to see the figures.
 
-mod common;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use common::event_stream;
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use test_support::alloc::{live, peak, reset_peak, Counting, Turn};
+use test_support::serve::event_stream;
 use tower::{Layer, Service};
 use tower_bypass_marker::{BypassMarkerBody, BypassMarkerLayer, FrameTooLarge, Overflow};
 

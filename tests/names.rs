@@ -1,10 +1,8 @@
 //! Which annotation names a layer accepts, and that the guard recognises every accepted name in
 //! exactly the forms it promises: `name`, `name:value`, any ASCII case, surrounding whitespace.
 
-mod bodies;
-
-use bodies::{collect, data, response, through, Items};
 use proptest::prelude::*;
+use test_support::body::{collect, data, response, through, Items};
 use tower_bypass_marker::{BypassMarkerLayer, InvalidName, MAX_NAMES, MAX_NAME_LEN};
 
 fn strings(v: &[&str]) -> Vec<String> {

@@ -4,18 +4,16 @@
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test properties` runs a long campaign.
 
-mod bodies;
-mod model;
-
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use bodies::{data, response, Gated};
 use bytes::Bytes;
 use http::Request;
 use http_body::Body;
 use proptest::prelude::*;
+use test_support::body::{data, response, Gated};
+use test_support::model;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 

@@ -1,14 +1,12 @@
 //! What the response head decides: which headers make a body an event stream the layer filters,
 //! and which responses carry no content and pass through with every header kept.
 
-mod common;
-
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use common::{h1_client, spawn_axum, MARKER, PATIENCE};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
+use test_support::serve::{h1_client, spawn_axum, MARKER, PATIENCE};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::BypassMarkerLayer;
 

@@ -1,8 +1,6 @@
 //! The layer in the stacks it is deployed in: axum, tonic, and plain hyper, each on a real server
 //! on 127.0.0.1 with a real client.
 
-mod common;
-
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -13,7 +11,6 @@ use axum::response::{IntoResponse, Response as AxumResponse};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
-use common::*;
 use futures_util::stream::{self, Stream};
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body::Frame;
@@ -22,6 +19,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
+use test_support::serve::*;
 use tokio::net::TcpStream;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;

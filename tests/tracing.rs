@@ -1,17 +1,14 @@
 //! The `tracing` feature: a debug event per removed frame and a summary when the body ends.
 #![cfg(feature = "tracing")]
 
-mod bodies;
-mod logs;
-
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use bodies::{data, response, Gated};
 use http::Request;
 use http_body::Body;
-use logs::Captured;
+use test_support::body::{data, response, Gated};
+use test_support::logs::Captured;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::BypassMarkerLayer;
 

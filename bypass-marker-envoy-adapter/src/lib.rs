@@ -23,8 +23,6 @@
 //! `tower-bypass-marker`, each host stays a thin layer of calls, and the one thing the two Envoy
 //! hosts share sits here, unpublished, between them.
 
-#![warn(unreachable_pub)]
-
 pub mod config;
 pub mod log_limit;
 pub mod metrics;

@@ -32,6 +32,4 @@
 //!
 //! [`tower_bypass_marker::sans_io::GatewayExchange`]: https://docs.rs/tower-bypass-marker/latest/tower_bypass_marker/sans_io/struct.GatewayExchange.html
 
-#![warn(unreachable_pub)]
-
 mod abi;

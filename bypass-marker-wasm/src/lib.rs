@@ -40,8 +40,6 @@
 //! fails every stream of that VM (a 503 before the response, a reset after its head), never
 //! passing one on unfiltered, unless the configuration sets `fail_open` or `FAIL_OPEN`.
 
-#![warn(unreachable_pub)]
-
 pub mod fake;
 pub mod host;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! Not part of the API: the way in to the sidecar's own upstream client for the differential test
 //! that holds it to hyper's client (`tests/client_differential.rs` and the `client` fuzz target,
-//! both through `fuzz/src/client.rs`). Hidden, and it may change with any release.
+//! both through `test_support::client`), and to its `chunked` decoder for the `chunked` fuzz
+//! target. Hidden, and it may change with any release.
 
 use std::io;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 
-use super::client::{self, ChunkedError, SendError};
+use super::client::{self, chunked, ChunkedError, SendError};
 use super::{Upstream, UpstreamResponseBody};
 use tower_bypass_marker::BoxError;
 
@@ -97,5 +98,35 @@ impl Client {
             };
             Failure { reason, message }
         })
+    }
+}
+
+/// The sidecar's in-place `chunked` decoder, for the `chunked` fuzz target: each read is decoded
+/// in place, the data left at [`Decoded::data`] of the buffer.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkedDecoder(chunked::Decoder);
+
+/// What [`ChunkedDecoder::decode`] made of one read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    /// Where the decoded data lies in the buffer.
+    pub data: std::ops::Range<usize>,
+    /// How many bytes of the buffer the coding took: all of them, unless the body ended in it.
+    pub consumed: usize,
+}
+
+impl ChunkedDecoder {
+    /// Decodes one read in place, or says why the coding is malformed (the decoder's words).
+    pub fn decode(&mut self, buf: &mut [u8]) -> Result<Decoded, &'static str> {
+        let decoded = self.0.decode(buf).map_err(|ChunkedError(why)| why)?;
+        Ok(Decoded {
+            data: decoded.start..decoded.end,
+            consumed: decoded.consumed,
+        })
+    }
+
+    /// Whether the body has ended (the last chunk and the trailer section were read).
+    pub fn is_done(&self) -> bool {
+        self.0.is_done()
     }
 }

@@ -26,7 +26,6 @@
 //! a change of `bypass-marker`, never of `tower-bypass-marker`, whose API names none of them.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![warn(unreachable_pub)]
 
 pub mod args;
 pub mod budget;

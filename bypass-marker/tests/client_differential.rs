@@ -3,21 +3,17 @@
 //! fields, body framing, and what follows), cut into the same writes, go to both, and both must
 //! give the same status and header fields, the same body bytes, the same end (refused, cut,
 //! complete) and the same decision to reuse the connection, but for the cases
-//! `fuzz/src/client.rs` lists with their reasons (`STRICTER`: on purpose; `FOUND`: found and not
+//! `test_support::client` lists with their reasons (`STRICTER`: on purpose; `FOUND`: found and not
 //! yet decided, empty today), each only for the client's own reason it names. Requests carry
 //! bodies too (small, streamed by length or chunked, answered early or late), and a second
 //! request finds the connection pooled, stale or new. The `client` fuzz target runs the same
 //! check on any bytes (FUZZING.md).
 //! `PROPTEST_CASES=20000 cargo test --release -p bypass-marker --test client_differential` runs a
 //! long campaign.
-#[path = "../../fuzz/src/client.rs"]
-#[allow(dead_code)]
-mod differential;
-
-use differential::{
+use proptest::prelude::*;
+use test_support::client::{
     check, compare, decode, interim_heads, verdicts, End, Reason, Refusal, FOUND, STRICTER,
 };
-use proptest::prelude::*;
 
 /// An input of the fuzz target's format: mostly generated responses (realistic but hostile),
 /// some at the client's limits, some arbitrary bytes; a third of the requests with a body, and
@@ -89,8 +85,8 @@ fn raw(head: bool, cuts: &[u8], response: &[u8]) -> Vec<u8> {
 fn run(
     data: &[u8],
 ) -> (
-    differential::Verdict,
-    differential::Verdict,
+    test_support::client::Verdict,
+    test_support::client::Verdict,
     Result<(), String>,
 ) {
     let case = decode(data);
@@ -198,7 +194,11 @@ fn the_disagreements_issue_28_fixed_reach_hypers_verdict_unlisted() {
 /// Runs `response` whole, then cut at one place, then at three, and checks each time that no
 /// entry of `STRICTER` applies, that the two verdicts agree and that both end as `end`; `what`
 /// names the case in a failure. Returns this client's verdict of each run.
-fn assert_agree_unlisted(response: &[u8], end: End, what: &str) -> Vec<differential::Verdict> {
+fn assert_agree_unlisted(
+    response: &[u8],
+    end: End,
+    what: &str,
+) -> Vec<test_support::client::Verdict> {
     let mut verdicts = Vec::new();
     for cuts in [&[][..], &[24], &[60, 90, 120]] {
         let data = raw(false, cuts, response);

@@ -7,10 +7,7 @@
 //! stack (`BypassMarkerLayer` + `JsonGuardLayer`) with the same request and the same response
 //! chunks. The bytes the upstream receives, the bytes the client receives and the refusals must
 //! be identical.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-#[path = "../../tests/logs/mod.rs"]
-mod logs;
+use test_support::{logs, serve};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +15,6 @@ use std::net::SocketAddr;
 use bypass_marker::budget;
 use bypass_marker::envoy::{self, ExtProc};
 use bytes::Bytes;
-use common::{concat, data, frames_body, read_all, MARKER, PATIENCE};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap as ProtoHeaderMap, HeaderValue};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -29,6 +25,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use serve::{concat, data, frames_body, read_all, MARKER, PATIENCE};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -838,7 +835,7 @@ async fn a_stream_in_one_chunk_and_in_many_chunks_matches_the_tower_layer() {
     assert_eq!(messages, 4);
     for sizes in [&[1usize][..], &[2], &[3, 7], &[5, 1, 13], &[40], &[17, 64]] {
         for separate_end in [false, true] {
-            let mut ex = Exchange::chat(CHAT, &common::chunked(stream.as_bytes(), sizes));
+            let mut ex = Exchange::chat(CHAT, &serve::chunked(stream.as_bytes(), sizes));
             ex.separate_end = separate_end;
             let (seen, _) = same(&mut client, &layer, &ex).await;
             assert_eq!(client_body(&seen), &format!("{FILTERED}: keep-alive\n\n"));
@@ -885,7 +882,7 @@ async fn random_chunkings_of_a_dynamo_stream_match_the_tower_layer() {
             seed ^= seed << 17;
             sizes.push((seed % 24) as usize + 1);
         }
-        let mut ex = Exchange::chat(CHAT, &common::chunked(body.as_bytes(), &sizes));
+        let mut ex = Exchange::chat(CHAT, &serve::chunked(body.as_bytes(), &sizes));
         ex.separate_end = round % 2 == 1;
         ex.string_values = round % 3 == 0;
         same(&mut client, &layer, &ex).await;
@@ -1092,7 +1089,7 @@ async fn an_opt_in_granted_by_the_request_lets_the_marker_through() {
     let layer = BypassMarkerLayer::new();
     let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     for sizes in [&[4096usize][..], &[1], &[9, 2]] {
-        let ex = Exchange::chat(OPTED_IN, &common::chunked(STREAM.as_bytes(), sizes));
+        let ex = Exchange::chat(OPTED_IN, &serve::chunked(STREAM.as_bytes(), sizes));
         let (seen, messages) = same(&mut client, &layer, &ex).await;
         assert_eq!(client_body(&seen), STREAM);
         // Nothing to remove for this client: the response body is not sent to the processor.
@@ -1174,7 +1171,7 @@ async fn a_frame_too_large_fails_the_grpc_stream() {
             let ex = ex.clone();
             async move {
                 let frames = ex.chunks.iter().cloned().map(data).collect::<Vec<_>>();
-                Ok::<_, Infallible>(common::event_stream(frames_body(frames)))
+                Ok::<_, Infallible>(serve::event_stream(frames_body(frames)))
             }
         }));
     let res = svc.oneshot(Request::new(Full::default())).await.unwrap();
@@ -1302,7 +1299,7 @@ async fn memory_per_stream_is_bounded_by_max_frame_bytes() {
     let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
     let mut frame = b"data: ".to_vec();
     frame.resize(1 << 20, b'x');
-    let chunks = common::chunked(&frame, &[4096]);
+    let chunks = serve::chunked(&frame, &[4096]);
     let mut stream = Stream::response(&mut client, "text/event-stream").await;
     let (mut received, mut forwarded) = (0, Vec::new());
     for (i, chunk) in chunks.iter().enumerate() {
@@ -1657,7 +1654,7 @@ async fn the_layers_observer_counts_the_processors_frames() {
     let count = Arc::new(Count::default());
     let layer = BypassMarkerLayer::new().observe(count.clone());
     let (server, mut client) = connected(ExtProc::new(layer.clone())).await;
-    let chunks = common::chunked(STREAM.as_bytes(), &[7]);
+    let chunks = serve::chunked(STREAM.as_bytes(), &[7]);
     through_envoy(&mut client, &Exchange::chat(CHAT, &chunks)).await;
     assert_eq!(count.0.load(Ordering::SeqCst), 1);
     assert_eq!(count.1.load(Ordering::SeqCst), 0);
@@ -1700,7 +1697,7 @@ async fn the_generated_tonic_server_gives_the_answers_into_service_gives() {
     for sizes in [&[1usize][..], &[3, 7], &[5, 1, 13]] {
         exchanges.push(Exchange::chat(
             CHAT,
-            &common::chunked(body.as_bytes(), sizes),
+            &serve::chunked(body.as_bytes(), sizes),
         ));
     }
     for ex in &exchanges {

@@ -20,6 +20,7 @@ use http_body_util::{BodyExt as _, Full};
 use support::{
     client, post_json, proxy_args, raw_exchange, send, serve_upstream, stopped, PATIENCE,
 };
+use test_support::body::Chunks;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -249,10 +250,9 @@ async fn dynamo_stream() -> impl IntoResponse {
         "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
         "data: [DONE]\n\n",
     ];
-    let stream = futures_util::stream::iter(frames.map(|f| Ok::<_, Infallible>(Bytes::from(f))));
     (
         [(header::CONTENT_TYPE, "text/event-stream")],
-        Body::from_stream(stream),
+        Body::new(Chunks::new(frames.map(Bytes::from))),
     )
 }
 

@@ -14,8 +14,7 @@
 
 use bypass_marker as proxy;
 
-#[path = "../../tests/logs/mod.rs"]
-mod logs;
+use test_support::logs;
 mod support;
 
 use std::convert::Infallible;

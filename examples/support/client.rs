@@ -14,22 +14,22 @@ use hyper_util::rt::TokioExecutor;
 use super::router::Endpoint;
 
 /// An error from the client helpers.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A response as a client received it.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The status code.
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// The response headers.
-    pub headers: HeaderMap,
+    pub(crate) headers: HeaderMap,
     /// The body, byte for byte.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
 }
 
 impl Reply {
     /// The response's `content-type`, or `""`.
-    pub fn content_type(&self) -> &str {
+    pub(crate) fn content_type(&self) -> &str {
         self.headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -42,7 +42,11 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `POST`s `body` as JSON to `http://{addr}{path}` with a real HTTP/1.1 client and reads the
 /// whole response.
-pub async fn http_post(addr: SocketAddr, path: &str, body: Bytes) -> Result<Reply, BoxError> {
+pub(crate) async fn http_post(
+    addr: SocketAddr,
+    path: &str,
+    body: Bytes,
+) -> Result<Reply, BoxError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let req = Request::post(format!("http://{addr}{path}"))
         .header(header::CONTENT_TYPE, "application/json")
@@ -64,7 +68,7 @@ pub async fn http_post(addr: SocketAddr, path: &str, body: Bytes) -> Result<Repl
 }
 
 /// A request body for `endpoint` with `prompt`, streamed or not, with extra top-level fields.
-pub fn request(
+pub(crate) fn request(
     endpoint: Endpoint,
     prompt: &str,
     stream: bool,
@@ -87,13 +91,16 @@ pub fn request(
 }
 
 /// `request` with `nvext.annotations` set to `annotations`.
-pub fn with_annotations(mut request: serde_json::Value, annotations: &[&str]) -> serde_json::Value {
+pub(crate) fn with_annotations(
+    mut request: serde_json::Value,
+    annotations: &[&str],
+) -> serde_json::Value {
     request["nvext"] = serde_json::json!({ "annotations": annotations });
     request
 }
 
 /// The path of `endpoint`.
-pub fn path(endpoint: Endpoint) -> &'static str {
+pub(crate) fn path(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::Chat => "/v1/chat/completions",
         Endpoint::Completions => "/v1/completions",
@@ -101,7 +108,7 @@ pub fn path(endpoint: Endpoint) -> &'static str {
 }
 
 /// Splits an event stream into its frames, each with its closing empty line (`\n\n`).
-pub fn frames(body: &[u8]) -> Vec<&[u8]> {
+pub(crate) fn frames(body: &[u8]) -> Vec<&[u8]> {
     let mut out = Vec::new();
     let mut rest = body;
     while !rest.is_empty() {
@@ -117,7 +124,7 @@ pub fn frames(body: &[u8]) -> Vec<&[u8]> {
 }
 
 /// The completion text carried by a stream's `data` frames (chat `delta.content` or `text`).
-pub fn streamed_text(body: &[u8]) -> Result<String, BoxError> {
+pub(crate) fn streamed_text(body: &[u8]) -> Result<String, BoxError> {
     let mut text = String::new();
     for frame in frames(body) {
         let Some(data) = frame.strip_prefix(b"data: ") else {
@@ -140,7 +147,7 @@ pub fn streamed_text(body: &[u8]) -> Result<String, BoxError> {
 }
 
 /// The `id` of the first `data` frame of a stream: the completion's id.
-pub fn stream_id(body: &[u8]) -> Result<String, BoxError> {
+pub(crate) fn stream_id(body: &[u8]) -> Result<String, BoxError> {
     let data = frames(body)
         .into_iter()
         .find_map(|frame| frame.strip_prefix(b"data: "))
@@ -155,7 +162,7 @@ pub fn stream_id(body: &[u8]) -> Result<String, BoxError> {
 
 /// `bytes` with CR, LF, tab, backslash and other control or non-ASCII bytes escaped, quotes left
 /// alone, so that a frame's exact bytes can be printed on one line.
-pub fn escape(bytes: &[u8]) -> String {
+pub(crate) fn escape(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for &b in bytes {
         match b {

@@ -5,6 +5,6 @@
 
 // Each example and test that includes these modules uses a different part of them.
 #[allow(dead_code)]
-pub mod client;
+pub(crate) mod client;
 #[allow(dead_code)]
-pub mod router;
+pub(crate) mod router;

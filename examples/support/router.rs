@@ -1,5 +1,5 @@
 //! A simulated disaggregated LLM router with an OpenAI-compatible HTTP API, shared by the `router`
-//! and `demo` examples and by `tests/router.rs`.
+//! and `demo` examples and by its test, `tests.rs` beside it.
 //!
 //! It reproduces the Dynamo behaviour this crate exists for. The router remembers the prompts it
 //! has served (a hash of each, the last 100,000); a request whose prompt it has seen before is a
@@ -62,23 +62,23 @@ use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 use super::client::{http_post, BoxError, Reply};
 
 /// The frame the router prepends to the stream of a request that bypassed remote prefill.
-pub const BYPASS_FRAME: &str = "event: x-bypass-remote-prefill\n: true\n\n";
+pub(crate) const BYPASS_FRAME: &str = "event: x-bypass-remote-prefill\n: true\n\n";
 
 /// The frame the router prepends to every stream (after [`BYPASS_FRAME`], if any): `event:
 /// request_id` and the completion's `id` as a JSON string in a comment, no `data` line.
-pub fn request_id_frame(id: &str) -> String {
+pub(crate) fn request_id_frame(id: &str) -> String {
     let id = serde_json::to_string(id).expect("a string serializes");
     format!("event: request_id\n: {id}\n\n")
 }
 
 /// The last frame of every stream.
-pub const DONE_FRAME: &str = "data: [DONE]\n\n";
+pub(crate) const DONE_FRAME: &str = "data: [DONE]\n\n";
 
 /// The completion length when the request does not set `max_tokens`.
-pub const DEFAULT_MAX_TOKENS: u64 = 16;
+pub(crate) const DEFAULT_MAX_TOKENS: u64 = 16;
 
 /// The largest `max_tokens` the simulated worker accepts.
-pub const MAX_TOKENS_LIMIT: u64 = 4096;
+pub(crate) const MAX_TOKENS_LIMIT: u64 = 4096;
 
 /// How many prompts the prefix cache holds before it is emptied. It keeps a 64-bit hash of each
 /// prompt, not the prompt, so it holds at most about 100,000 x 32 bytes (3.2 MB), however long
@@ -90,27 +90,27 @@ const WORKER_LOG_ENTRIES: usize = 1024;
 
 /// The most bytes the worker's log keeps, counted by [`WorkerRequest::bytes`]: the oldest
 /// requests go first.
-pub const WORKER_LOG_BYTES: usize = 4 << 20;
+pub(crate) const WORKER_LOG_BYTES: usize = 4 << 20;
 
 /// The most bytes of annotations kept for one request in the worker's log; the rest are counted
 /// in [`WorkerRequest::annotations_dropped`].
-pub const WORKER_LOG_ANNOTATION_BYTES: usize = 64 << 10;
+pub(crate) const WORKER_LOG_ANNOTATION_BYTES: usize = 64 << 10;
 
 /// The layer the simulated router is served with: Dynamo's marker and the `request_id` frame the
 /// router prepends to every stream both reach only the clients that asked for them.
-pub fn layer() -> BypassMarkerLayer {
+pub(crate) fn layer() -> BypassMarkerLayer {
     BypassMarkerLayer::new().opt_in("request_id")
 }
 
 /// The simulated router's axum app, with a new prefix cache, wrapped in [`layer()`] when
 /// `with_layer` is true. Use [`SimRouter`] to also read what its worker was handed.
-pub fn app(with_layer: bool) -> axum::Router {
+pub(crate) fn app(with_layer: bool) -> axum::Router {
     SimRouter::new(with_layer).app()
 }
 
 /// The OpenAI endpoints the router serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// `POST /v1/chat/completions`.
     Chat,
     /// `POST /v1/completions`.
@@ -119,18 +119,18 @@ pub enum Endpoint {
 
 /// What the simulated worker was handed for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerRequest {
+pub(crate) struct WorkerRequest {
     /// The endpoint the request came in on.
-    pub endpoint: Endpoint,
+    pub(crate) endpoint: Endpoint,
     /// The request's `nvext.annotations`, after the guard when the router has the layer.
-    pub annotations: Vec<String>,
+    pub(crate) annotations: Vec<String>,
     /// Whether the router bypassed remote prefill (a prefix-cache hit).
-    pub bypass_remote_prefill: bool,
+    pub(crate) bypass_remote_prefill: bool,
     /// Whether the response was streamed.
-    pub stream: bool,
+    pub(crate) stream: bool,
     /// How many of the request's annotations are not in `annotations`: those past
     /// [`WORKER_LOG_ANNOTATION_BYTES`].
-    pub annotations_dropped: usize,
+    pub(crate) annotations_dropped: usize,
 }
 
 impl WorkerRequest {
@@ -162,7 +162,7 @@ impl WorkerRequest {
     }
 
     /// The heap and inline bytes this entry holds in the log.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of::<Self>()
             + self
                 .annotations
@@ -212,7 +212,7 @@ fn prompt_key(endpoint: Endpoint, prompt: &str) -> (Endpoint, u64) {
 ///
 /// Cloning it shares the state.
 #[derive(Clone)]
-pub struct SimRouter {
+pub(crate) struct SimRouter {
     shared: Arc<Shared>,
 }
 
@@ -220,7 +220,7 @@ pub struct SimRouter {
 /// included), if at all: outside the layer (the documented order) or inside it (the order that
 /// used to answer every client asking for gzip with a 502).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Compression {
+pub(crate) enum Compression {
     /// No compression layer.
     #[default]
     None,
@@ -258,12 +258,12 @@ struct Shared {
 
 impl SimRouter {
     /// A router with an empty prefix cache, served with [`layer()`] when `with_layer` is true.
-    pub fn new(with_layer: bool) -> Self {
+    pub(crate) fn new(with_layer: bool) -> Self {
         Self::with_compression(with_layer, Compression::None)
     }
 
     /// A router as [`new`](Self::new) makes it, compressing where `compression` says.
-    pub fn with_compression(with_layer: bool, compression: Compression) -> Self {
+    pub(crate) fn with_compression(with_layer: bool, compression: Compression) -> Self {
         Self {
             shared: Arc::new(Shared {
                 layer: with_layer.then(layer),
@@ -275,12 +275,12 @@ impl SimRouter {
     }
 
     /// Whether the router is served with the layer.
-    pub fn has_layer(&self) -> bool {
+    pub(crate) fn has_layer(&self) -> bool {
         self.shared.layer.is_some()
     }
 
     /// The axum app: both endpoints, wrapped in the layer if the router has one.
-    pub fn app(&self) -> axum::Router {
+    pub(crate) fn app(&self) -> axum::Router {
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/completions", post(completions))
@@ -301,7 +301,7 @@ impl SimRouter {
 
     /// What the simulated worker has been handed (the last 1024 requests, at most
     /// [`WORKER_LOG_BYTES`]), oldest first.
-    pub fn worker_log(&self) -> Vec<WorkerRequest> {
+    pub(crate) fn worker_log(&self) -> Vec<WorkerRequest> {
         lock(&self.shared.worker_log)
             .entries
             .iter()
@@ -310,7 +310,7 @@ impl SimRouter {
     }
 
     /// The bytes the worker's log holds, by [`WorkerRequest::bytes`].
-    pub fn worker_log_bytes(&self) -> usize {
+    pub(crate) fn worker_log_bytes(&self) -> usize {
         lock(&self.shared.worker_log).bytes
     }
 
@@ -777,7 +777,11 @@ fn bad_request(message: &str) -> Response {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then finishes the requests in flight.
-pub async fn serve<F>(listener: TcpListener, router: SimRouter, shutdown: F) -> io::Result<()>
+pub(crate) async fn serve<F>(
+    listener: TcpListener,
+    router: SimRouter,
+    shutdown: F,
+) -> io::Result<()>
 where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -787,18 +791,18 @@ where
 }
 
 /// A router served in the background on `127.0.0.1`, stopped when this is dropped.
-pub struct Running {
+pub(crate) struct Running {
     /// Where it listens.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The router, to read its worker's log.
-    pub router: SimRouter,
+    pub(crate) router: SimRouter,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<io::Result<()>>>,
 }
 
 impl Running {
     /// Stops the server and waits for it to finish.
-    pub async fn stop(mut self) -> io::Result<()> {
+    pub(crate) async fn stop(mut self) -> io::Result<()> {
         drop(self.stop.take());
         match self.task.take() {
             Some(task) => task.await.map_err(io::Error::other)?,
@@ -807,12 +811,16 @@ impl Running {
     }
 
     /// `POST`s `body` to `path` on this server.
-    pub async fn post(&self, path: &str, body: impl Into<Bytes>) -> Result<Reply, BoxError> {
+    pub(crate) async fn post(&self, path: &str, body: impl Into<Bytes>) -> Result<Reply, BoxError> {
         http_post(self.addr, path, body.into()).await
     }
 
     /// `POST`s `json` to `path` on this server.
-    pub async fn post_json(&self, path: &str, json: &serde_json::Value) -> Result<Reply, BoxError> {
+    pub(crate) async fn post_json(
+        &self,
+        path: &str,
+        json: &serde_json::Value,
+    ) -> Result<Reply, BoxError> {
         self.post(path, json.to_string()).await
     }
 }
@@ -825,7 +833,7 @@ impl Drop for Running {
 }
 
 /// Serves a new [`SimRouter`] on `127.0.0.1`, on a port the system picks.
-pub async fn spawn(with_layer: bool) -> io::Result<Running> {
+pub(crate) async fn spawn(with_layer: bool) -> io::Result<Running> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
     let addr = listener.local_addr()?;
     let router = SimRouter::new(with_layer);

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_bypass_marker_fuzz::body;
-use tower_bypass_marker_fuzz::case::Case;
+use test_support::fuzz::body;
+use test_support::fuzz::case::Case;
 
 fuzz_target!(|data: &[u8]| {
     body::check_body(&Case::decode(data));

@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_bypass_marker_fuzz::case::Case;
-use tower_bypass_marker_fuzz::filter;
+use test_support::fuzz::case::Case;
+use test_support::fuzz::filter;
 
 fuzz_target!(|data: &[u8]| {
     filter::check_filter(&Case::decode(data));

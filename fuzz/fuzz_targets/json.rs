@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    tower_bypass_marker_fuzz::json::check(data);
+    test_support::fuzz::json::check(data);
 });

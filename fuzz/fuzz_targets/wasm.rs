@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_bypass_marker_fuzz::case::Case;
+use test_support::fuzz::case::Case;
 use tower_bypass_marker_fuzz::wasm;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,5 @@
-//! The sidecar's in-place `chunked` decoder (`bypass-marker/src/client/chunked.rs`, included by path: it is
-//! private to the proxy and needs nothing but std, `http` and `httparse`), fuzzed two ways:
+//! The sidecar's in-place `chunked` decoder (`bypass-marker/src/client/chunked.rs`, reached through
+//! the hidden `bypass_marker::differential::ChunkedDecoder`), fuzzed two ways:
 //!
 //! - **any bytes**, cut into reads at fuzz-chosen places: the decoder never panics, and the data,
 //!   the end and the error are the same whatever the cuts (one read of everything, or many);
@@ -11,26 +11,22 @@
 //! next bytes (one per cut) where to cut, as fractions of the length; the rest is the bytes, or
 //! the chunks (each a length byte, then that many bytes; byte 0's other bits choose the forms).
 
-#[path = "../../bypass-marker/src/client/chunked.rs"]
-#[allow(dead_code)]
-mod decoder;
-
-use decoder::{ChunkedError, Decoder};
+use bypass_marker::differential::ChunkedDecoder;
 
 /// Decodes `pieces` as successive reads: the data, whether the body ended, and how many bytes
 /// of all the pieces the decoder took.
-fn decode(pieces: &[&[u8]]) -> Result<(Vec<u8>, bool, usize), ChunkedError> {
-    let mut decoder = Decoder::default();
+fn decode(pieces: &[&[u8]]) -> Result<(Vec<u8>, bool, usize), &'static str> {
+    let mut decoder = ChunkedDecoder::default();
     let mut data = Vec::new();
     let mut taken = 0;
     for piece in pieces {
         let mut buf = piece.to_vec();
         let decoded = decoder.decode(&mut buf)?;
-        assert!(decoded.start <= decoded.end && decoded.end <= decoded.consumed);
+        assert!(decoded.data.start <= decoded.data.end && decoded.data.end <= decoded.consumed);
         assert!(decoded.consumed <= buf.len());
         // All of a read is taken, unless the body ended in it.
         assert!(decoder.is_done() || decoded.consumed == buf.len());
-        data.extend_from_slice(&buf[decoded.start..decoded.end]);
+        data.extend_from_slice(&buf[decoded.data]);
         taken += decoded.consumed;
         if decoder.is_done() {
             break;

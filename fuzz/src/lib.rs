@@ -1,15 +1,10 @@
-//! Shared by the fuzz targets and by `tests/fuzz_regressions.rs`: decoding a fuzz input into a
-//! case, the oracle, and the body driver. See FUZZING.md.
+//! What only the fuzz targets need: the drivers of the sidecar's `chunked` decoder, of the Envoy
+//! dynamic module's stream and of the proxy-wasm plugin's, and the oracle the last two share. The
+//! case decoding, the oracle and the drivers that `tests/fuzz_regressions.rs` replays through too
+//! live in the workspace's `test-support` crate (`test_support::fuzz`, `test_support::client`).
+//! See FUZZING.md.
 
-#[path = "../../tests/model/mod.rs"]
-pub mod model;
-
-pub mod body;
-pub mod case;
 pub mod chunked;
-pub mod client;
-pub mod filter;
-pub mod json;
+pub mod host;
 pub mod module;
-pub mod oracle;
 pub mod wasm;

@@ -7,9 +7,11 @@ use bypass_marker_envoy_adapter::stream::memory::Simulated;
 use bypass_marker_envoy_adapter::stream::{BodyStatus, HeadersStatus, TrailersStatus};
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 
-use crate::case::Case;
-use crate::filter::{body_seen, response_head};
-use crate::oracle::esc;
+use test_support::fuzz::case::Case;
+use test_support::fuzz::filter::{body_seen, response_head};
+use test_support::fuzz::oracle::esc;
+
+use crate::host::{assert_as_body, request_body, response_headers, Given};
 
 /// How the response body ends, chosen from the case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +24,7 @@ enum Ending {
     Trailers,
 }
 
+/// Runs one case through the module's stream and holds it to the tower body.
 pub fn check_module(case: &Case) {
     let config = Config::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
     // Envoy's chunks come in slices, and the module scans each slice where it lies: a frame open
@@ -52,9 +55,7 @@ pub fn check_module(case: &Case) {
     let mut stream = Simulated::new(&config);
 
     // The request: the client's opt-in in `nvext.annotations`, its body in two pieces.
-    let body = serde_json::json!({"stream": true, "nvext": {"annotations": case.requested}})
-        .to_string()
-        .into_bytes();
+    let body = request_body(case);
     let status = stream.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(status, HeadersStatus::StopIteration, "a JSON body is read");
     let (a, b) = body.split_at(body.len() / 2);
@@ -76,10 +77,7 @@ pub fn check_module(case: &Case) {
 
     // The response.
     let head = response_head(case);
-    let mut headers: Vec<(&str, &str)> = vec![(":status", "200")];
-    for (name, value) in &head {
-        headers.push((name.as_str(), value.to_str().unwrap()));
-    }
+    let headers = response_headers(&head);
     assert_eq!(stream.response(&headers, false), HeadersStatus::Continue);
     let ending = if case.body.trailers {
         Ending::Trailers
@@ -120,50 +118,29 @@ pub fn check_module(case: &Case) {
     }
     stream.complete();
 
-    // Every chunk's output as soon as the tower body's, the same bytes, and a reset exactly where
-    // the body fails with FrameTooLarge.
-    assert_eq!(
-        want.too_large.is_some(),
-        reset,
-        "body failed: {:?}, module reset: {reset} ({:?}, {:?})",
-        want.too_large,
-        stream.fake.reset,
-        stream.fake.logs
-    );
     assert_eq!(reset, stream.fake.reset.is_some());
-    let got = esc(&stream.fake.client);
-    if reset {
-        // A reset stream loses the chunk it failed in: what reached the client is a prefix of
-        // what the body gave before it failed.
-        assert!(
-            want.out.starts_with(&got),
-            "reset: {got:?} is no prefix of {:?}",
-            want.out
-        );
-    } else {
-        assert_eq!(
-            got,
-            want.out,
-            "the module and the tower body differ; requested {:?}, upstream got {:?}",
+    // The body's output is counted before it has seen its end; with `end_of_stream` on the last
+    // chunk, the module's last count includes what the end releases.
+    let n = match after.len() {
+        _ if reset => 0,
+        n if ending == Ending::OnData && n > 0 => n - 1,
+        n => n,
+    };
+    let want_after: Vec<usize> = last_slice[..n].iter().map(|&i| want.after[i]).collect();
+    let given = Given {
+        host: "module",
+        client: &stream.fake.client,
+        reset,
+        after: &after[..n],
+    };
+    assert_as_body(&given, &want, &want_after, || {
+        format!(
+            "{:?}, {:?}; requested {:?}, chunks {:?}, upstream got {:?}",
+            stream.fake.reset,
+            stream.fake.logs,
             case.requested,
-            esc(&stream.fake.upstream)
-        );
-    }
-    if !reset && !chunks.is_empty() {
-        // The body's output is counted before it has seen its end; with `end_of_stream` on the
-        // last chunk, the module's last count includes what the end releases.
-        let mut n = after.len();
-        if ending == Ending::OnData {
-            n -= 1;
-        }
-        let want_after: Vec<usize> = last_slice[..n].iter().map(|&i| want.after[i]).collect();
-        assert_eq!(
-            after[..n],
-            want_after[..],
-            "output after each chunk: {:?}, chunks {:?}, {:?}",
-            case.body,
             chunks.iter().map(|c| esc(c)).collect::<Vec<_>>(),
-            esc(&stream.fake.client)
-        );
-    }
+            esc(&stream.fake.upstream)
+        )
+    });
 }

@@ -13,10 +13,13 @@ use bypass_marker_wasm::fake::Simulated;
 use proxy_wasm::types::Action;
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 
-use crate::case::Case;
-use crate::filter::{body_seen, response_head};
-use crate::oracle::esc;
+use test_support::fuzz::case::Case;
+use test_support::fuzz::filter::{body_seen, response_head};
+use test_support::fuzz::oracle::esc;
 
+use crate::host::{assert_as_body, request_body, response_headers, Given};
+
+/// Runs one case through the plugin's stream and holds it to the tower body.
 pub fn check_wasm(case: &Case) {
     let config = Config::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
     let want = body_seen(case, config.layer());
@@ -24,9 +27,7 @@ pub fn check_wasm(case: &Case) {
 
     // The request: the client's opt-in in `nvext.annotations`, its body in two pieces; the head
     // and the body are held until the body's end.
-    let body = serde_json::json!({"stream": true, "nvext": {"annotations": case.requested}})
-        .to_string()
-        .into_bytes();
+    let body = request_body(case);
     assert_eq!(
         stream.request("POST", &[("content-type", "application/json")], false),
         Action::Pause
@@ -47,10 +48,7 @@ pub fn check_wasm(case: &Case) {
 
     // The response.
     let head = response_head(case);
-    let mut headers: Vec<(&str, &str)> = vec![(":status", "200")];
-    for (name, value) in &head {
-        headers.push((name.as_str(), value.to_str().unwrap()));
-    }
+    let headers = response_headers(&head);
     if stream.response(&headers, false) == Action::Pause {
         // An encoded event stream with something to remove: the 502, never a byte of it.
         assert_eq!(stream.fake().sent.as_ref().map(|s| s.0), Some(502));
@@ -99,36 +97,23 @@ pub fn check_wasm(case: &Case) {
         );
         return;
     }
-    assert_eq!(
-        want.too_large.is_some(),
+    let n = match after.len() {
+        _ if reset => 0,
+        n if !trailers && !empty_last && n > 0 => n - 1,
+        n => n,
+    };
+    let want_after = &want.after[..n];
+    let fake = stream.fake();
+    let given = Given {
+        host: "plugin",
+        client: &fake.client,
         reset,
-        "body failed: {:?}, plugin reset: {reset} ({:?})",
-        want.too_large,
-        stream.fake().logs
-    );
-    if reset {
-        assert!(
-            want.out.starts_with(&got),
-            "reset: {got:?} is no prefix of {:?}",
-            want.out
-        );
-    } else {
-        assert_eq!(
-            got, want.out,
-            "the plugin and the tower body differ; requested {:?}",
-            case.requested
-        );
-    }
-    if !reset && !chunks.is_empty() {
-        let mut n = after.len();
-        if !trailers && !empty_last {
-            n -= 1;
-        }
-        assert_eq!(
-            after[..n],
-            want.after[..n],
-            "output after each chunk: {:?}",
-            case.body
-        );
-    }
+        after: &after[..n],
+    };
+    assert_as_body(&given, &want, want_after, || {
+        format!(
+            "{:?}; requested {:?}, {:?}",
+            fake.logs, case.requested, case.body
+        )
+    });
 }

@@ -9,14 +9,14 @@
 //! only, so an `id:` in a removed frame does not count.
 
 /// The byte order mark.
-pub const BOM: &[u8] = b"\xEF\xBB\xBF";
+pub(crate) const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// One dispatched event as the page records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub kind: String,
-    pub data: String,
-    pub last_event_id: String,
+pub(crate) struct Event {
+    pub(crate) kind: String,
+    pub(crate) data: String,
+    pub(crate) last_event_id: String,
 }
 
 impl From<(String, String, String)> for Event {
@@ -31,20 +31,20 @@ impl From<(String, String, String)> for Event {
 
 /// A line of the stream: content and terminator (empty for an unterminated last line).
 #[derive(Debug, Clone, Copy)]
-pub struct Line<'a> {
-    pub content: &'a [u8],
-    pub terminator: &'a [u8],
+pub(crate) struct Line<'a> {
+    pub(crate) content: &'a [u8],
+    pub(crate) terminator: &'a [u8],
 }
 
 /// The stream cut into lines, after a leading BOM (which the UTF-8 decoder strips).
 #[derive(Debug)]
-pub struct Lines<'a> {
-    pub bom: bool,
-    pub lines: Vec<Line<'a>>,
+pub(crate) struct Lines<'a> {
+    pub(crate) bom: bool,
+    pub(crate) lines: Vec<Line<'a>>,
 }
 
 /// Cuts `input` into lines ending in CRLF, LF or CR.
-pub fn lines(input: &[u8]) -> Lines<'_> {
+pub(crate) fn lines(input: &[u8]) -> Lines<'_> {
     let bom = input.starts_with(BOM);
     let rest = if bom { &input[BOM.len()..] } else { input };
     let mut lines = Vec::new();
@@ -76,7 +76,7 @@ pub fn lines(input: &[u8]) -> Lines<'_> {
 }
 
 /// Field name and value of a non-comment line (one space after the colon removed).
-pub fn field(content: &[u8]) -> (&[u8], &[u8]) {
+pub(crate) fn field(content: &[u8]) -> (&[u8], &[u8]) {
     match content.iter().position(|&b| b == b':') {
         Some(c) => {
             let value = &content[c + 1..];
@@ -88,18 +88,18 @@ pub fn field(content: &[u8]) -> (&[u8], &[u8]) {
 
 /// What the layer is configured to remove, for one client.
 #[derive(Debug, Clone)]
-pub struct Removal {
+pub(crate) struct Removal {
     /// Event types whose frames are removed.
-    pub types: Vec<&'static str>,
+    pub(crate) types: Vec<&'static str>,
     /// SDK-safe mode: also remove frames with a field line and no `data` field ...
-    pub sdk_safe: bool,
+    pub(crate) sdk_safe: bool,
     /// ... unless their event type is one the client opted in to.
-    pub opted_in: Vec<&'static str>,
+    pub(crate) opted_in: Vec<&'static str>,
 }
 
 impl Removal {
     /// Whether the layer must remove `frame` (its lines, closing empty line excluded).
-    pub fn removes(&self, frame: &[Line<'_>]) -> bool {
+    pub(crate) fn removes(&self, frame: &[Line<'_>]) -> bool {
         let mut kind: Option<&[u8]> = None;
         let (mut fields, mut data) = (false, false);
         for line in frame {
@@ -120,7 +120,7 @@ impl Removal {
 
 /// The lines of `stream` that are left once the frames `removal` removes are taken out, each
 /// with its closing empty line. A frame still open at the end is judged as it stands.
-pub fn kept<'a>(stream: &Lines<'a>, removal: &Removal) -> Lines<'a> {
+pub(crate) fn kept<'a>(stream: &Lines<'a>, removal: &Removal) -> Lines<'a> {
     let mut out = Vec::new();
     let mut frame: Vec<Line<'a>> = Vec::new();
     for line in &stream.lines {
@@ -159,7 +159,7 @@ pub fn kept<'a>(stream: &Lines<'a>, removal: &Removal) -> Lines<'a> {
 ///
 /// In WHATWG terms: the first line is empty, and with a CRLF it becomes a no-op field line; with
 /// an LF or a lone CR it vanishes and the line after it becomes a no-op field line.
-pub fn chromium_events(stream: &Lines<'_>) -> Vec<Event> {
+pub(crate) fn chromium_events(stream: &Lines<'_>) -> Vec<Event> {
     // Index of the line that Chromium reads as an unknown field, and of the one it skips.
     let (mut noop, mut skip) = (None, None);
     if stream.bom {
@@ -221,7 +221,7 @@ pub fn chromium_events(stream: &Lines<'_>) -> Vec<Event> {
 /// Every string a line of `bytes` could give as an event type, so the page can listen for it:
 /// the value of each line whose field name is `event` (with and without a BOM in front), and
 /// `message`.
-pub fn possible_types(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn possible_types(bytes: &[u8]) -> Vec<String> {
     let mut types = vec!["message".to_owned()];
     for piece in bytes.split(|&b| b == b'\r' || b == b'\n') {
         for piece in [piece, piece.strip_prefix(BOM).unwrap_or(piece)] {

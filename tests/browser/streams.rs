@@ -109,9 +109,9 @@ fn frame() -> impl Strategy<Value = FrameLines> {
 
 /// A stream: its bytes and its variant with a `data: +` line at the start of every frame.
 #[derive(Debug, Clone)]
-pub struct Stream {
-    pub bytes: Vec<u8>,
-    pub with_data: Vec<u8>,
+pub(crate) struct Stream {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) with_data: Vec<u8>,
     /// Where the bytes are cut into chunks (end offsets), as fractions of the length in 1/4096.
     cuts: Cut,
 }
@@ -127,7 +127,7 @@ enum Cut {
 
 impl Stream {
     /// The end offset of every chunk of `bytes` (one of this stream's two versions).
-    pub fn ends(&self, bytes: &[u8]) -> Vec<usize> {
+    pub(crate) fn ends(&self, bytes: &[u8]) -> Vec<usize> {
         let len = bytes.len();
         let mut ends: Vec<usize> = match &self.cuts {
             Cut::Whole => vec![],
@@ -232,7 +232,7 @@ fn render(plan: &Plan) -> Vec<u8> {
 /// `bytes` with a `data: +` line at the end of every frame, before its closing empty line (an
 /// unterminated last frame gets it at its start), so that every frame has `data`. At the end
 /// rather than the start, because Chromium folds an LF after a leading BOM into the first line.
-pub fn with_data(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn with_data(bytes: &[u8]) -> Vec<u8> {
     let stream = lines(bytes);
     let mut out = Vec::with_capacity(bytes.len() * 2);
     if stream.bom {
@@ -266,8 +266,8 @@ impl Stream {
 }
 
 /// The shortest streams of each kind of disagreement the differential has found (see the docs
-/// of `tests/browser.rs`), and of Chromium's deviation, cut inside every BOM and CRLF.
-pub fn pinned() -> Vec<Stream> {
+/// of `tests/browser/main.rs`), and of Chromium's deviation, cut inside every BOM and CRLF.
+pub(crate) fn pinned() -> Vec<Stream> {
     PINNED
         .iter()
         .map(|bytes| Stream::new(bytes.to_vec(), Cut::Hostile(Vec::new())))
@@ -289,7 +289,7 @@ const PINNED: &[&[u8]] = &[
 ];
 
 /// `count` streams drawn from a fixed seed: the same streams on every run.
-pub fn generate(count: usize) -> Vec<Stream> {
+pub(crate) fn generate(count: usize) -> Vec<Stream> {
     let seed = *b"tower-bypass-marker browser diff";
     let mut runner = TestRunner::new_with_rng(
         Config::default(),

@@ -11,9 +11,6 @@ use std::time::Duration;
 use bypass_marker::ProxyArgs;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
@@ -21,13 +18,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The binary cargo built for these tests.
-pub const BIN: &str = env!("CARGO_BIN_EXE_bypass-marker");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_bypass-marker");
 /// How long a step may take on a loaded machine before the test fails.
-pub const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A `bypass-marker` command with none of the test process's `BYPASS_MARKER_*` variables and no
 /// `RUST_LOG`, stdout piped (for [`Announced`]), stderr discarded and the child killed on drop.
-pub fn command() -> Command {
+pub(crate) fn command() -> Command {
     let mut command = Command::from(std_command());
     command
         .stdout(Stdio::piped())
@@ -38,7 +35,7 @@ pub fn command() -> Command {
 
 /// The blocking [`std::process::Command`] under [`command`]: the binary with none of the test
 /// process's `BYPASS_MARKER_*` variables and no `RUST_LOG`, its standard streams as they are.
-pub fn std_command() -> std::process::Command {
+pub(crate) fn std_command() -> std::process::Command {
     let mut command = std::process::Command::new(BIN);
     for (name, _) in std::env::vars() {
         if name.starts_with("BYPASS_MARKER_") {
@@ -50,11 +47,11 @@ pub fn std_command() -> std::process::Command {
 }
 
 /// The lines a started child writes on stdout, read until the ones that announce its addresses.
-pub struct Announced(Lines<BufReader<ChildStdout>>);
+pub(crate) struct Announced(Lines<BufReader<ChildStdout>>);
 
 impl Announced {
     /// Takes the child's stdout (it must be piped).
-    pub fn of(child: &mut Child) -> Self {
+    pub(crate) fn of(child: &mut Child) -> Self {
         Self(BufReader::new(child.stdout.take().expect("a piped stdout")).lines())
     }
 
@@ -62,7 +59,7 @@ impl Announced {
     /// http://"` gives the proxy's address, `"ext_proc listening on "` the processor's, `"metrics
     /// on "` the metrics URL. Fails the test when the child exits or stays silent for
     /// [`PATIENCE`].
-    pub async fn next(&mut self, prefix: &str) -> String {
+    pub(crate) async fn next(&mut self, prefix: &str) -> String {
         let line = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = self.0.next_line().await.expect("stdout") {
                 if let Some(rest) = line.strip_prefix(prefix) {
@@ -77,7 +74,7 @@ impl Announced {
 }
 
 /// Starts `command` and waits for the proxy's `listening on http://ADDR` line: the child and ADDR.
-pub async fn start_proxy(command: &mut Command) -> (Child, String) {
+pub(crate) async fn start_proxy(command: &mut Command) -> (Child, String) {
     let mut child = command.spawn().expect("the binary starts");
     let addr = Announced::of(&mut child).next("listening on http://").await;
     (child, addr)
@@ -85,13 +82,13 @@ pub async fn start_proxy(command: &mut Command) -> (Child, String) {
 
 // ---- In process: upstreams, the proxy's flags, a client, raw TCP -------------------------------
 
-/// What a client exchange fails with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// What a client exchange fails with, and the plain HTTP/1.1 client: the library's tests' own.
+pub(crate) use test_support::serve::{h1_client as client, BoxError};
 
 /// Serves `app` on 127.0.0.1 as an upstream; it stops with the test's runtime. Its listen backlog
 /// is large, so that a burst of new connections from the proxy is not held up by the upstream's
 /// accept queue.
-pub async fn serve_upstream(app: axum::Router) -> SocketAddr {
+pub(crate) async fn serve_upstream(app: axum::Router) -> SocketAddr {
     let listener = bypass_marker::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -100,7 +97,7 @@ pub async fn serve_upstream(app: axum::Router) -> SocketAddr {
 
 /// The flags of `bypass-marker proxy --listen 127.0.0.1:0 --upstream UPSTREAM`, then `args`,
 /// parsed as the binary parses them (environment variables included).
-pub fn proxy_args(upstream: &str, args: &[&str]) -> ProxyArgs {
+pub(crate) fn proxy_args(upstream: &str, args: &[&str]) -> ProxyArgs {
     let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
     all.extend_from_slice(args);
     ProxyArgs::from_args(all).expect("valid flags")
@@ -108,27 +105,22 @@ pub fn proxy_args(upstream: &str, args: &[&str]) -> ProxyArgs {
 
 /// Completes once `stop`'s sender has sent or been dropped: a shutdown future for a server that
 /// stops with the test's handle on it.
-pub async fn stopped(stop: oneshot::Receiver<()>) {
+pub(crate) async fn stopped(stop: oneshot::Receiver<()>) {
     let _ = stop.await;
 }
 
-/// A hyper client for plain HTTP/1.1.
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 /// A response as the client received it.
-pub struct Reply {
+pub(crate) struct Reply {
     /// The status code.
-    pub status: http::StatusCode,
+    pub(crate) status: http::StatusCode,
     /// The header fields.
-    pub headers: http::HeaderMap,
+    pub(crate) headers: http::HeaderMap,
     /// The whole body.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
 }
 
 /// Sends `req` with a new [`client`] and reads the whole response, however long it takes.
-pub async fn fetch(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
+pub(crate) async fn fetch(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
     let res = client().request(req).await?;
     let (parts, body) = res.into_parts();
     let body = body.collect().await?.to_bytes();
@@ -140,20 +132,20 @@ pub async fn fetch(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
 }
 
 /// [`fetch`] within [`PATIENCE`]: an error, too, when the response is not complete by then.
-pub async fn send(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
+pub(crate) async fn send(req: http::Request<Full<Bytes>>) -> Result<Reply, BoxError> {
     tokio::time::timeout(PATIENCE, fetch(req))
         .await
         .map_err(|_| "no complete response in time")?
 }
 
 /// A GET of `url`, with no body, through [`send`]; an error fails the test.
-pub async fn get(url: String) -> Reply {
+pub(crate) async fn get(url: String) -> Reply {
     let req = http::Request::get(url).body(Full::default()).unwrap();
     send(req).await.unwrap()
 }
 
 /// A POST of `json` to `url` as `application/json`, through [`send`]; an error fails the test.
-pub async fn post_json(url: String, json: &serde_json::Value) -> Reply {
+pub(crate) async fn post_json(url: String, json: &serde_json::Value) -> Reply {
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(json.to_string())))
@@ -162,14 +154,14 @@ pub async fn post_json(url: String, json: &serde_json::Value) -> Reply {
 }
 
 /// A new connection to `addr`, on which `request` has been written.
-pub async fn raw_request(addr: SocketAddr, request: &[u8]) -> TcpStream {
+pub(crate) async fn raw_request(addr: SocketAddr, request: &[u8]) -> TcpStream {
     let mut conn = TcpStream::connect(addr).await.unwrap();
     conn.write_all(request).await.unwrap();
     conn
 }
 
 /// Writes `request` on a new connection and reads until the server closes it.
-pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+pub(crate) async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
     let mut conn = raw_request(addr, request).await;
     let mut out = Vec::new();
     tokio::time::timeout(PATIENCE, conn.read_to_end(&mut out))
@@ -180,7 +172,7 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
 }
 
 /// A raw response cut after its head: the head as text (without the blank line) and the rest.
-pub fn split_head(response: &[u8]) -> (String, &[u8]) {
+pub(crate) fn split_head(response: &[u8]) -> (String, &[u8]) {
     let end = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -195,7 +187,7 @@ pub fn split_head(response: &[u8]) -> (String, &[u8]) {
 
 /// How many file descriptors this process has open.
 #[cfg(target_os = "linux")]
-pub fn open_files() -> usize {
+pub(crate) fn open_files() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
@@ -224,7 +216,7 @@ fn try_set_open_files_limits(limit: &libc::rlimit) -> bool {
 
 /// Sets this process's soft limit on open files to `soft`; returns the soft limit it replaces.
 #[cfg(unix)]
-pub fn set_open_files_limit(soft: u64) -> u64 {
+pub(crate) fn set_open_files_limit(soft: u64) -> u64 {
     let mut limit = open_files_limits();
     let old = limit.rlim_cur;
     limit.rlim_cur = soft;
@@ -235,7 +227,7 @@ pub fn set_open_files_limit(soft: u64) -> u64 {
 /// Raises this process's soft limit on open files to the hard limit, as far as the kernel lets
 /// it; returns the soft limit then in force.
 #[cfg(unix)]
-pub fn raise_open_files_limit() -> u64 {
+pub(crate) fn raise_open_files_limit() -> u64 {
     let mut limit = open_files_limits();
     limit.rlim_cur = limit.rlim_max;
     try_set_open_files_limits(&limit);
@@ -244,7 +236,7 @@ pub fn raise_open_files_limit() -> u64 {
 
 /// This process out of file descriptors (see [`starve`]) until [`Starved::free`].
 #[cfg(target_os = "linux")]
-pub struct Starved {
+pub(crate) struct Starved {
     /// `/dev/null`, open until no descriptor is left.
     files: Vec<std::fs::File>,
     /// The soft limit on open files before.
@@ -256,7 +248,7 @@ pub struct Starved {
 /// soft limit lowered to 64 above what is open, then `/dev/null` opened until `EMFILE`), so that
 /// every `accept` of the server fails with `EMFILE`. Returns the state and the connections.
 #[cfg(target_os = "linux")]
-pub async fn starve(addr: SocketAddr, n: usize) -> (Starved, Vec<TcpStream>) {
+pub(crate) async fn starve(addr: SocketAddr, n: usize) -> (Starved, Vec<TcpStream>) {
     let sockets: Vec<tokio::net::TcpSocket> = (0..n)
         .map(|_| tokio::net::TcpSocket::new_v4().unwrap())
         .collect();
@@ -280,7 +272,7 @@ pub async fn starve(addr: SocketAddr, n: usize) -> (Starved, Vec<TcpStream>) {
 #[cfg(target_os = "linux")]
 impl Starved {
     /// Frees the descriptors: closes the files and restores the soft limit.
-    pub fn free(self) {
+    pub(crate) fn free(self) {
         drop(self.files);
         set_open_files_limit(self.limit);
     }
@@ -291,7 +283,7 @@ impl Starved {
 /// Sends SIGTERM to the child and waits for it to exit, within [`PATIENCE`]: its status. `exits`
 /// says what the test waits for, when it does not come.
 #[cfg(unix)]
-pub async fn sigterm_and_wait(child: &mut Child, exits: &str) -> std::process::ExitStatus {
+pub(crate) async fn sigterm_and_wait(child: &mut Child, exits: &str) -> std::process::ExitStatus {
     sigterm(child);
     tokio::time::timeout(PATIENCE, child.wait())
         .await
@@ -302,7 +294,7 @@ pub async fn sigterm_and_wait(child: &mut Child, exits: &str) -> std::process::E
 /// Sends SIGTERM to the child and waits for it to exit, within [`PATIENCE`]: its status and what
 /// it wrote on the streams that are piped.
 #[cfg(unix)]
-pub async fn sigterm_and_output(child: Child) -> std::process::Output {
+pub(crate) async fn sigterm_and_output(child: Child) -> std::process::Output {
     sigterm(&child);
     tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
@@ -311,7 +303,7 @@ pub async fn sigterm_and_output(child: Child) -> std::process::Output {
 }
 
 /// Every line the child writes on stderr (it must be piped), once it closes stderr.
-pub fn stderr_lines(child: &mut Child) -> JoinHandle<Vec<String>> {
+pub(crate) fn stderr_lines(child: &mut Child) -> JoinHandle<Vec<String>> {
     let stderr = child.stderr.take().expect("a piped stderr");
     tokio::spawn(async move {
         let mut lines = BufReader::new(stderr).lines();
@@ -325,7 +317,7 @@ pub fn stderr_lines(child: &mut Child) -> JoinHandle<Vec<String>> {
 
 /// Sends SIGTERM to the child, which must still run.
 #[cfg(unix)]
-pub fn sigterm(child: &Child) {
+pub(crate) fn sigterm(child: &Child) {
     let pid = child.id().expect("a running child") as libc::pid_t;
     // SAFETY: kill only sends a signal to the process this test spawned.
     #[allow(unsafe_code)]

@@ -1,7 +1,5 @@
-//! Helpers shared by the integration tests that run real servers and hand-made bodies.
-//!
-//! Each test binary uses a different subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! Real servers and clients on 127.0.0.1, and the hand-made bodies their tests send: what the
+//! integration tests of the library and of the `bypass-marker` package that run servers share.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -245,4 +243,30 @@ pub fn proc_status_kib(field: &str) -> Option<u64> {
         .lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(feature = "decode")]
+/// The body of `res`, decoded from its `content-encoding` (gzip, br, zstd, deflate or none) by
+/// tower-http's client-side `Decompression`, as a string.
+pub async fn decoded<B>(res: Response<B>) -> String
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    use tower::ServiceExt;
+    let mut res = Some(res);
+    let svc = tower::ServiceBuilder::new()
+        .layer(tower_http::decompression::DecompressionLayer::new())
+        .service(tower::service_fn(move |_req: http::Request<()>| {
+            let res = res.take().expect("one response");
+            async move { Ok::<_, Infallible>(res) }
+        }));
+    let res = svc.oneshot(http::Request::new(())).await.unwrap();
+    let bytes = tokio::time::timeout(PATIENCE, res.into_body().collect())
+        .await
+        .expect("body did not end in time")
+        .map_err(|e| e.to_string())
+        .expect("the body did not decode")
+        .to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
 }

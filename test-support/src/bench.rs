@@ -1,5 +1,5 @@
-//! Workloads and the polling harness shared by `benches/throughput.rs` (criterion) and
-//! `examples/bench_summary.rs` (the self-timing ratio table).
+//! Workloads and the polling harness shared by `benches/throughput.rs` (criterion),
+//! `examples/bench_summary.rs` (the self-timing ratio table) and `examples/chunk_cost.rs`.
 //!
 //! Every variant of a workload reads the same prepared `Bytes` chunks through the same harness: a
 //! `tower::service_fn` upstream answers with a hand-made body that yields the chunks, the response
@@ -95,6 +95,7 @@ impl Handover {
 }
 
 /// One input stream, cut into the chunks the upstream body yields.
+#[derive(Debug)]
 pub struct Workload {
     /// A short name, used as the criterion group id.
     pub name: &'static str,
@@ -115,6 +116,7 @@ pub struct Workload {
 }
 
 /// The upstream body: yields the prepared chunks, one per poll, always ready.
+#[derive(Debug)]
 pub struct ChunkBody {
     chunks: Arc<[&'static [u8]]>,
     next: usize,
@@ -143,6 +145,7 @@ impl Body for ChunkBody {
 
 /// The upstream body of `Handover::Refcounted`: yields the same chunks as [`ChunkBody`], each split
 /// off the front of a reference-counted buffer, one per poll, always ready.
+#[derive(Debug)]
 pub struct SharedChunkBody {
     /// What is left of the run's buffer: a handle of its own, taken when the run starts.
     rest: Bytes,

@@ -78,10 +78,13 @@ pub enum End {
 /// What reached the client, and what became of the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
+    /// The response's status code, when a head came.
     pub status: Option<u16>,
     /// The header fields in order, names lower-case.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The body's bytes, as far as they came.
     pub body: Vec<u8>,
+    /// How the exchange ended.
     pub end: End,
     /// Whether the connection served (ours) or could serve (hyper) a next request.
     pub reused: bool,
@@ -141,8 +144,11 @@ impl Verdict {
 /// cut, and what becomes of the connection after a complete response.
 #[derive(Debug, Clone)]
 pub struct Case {
+    /// A HEAD request (else GET, or POST with an upload).
     pub head: bool,
+    /// What the upstream writes.
     pub bytes: Vec<u8>,
+    /// Where those bytes are cut into writes.
     pub cuts: Vec<usize>,
     /// A request body (the request is then a POST).
     pub upload: Option<Upload>,
@@ -167,8 +173,11 @@ pub enum Framing {
 /// head (the body's last piece then waits for the answer to be written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Upload {
+    /// How the body is framed.
     pub framing: Framing,
+    /// Its length in bytes.
     pub len: usize,
+    /// The upstream answers right after the head, before reading the body.
     pub early: bool,
 }
 
@@ -217,6 +226,7 @@ impl Upload {
 }
 
 /// A request body in pieces, the last ones behind a gate; of a known length or not.
+#[allow(missing_debug_implementations)] // holds a oneshot receiver; nothing to show
 pub struct UploadBody {
     before: VecDeque<Bytes>,
     gate: Option<oneshot::Receiver<()>>,
@@ -276,6 +286,7 @@ impl Body for UploadBody {
 }
 
 impl Case {
+    /// The request's method.
     pub fn method(&self) -> Method {
         if self.upload.is_some() {
             Method::POST
@@ -324,6 +335,7 @@ impl Reader<'_> {
     }
 }
 
+/// Decodes one fuzz input into a case (a missing byte reads as 0).
 pub fn decode(data: &[u8]) -> Case {
     let mut r = Reader(data);
     let flags = r.next();

@@ -12,9 +12,9 @@ use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::sans_io::FilterOutput;
 use tower_bypass_marker::{BypassMarkerLayer, FrameTooLarge};
 
-use crate::body::{noop_waker, ready, Item, Scripted};
-use crate::case::{Case, CONTENT_TYPES};
-use crate::oracle::esc;
+use super::body::{noop_waker, ready, Item, Scripted};
+use super::case::{Case, CONTENT_TYPES};
+use super::oracle::esc;
 
 /// The output of the public filter for `case`'s chunks (`None` when it failed with
 /// `FrameTooLarge`), and the output's length after each chunk. The filter is made for an event
@@ -80,8 +80,11 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
 /// What a driver saw: the output after each chunk, the whole output, and whether it failed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Seen {
+    /// The output's length after each chunk.
     pub after: Vec<usize>,
+    /// The whole output, escaped.
     pub out: String,
+    /// The limit of a `FrameTooLarge`, if the body failed with one.
     pub too_large: Option<usize>,
 }
 

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 /// A writer for `tracing_subscriber` that keeps everything written to it; clones share it.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Captured {

@@ -1,20 +1,24 @@
-//! The simulated Dynamo-like router of `examples/support`, served on 127.0.0.1 and called with a
-//! real HTTP client: what clients receive on a prefix-cache hit with and without the layer, and
+//! The simulated Dynamo-like router of `examples/support` (the `router` test: a test target whose
+//! root sits beside the modules it tests, so it declares them as the examples do), served on
+//! 127.0.0.1 and called with a real HTTP client: what clients receive on a prefix-cache hit with and without the layer, and
 //! what the simulated worker is handed. The router prepends a `request_id` frame to every stream
 //! and the marker to cache hits; the layer forwards each only to the clients that asked for it.
 
-#[path = "../examples/support/mod.rs"]
-mod support;
+// Each example and test that declares these modules uses a different part of them.
+#[allow(dead_code)]
+mod client;
+#[allow(dead_code)]
+mod router;
 
+use client::Reply;
+use router::{Endpoint, Running, WorkerRequest, BYPASS_FRAME, DONE_FRAME};
 use serde_json::Value;
-use support::client::Reply;
-use support::router::{Endpoint, Running, WorkerRequest, BYPASS_FRAME, DONE_FRAME};
 
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Chat, Endpoint::Completions];
 
 async fn send(server: &Running, endpoint: Endpoint, request: &Value) -> Reply {
     server
-        .post_json(support::client::path(endpoint), request)
+        .post_json(client::path(endpoint), request)
         .await
         .expect("the router answers")
 }
@@ -39,54 +43,49 @@ fn last_worker_request(server: &Running) -> WorkerRequest {
 /// The `request_id` frame the router must have sent with `body`, written out here rather than
 /// taken from the router: `event: request_id` and the stream's completion id as a JSON string.
 fn request_id_frame_of(body: &[u8]) -> String {
-    let id = support::client::stream_id(body).expect("a stream with an id");
+    let id = client::stream_id(body).expect("a stream with an id");
     assert!(!id.is_empty() && !id.contains(['"', '\\', '\n']), "{id:?}");
     format!("event: request_id\n: \"{id}\"\n\n")
 }
 
 fn event_frames(body: &[u8]) -> Vec<String> {
-    support::client::frames(body)
+    client::frames(body)
         .into_iter()
         .filter(|f| f.starts_with(b"event:") || f.starts_with(b":"))
-        .map(support::client::escape)
+        .map(client::escape)
         .collect()
 }
 
 #[tokio::test]
 async fn no_layer_router_prepends_request_id_to_every_stream_and_the_marker_to_cache_hits() {
-    let server = support::router::spawn(false).await.unwrap();
+    let server = router::spawn(false).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::client::request(endpoint, "no layer here", true, 4);
+        let request = client::request(endpoint, "no layer here", true, 4);
         let cold = stream(&server, endpoint, &request).await;
         assert!(!last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
-            support::client::escape(support::client::frames(&cold)[0]),
-            support::client::escape(request_id_frame_of(&cold).as_bytes())
+            client::escape(client::frames(&cold)[0]),
+            client::escape(request_id_frame_of(&cold).as_bytes())
         );
-        assert_eq!(
-            event_frames(&cold).len(),
-            1,
-            "{:?}",
-            support::client::escape(&cold)
-        );
+        assert_eq!(event_frames(&cold).len(), 1, "{:?}", client::escape(&cold));
 
         // The marker comes first, then request_id, whatever the client asked for.
         for annotations in [&[][..], &["request_id"], &["x-bypass-remote-prefill"]] {
-            let request = support::client::with_annotations(request.clone(), annotations);
+            let request = client::with_annotations(request.clone(), annotations);
             let hit = stream(&server, endpoint, &request).await;
             assert!(last_worker_request(&server).bypass_remote_prefill);
             assert_eq!(
                 event_frames(&hit),
                 [
-                    support::client::escape(BYPASS_FRAME.as_bytes()),
-                    support::client::escape(request_id_frame_of(&hit).as_bytes()),
+                    client::escape(BYPASS_FRAME.as_bytes()),
+                    client::escape(request_id_frame_of(&hit).as_bytes()),
                 ],
                 "{annotations:?}"
             );
             assert!(
                 hit.starts_with(BYPASS_FRAME.as_bytes()),
                 "{:?}",
-                support::client::escape(&hit)
+                client::escape(&hit)
             );
         }
     }
@@ -94,16 +93,16 @@ async fn no_layer_router_prepends_request_id_to_every_stream_and_the_marker_to_c
 
 #[tokio::test]
 async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
-    let without = support::router::spawn(false).await.unwrap();
-    let with = support::router::spawn(true).await.unwrap();
+    let without = router::spawn(false).await.unwrap();
+    let with = router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::client::request(endpoint, "the same prompt twice", true, 5);
+        let request = client::request(endpoint, "the same prompt twice", true, 5);
         // The cold request: only request_id to remove.
         let filtered = stream(&with, endpoint, &request).await;
         assert!(
             event_frames(&filtered).is_empty(),
             "{:?}",
-            support::client::escape(&filtered)
+            client::escape(&filtered)
         );
         let bare = stream(&without, endpoint, &request).await;
         assert_eq!(
@@ -117,7 +116,7 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
         assert!(
             event_frames(&filtered).is_empty(),
             "{:?}",
-            support::client::escape(&filtered)
+            client::escape(&filtered)
         );
         assert!(filtered.starts_with(b"data: {"));
 
@@ -127,7 +126,7 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
         let prefix = format!("{BYPASS_FRAME}{}", request_id_frame_of(&bare));
         assert_eq!(bare.strip_prefix(prefix.as_bytes()), Some(&filtered[..]));
         assert_eq!(
-            support::client::streamed_text(&filtered).unwrap(),
+            client::streamed_text(&filtered).unwrap(),
             "the same prompt twice the"
         );
     }
@@ -135,11 +134,10 @@ async fn default_client_cache_hit_stream_has_no_marker_and_no_request_id() {
 
 #[tokio::test]
 async fn opted_in_client_gets_the_marker_as_first_frame() {
-    let server = support::router::spawn(true).await.unwrap();
+    let server = router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::client::request(endpoint, "opt in to the marker", true, 3);
-        let opted_in =
-            support::client::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
+        let request = client::request(endpoint, "opt in to the marker", true, 3);
+        let opted_in = client::with_annotations(request.clone(), &["x-bypass-remote-prefill"]);
 
         // A cold request: nothing was bypassed, so there is no marker to forward, and request_id
         // was not asked for.
@@ -147,25 +145,20 @@ async fn opted_in_client_gets_the_marker_as_first_frame() {
         assert!(
             event_frames(&cold).is_empty(),
             "{:?}",
-            support::client::escape(&cold)
+            client::escape(&cold)
         );
 
         let hit = stream(&server, endpoint, &opted_in).await;
         assert!(last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
-            support::client::frames(&hit)[0],
+            client::frames(&hit)[0],
             BYPASS_FRAME.as_bytes(),
             "{:?}",
-            support::client::escape(&hit)
+            client::escape(&hit)
         );
         // The marker only: request_id was removed, this client did not ask for it.
-        assert_eq!(
-            event_frames(&hit).len(),
-            1,
-            "{:?}",
-            support::client::escape(&hit)
-        );
-        assert_eq!(support::client::streamed_text(&hit).unwrap(), "opt in to");
+        assert_eq!(event_frames(&hit).len(), 1, "{:?}", client::escape(&hit));
+        assert_eq!(client::streamed_text(&hit).unwrap(), "opt in to");
 
         // The opt-in is per request: the next default request gets no marker.
         let default = stream(&server, endpoint, &request).await;
@@ -185,12 +178,12 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
     ];
     for endpoint in ENDPOINTS {
         for stream in [true, false] {
-            let request = support::client::with_annotations(
-                support::client::request(endpoint, "forcing the bypass", stream, 2),
+            let request = client::with_annotations(
+                client::request(endpoint, "forcing the bypass", stream, 2),
                 &sent,
             );
 
-            let with = support::router::spawn(true).await.unwrap();
+            let with = router::spawn(true).await.unwrap();
             send(&with, endpoint, &request).await;
             let worker = last_worker_request(&with);
             assert_eq!(
@@ -201,7 +194,7 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
             assert!(!worker.bypass_remote_prefill, "a cold request is not a hit");
 
             // Without the guard the worker is handed everything the client sent.
-            let without = support::router::spawn(false).await.unwrap();
+            let without = router::spawn(false).await.unwrap();
             send(&without, endpoint, &request).await;
             assert_eq!(last_worker_request(&without).annotations, sent);
         }
@@ -210,10 +203,10 @@ async fn client_sent_marker_annotations_never_reach_the_worker() {
 
 #[tokio::test]
 async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
-    let server = support::router::spawn(true).await.unwrap();
+    let server = router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::client::request(endpoint, "which request is this", true, 2);
-        let asked = support::client::with_annotations(request.clone(), &["request_id"]);
+        let request = client::request(endpoint, "which request is this", true, 2);
+        let asked = client::with_annotations(request.clone(), &["request_id"]);
 
         // Cold, then a cache hit: request_id first, as a frame of its own, and no marker.
         for round in 0..2 {
@@ -223,31 +216,24 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
                 round == 1
             );
             assert_eq!(
-                support::client::escape(support::client::frames(&body)[0]),
-                support::client::escape(request_id_frame_of(&body).as_bytes()),
+                client::escape(client::frames(&body)[0]),
+                client::escape(request_id_frame_of(&body).as_bytes()),
                 "round {round}"
             );
-            assert_eq!(
-                event_frames(&body).len(),
-                1,
-                "{:?}",
-                support::client::escape(&body)
-            );
-            assert!(support::client::frames(&body)[1].starts_with(b"data: {"));
+            assert_eq!(event_frames(&body).len(), 1, "{:?}", client::escape(&body));
+            assert!(client::frames(&body)[1].starts_with(b"data: {"));
         }
 
         // Both opt-ins: the marker first, then request_id, each once.
-        let both = support::client::with_annotations(
-            request.clone(),
-            &["x-bypass-remote-prefill", "request_id"],
-        );
+        let both =
+            client::with_annotations(request.clone(), &["x-bypass-remote-prefill", "request_id"]);
         let body = stream(&server, endpoint, &both).await;
         assert!(last_worker_request(&server).bypass_remote_prefill);
         assert_eq!(
             event_frames(&body),
             [
-                support::client::escape(BYPASS_FRAME.as_bytes()),
-                support::client::escape(request_id_frame_of(&body).as_bytes()),
+                client::escape(BYPASS_FRAME.as_bytes()),
+                client::escape(request_id_frame_of(&body).as_bytes()),
             ]
         );
         assert!(body.starts_with(BYPASS_FRAME.as_bytes()));
@@ -258,7 +244,7 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
         assert!(
             event_frames(&body).is_empty(),
             "{:?}",
-            support::client::escape(&body)
+            client::escape(&body)
         );
         assert!(body.starts_with(b"data: {"));
     }
@@ -266,10 +252,10 @@ async fn request_id_is_forwarded_only_to_clients_that_asked_for_it() {
 
 #[tokio::test]
 async fn non_streamed_json_is_byte_identical_with_and_without_the_layer() {
-    let without = support::router::spawn(false).await.unwrap();
-    let with = support::router::spawn(true).await.unwrap();
+    let without = router::spawn(false).await.unwrap();
+    let with = router::spawn(true).await.unwrap();
     for endpoint in ENDPOINTS {
-        let request = support::client::request(endpoint, "plain json please", false, 6);
+        let request = client::request(endpoint, "plain json please", false, 6);
         // The cold request and the cache hit.
         for round in 0..2 {
             let a = send(&without, endpoint, &request).await;
@@ -295,14 +281,14 @@ async fn non_streamed_json_is_byte_identical_with_and_without_the_layer() {
 
 #[tokio::test]
 async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
-    let server = support::router::spawn(true).await.unwrap();
+    let server = router::spawn(true).await.unwrap();
     for (endpoint, object) in [
         (Endpoint::Chat, "chat.completion.chunk"),
         (Endpoint::Completions, "text_completion"),
     ] {
-        let request = support::client::request(endpoint, "one two three", true, 7);
+        let request = client::request(endpoint, "one two three", true, 7);
         let body = stream(&server, endpoint, &request).await;
-        let frames = support::client::frames(&body);
+        let frames = client::frames(&body);
         let mut content_chunks = 0;
         for frame in &frames[..frames.len() - 1] {
             let data = frame.strip_prefix(b"data: ").expect("only data frames");
@@ -320,14 +306,14 @@ async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
         }
         assert_eq!(content_chunks, 7);
         assert_eq!(
-            support::client::streamed_text(&body).unwrap(),
+            client::streamed_text(&body).unwrap(),
             "one two three one two three one"
         );
 
         let mut with_usage = request.clone();
         with_usage["stream_options"] = serde_json::json!({"include_usage": true});
         let body = stream(&server, endpoint, &with_usage).await;
-        let frames = support::client::frames(&body);
+        let frames = client::frames(&body);
         let last = frames[frames.len() - 2].strip_prefix(b"data: ").unwrap();
         let last: Value = serde_json::from_slice(last).unwrap();
         assert_eq!(last["choices"], serde_json::json!([]));
@@ -338,7 +324,7 @@ async fn streamed_chunks_are_openai_shaped_and_honour_max_tokens() {
 
 #[tokio::test]
 async fn bad_requests_get_a_400_with_a_json_error() {
-    let server = support::router::spawn(true).await.unwrap();
+    let server = router::spawn(true).await.unwrap();
     let cases: [(Endpoint, &str, &str); 5] = [
         (Endpoint::Chat, "{\"model\":", "invalid JSON body"),
         (Endpoint::Completions, "not json", "invalid JSON body"),
@@ -360,7 +346,7 @@ async fn bad_requests_get_a_400_with_a_json_error() {
     ];
     for (endpoint, body, message) in cases {
         let reply = server
-            .post(support::client::path(endpoint), body.to_owned())
+            .post(client::path(endpoint), body.to_owned())
             .await
             .unwrap();
         assert_eq!(reply.status, 400, "{body}");
@@ -378,11 +364,11 @@ async fn bad_requests_get_a_400_with_a_json_error() {
 
 #[tokio::test]
 async fn the_worker_log_is_bounded_in_bytes_whatever_the_requests_carry() {
-    let server = support::router::spawn(true).await.unwrap();
+    let server = router::spawn(true).await.unwrap();
     let post = |prompt: String, annotations: Vec<String>| {
         let annotations: Vec<&str> = annotations.iter().map(String::as_str).collect();
-        support::client::with_annotations(
-            support::client::request(Endpoint::Chat, &prompt, false, 1),
+        client::with_annotations(
+            client::request(Endpoint::Chat, &prompt, false, 1),
             &annotations,
         )
     };
@@ -404,7 +390,7 @@ async fn the_worker_log_is_bounded_in_bytes_whatever_the_requests_carry() {
         many.len()
     );
     assert_eq!(last.annotations[..3], ["a0", "a1", "a2"]);
-    assert!(last.bytes() <= support::router::WORKER_LOG_ANNOTATION_BYTES + 1024);
+    assert!(last.bytes() <= router::WORKER_LOG_ANNOTATION_BYTES + 1024);
     // Fewer than 1024 requests of 60 KB each: the oldest make room by bytes, not by count.
     let big: Vec<String> = (0..15)
         .map(|i| format!("{i}{}", "b".repeat(4000)))
@@ -421,7 +407,7 @@ async fn the_worker_log_is_bounded_in_bytes_whatever_the_requests_carry() {
     let log = server.router.worker_log();
     let bytes = server.router.worker_log_bytes();
     assert!(
-        bytes <= support::router::WORKER_LOG_BYTES,
+        bytes <= router::WORKER_LOG_BYTES,
         "the log holds {bytes} bytes"
     );
     assert_eq!(bytes, log.iter().map(WorkerRequest::bytes).sum::<usize>());

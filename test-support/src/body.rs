@@ -1,5 +1,7 @@
-//! Hand-made bodies for driving the layer chunk by chunk.
-#![allow(dead_code, unreachable_pub)]
+//! Hand-made bodies for driving a layer chunk by chunk: [`Chunks`], the one the tests, fuzz drivers
+//! and benchmarks of the workspace reach for most (given chunks, always ready); [`Items`] (data,
+//! trailers and errors, always ready) and [`Gated`] (fed by the test, `Pending` in between); and
+//! running a response through the layer ([`through`]) and reading what comes out ([`collect`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -7,25 +9,73 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::{header, HeaderMap, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bypass_marker::{BoxError, BypassMarkerBody, BypassMarkerLayer, RequestedAnnotations};
 
+/// A body that yields the given chunks as data frames, one per poll, never `Pending`, then ends.
+///
+/// Yielding allocates nothing: each chunk is handed over as it was given. The chunks may be any
+/// [`Buf`], for a test of a layer over data that is not `Bytes`. Its `is_end_stream` is true once
+/// every chunk is out; its size hint is the default (unknown), as a streamed upstream body's is.
+#[derive(Debug, Clone)]
+pub struct Chunks<D = Bytes>(VecDeque<D>);
+
+impl<D> Chunks<D> {
+    /// The body of `chunks`, in order.
+    pub fn new(chunks: impl IntoIterator<Item = D>) -> Self {
+        Self(chunks.into_iter().collect())
+    }
+}
+
+impl Chunks {
+    /// The body of `chunks`, borrowed for the program's life: no copy, no reference count.
+    pub fn from_static(chunks: &[&'static [u8]]) -> Self {
+        Self::new(chunks.iter().map(|&c| Bytes::from_static(c)))
+    }
+}
+
+impl<D> Default for Chunks<D> {
+    fn default() -> Self {
+        Self(VecDeque::new())
+    }
+}
+
+impl<D: Buf + Unpin> Body for Chunks<D> {
+    type Data = D;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<D>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// One thing the test body yields.
 #[derive(Debug, Clone)]
 pub enum Item {
+    /// A data frame.
     Data(Bytes),
+    /// A trailers frame.
     Trailers(HeaderMap),
+    /// An error with this message.
     Error(&'static str),
 }
 
+/// A data item.
 pub fn data(bytes: impl Into<Bytes>) -> Item {
     Item::Data(bytes.into())
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Shared {
     items: VecDeque<Item>,
     closed: bool,
@@ -35,10 +85,11 @@ struct Shared {
 
 /// A body fed by the test: it yields what was pushed, is `Pending` (with the waker kept) while
 /// nothing is queued, and ends once closed and drained.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Gated(Arc<Mutex<Shared>>);
 
 impl Gated {
+    /// Queues `item`, and wakes the body's poller.
     pub fn push(&self, item: Item) {
         let mut s = self.0.lock().unwrap();
         s.items.push_back(item);
@@ -47,6 +98,7 @@ impl Gated {
         }
     }
 
+    /// Ends the body once what is queued has been yielded.
     pub fn close(&self) {
         let mut s = self.0.lock().unwrap();
         s.closed = true;
@@ -89,13 +141,16 @@ impl Body for Gated {
     }
 }
 
-/// A body that yields a fixed list of items, then ends.
+/// A body that yields a fixed list of items, always ready, then ends; its size hint is exactly
+/// the data's length.
+#[derive(Debug)]
 pub struct Items {
     items: VecDeque<Item>,
     hint: SizeHint,
 }
 
 impl Items {
+    /// The body of `items`, in order.
     pub fn new(items: impl IntoIterator<Item = Item>) -> Self {
         let items: VecDeque<Item> = items.into_iter().collect();
         let len: u64 = items
@@ -169,12 +224,17 @@ where
 /// Everything a body yields, in order.
 #[derive(Debug, Default, PartialEq)]
 pub struct Collected {
+    /// The data, joined.
     pub data: Vec<u8>,
+    /// The data frames, as they came.
     pub chunks: Vec<Bytes>,
+    /// The trailers, if any came.
     pub trailers: Option<HeaderMap>,
+    /// The error the body ended with, if it did.
     pub error: Option<String>,
 }
 
+/// Polls `body` to its end (or its first error) and keeps all it yields.
 pub async fn collect<B>(body: B) -> Collected
 where
     B: Body<Data = Bytes, Error = BoxError>,

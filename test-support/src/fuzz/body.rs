@@ -14,8 +14,8 @@ use http_body::{Body, Frame, SizeHint};
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BoxError, FrameTooLarge};
 
-use crate::case::{Case, CONTENT_TYPES};
-use crate::oracle::{self, esc};
+use super::case::{Case, CONTENT_TYPES};
+use super::oracle::{self, esc};
 
 /// The message of the inner body's error.
 pub const INNER_ERROR: &str = "inner body failed";
@@ -23,10 +23,13 @@ pub const INNER_ERROR: &str = "inner body failed";
 /// One step of the scripted inner body.
 #[derive(Debug, Clone)]
 pub enum Item {
+    /// A data frame.
     Data(Bytes),
     /// `Poll::Pending` once (the waker is woken at once).
     Pending,
+    /// A trailers frame.
     Trailers(HeaderMap),
+    /// An error ([`INNER_ERROR`]).
     Error,
 }
 
@@ -84,10 +87,15 @@ impl Body for Scripted {
 /// What the wrapped body yields, poll by poll.
 #[derive(Debug)]
 pub enum Event {
+    /// A data frame.
     Data(Bytes),
+    /// `Poll::Pending`.
     Pending,
+    /// A trailers frame.
     Trailers(HeaderMap),
+    /// An error, and the body is done.
     Error(BoxError),
+    /// The end of the body.
     End,
 }
 
@@ -130,10 +138,12 @@ impl Wake for Noop {
     fn wake(self: Arc<Self>) {}
 }
 
+/// A waker that does nothing: the drivers poll again at once.
 pub fn noop_waker() -> Waker {
     Waker::from(Arc::new(Noop))
 }
 
+/// Polls `f` once; it must be ready (a service or body that never waits).
 pub fn ready<F: Future>(f: F) -> F::Output {
     let waker = noop_waker();
     let mut cx = Context::from_waker(&waker);

@@ -56,15 +56,20 @@ pub const LONG_RUN: &[u8] = &[b'x'; 16 * 1024 + 100];
 /// How a configured name is treated, as the layer's builder leaves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Removed unless the client opted in.
     OptIn,
+    /// Always removed.
     NeverForward,
 }
 
 /// A builder call on the layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Call {
+    /// [`BypassMarkerLayer::opt_in`].
     OptIn,
+    /// [`BypassMarkerLayer::never_forward`].
     NeverForward,
+    /// [`BypassMarkerLayer::router_owned`].
     RouterOwned,
 }
 
@@ -106,9 +111,11 @@ pub struct Case {
     /// The configured names and their kinds once those calls are made (the bypass marker first),
     /// as the layer's documentation describes them.
     pub names: Vec<(String, Kind)>,
+    /// The SDK-safe preset's rule (frames without data are removed).
     pub sdk_safe: bool,
     /// `Some(cap)`: a small `max_frame_bytes`; `None`: the default (1 MiB).
     pub cap: Option<usize>,
+    /// What an over-long frame does.
     pub overflow: Overflow,
     /// The names the client opted in to.
     pub requested: Vec<String>,
@@ -116,6 +123,7 @@ pub struct Case {
     pub input: Vec<u8>,
     /// The end offset of every chunk, the last one `input.len()`.
     pub ends: Vec<usize>,
+    /// How the inner body behaves around the data.
     pub body: BodyPlan,
 }
 

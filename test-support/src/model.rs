@@ -1,7 +1,6 @@
 //! A whole-input reference model of the filter, written as plainly as possible: split the input
 //! into lines, group lines into frames, judge each frame. The property tests and the fuzz targets
 //! compare the layer with it.
-#![allow(dead_code, unreachable_pub)]
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 

@@ -1,6 +1,6 @@
 //! What the layer must yield for a case: the reference model, extended with the frame cap.
 //!
-//! `crate::model` (tests/model/mod.rs) knows nothing about `max_frame_bytes`. The crate's
+//! [`crate::model`] knows nothing about `max_frame_bytes`. The crate's
 //! documented rule is: a frame that is still open at the end of a chunk, with more than
 //! `max_frame_bytes` of its bytes arrived by then, is forwarded as it arrives, unfiltered
 //! ([`Overflow::Forward`]), or fails the body ([`Overflow::Error`]). This module cuts the input
@@ -9,7 +9,7 @@
 
 use tower_bypass_marker::Overflow;
 
-use crate::case::Case;
+use super::case::Case;
 use crate::model;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";

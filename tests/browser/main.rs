@@ -1,14 +1,14 @@
 //! A real browser as a second reference: headless Chromium's `EventSource` against the layer.
 //!
-//! Thousands of hostile streams (`browser/streams.rs`, fixed seed) are served from an axum server
+//! Thousands of hostile streams (`streams.rs`, fixed seed) are served from an axum server
 //! on 127.0.0.1, each raw and through the real [`BypassMarkerLayer`] in several configurations, in
-//! the stream's own random chunks. A page (`browser/page.html`) opens an `EventSource` per
+//! the stream's own random chunks. A page (`page.html`) opens an `EventSource` per
 //! response, records every event it dispatches (type, data, lastEventId), closes it on the
 //! `error` event that follows the end of the response (so it never reconnects), and POSTs the
 //! records back. Every stream is also served in a variant with a `data: +` line at the end of
 //! every frame, so that frames without `data`, which a browser never dispatches, become visible.
 //!
-//! Two checks per stream (`browser/events.rs` computes the expected events):
+//! Two checks per stream (`events.rs` computes the expected events):
 //! - **The reference itself.** The raw stream's events are those of the stream's lines read as
 //!   WHATWG says, with Chromium's one known deviation: a CR or LF right after a leading BOM is
 //!   taken as content of the next line, so that line has no effect (it is modelled, not skipped).
@@ -26,7 +26,7 @@
 //!
 //! # Disagreements found
 //!
-//! Each is pinned as a stream in `browser/streams.rs` (`PINNED`), served in every setup.
+//! Each is pinned as a stream in `streams.rs` (`PINNED`), served in every setup.
 //! - **A BOM that was not at the start became the start** (issue 9, defect 2). Default layer,
 //!   `event: x-bypass-remote-prefill\n: true\n\n\xEF\xBB\xBFdata: 2\n\n`: the raw stream
 //!   dispatches nothing (the field name is `\u{FEFF}data`), the filtered one began with the BOM,
@@ -50,9 +50,7 @@
 //! as WHATWG says), it folds the LF into `data: 1` and dispatches nothing. A WHATWG parser
 //! dispatches "1" for both. The expected events above model this.
 
-#[path = "browser/events.rs"]
 mod events;
-#[path = "browser/streams.rs"]
 mod streams;
 
 use std::collections::{BTreeMap, HashMap};
@@ -191,10 +189,7 @@ async fn serve_stream(State(state): State<Arc<AppState>>, UrlPath(i): UrlPath<us
 
 fn app(state: Arc<AppState>, setups: &[Setup]) -> Router {
     let mut router = Router::new()
-        .route(
-            "/",
-            get(|| async { Html(include_str!("browser/page.html")) }),
-        )
+        .route("/", get(|| async { Html(include_str!("page.html")) }))
         .route(
             "/plan",
             get(|State(s): State<Arc<AppState>>| async move {

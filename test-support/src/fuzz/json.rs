@@ -6,40 +6,18 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::Body;
 use serde_json::Value;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::json::JsonGuardBody;
+
+use crate::body::Chunks;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
-
-/// The body, in the chunks the input asks for, all ready.
-struct Chunks(Vec<Bytes>);
-
-impl Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(if self.0.is_empty() {
-            None
-        } else {
-            Some(Ok(Frame::data(self.0.remove(0))))
-        })
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 fn layer(flags: u8) -> BypassMarkerLayer {
     let layer = BypassMarkerLayer::new()
@@ -98,7 +76,7 @@ fn run(
             }
             assert!(body.is_end_stream());
             *record.lock().unwrap() = Some((frames, granted));
-            Ok::<_, Infallible>(Response::new(Chunks(Vec::new())))
+            Ok::<_, Infallible>(Response::new(Chunks::default()))
         }
     });
     let mut svc = layer.json_guard().max_body_bytes(max).layer(upstream);
@@ -109,7 +87,7 @@ fn run(
     if let Some(len) = content_length {
         req = req.header(header::CONTENT_LENGTH, len);
     }
-    let req = req.body(Chunks(chunks)).unwrap();
+    let req = req.body(Chunks::new(chunks)).unwrap();
     let mut cx = Context::from_waker(Waker::noop());
     assert!(svc.poll_ready(&mut cx).is_ready());
     let mut fut = std::pin::pin!(svc.call(req));
