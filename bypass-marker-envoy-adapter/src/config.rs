@@ -23,7 +23,7 @@ const KEYS: [&str; 6] = [
 
 /// A configuration Envoy loaded: the layer its streams filter with and the guard's limit.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct FilterConfig {
     layer: BypassMarkerLayer,
     guard: RequestGuard,
     refusal_lines: std::sync::Arc<LogLimit>,
@@ -66,7 +66,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-impl Config {
+impl FilterConfig {
     /// Reads `filter_config`: a JSON object with the keys of `bypass-marker ext-proc`'s naming
     /// flags, or an empty string (as `{}`: the Dynamo preset, a 32 MiB body limit). Unknown keys,
     /// wrong types, unknown presets and invalid names are errors that name the key.
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn empty_and_empty_object_are_the_dynamo_preset() {
         for text in ["", "  ", "{}"] {
-            let config = Config::parse(text.as_bytes()).unwrap();
+            let config = FilterConfig::parse(text.as_bytes()).unwrap();
             let names: Vec<_> = config.layer().names().collect();
             let dynamo: Vec<_> = BypassMarkerLayer::dynamo()
                 .names()
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn every_key_is_read() {
-        let config = Config::parse(
+        let config = FilterConfig::parse(
             br#"{"preset":"none","opt-in":["a"],"router-owned":["b"],"never-forward":["c"],
                  "sdk-safe":true,"max-body":1024}"#,
         )
@@ -242,7 +242,7 @@ mod tests {
             (r#"["dynamo"]"#, None),
             (r#"{"preset":"#, None),
         ] {
-            let err = Config::parse(text.as_bytes()).unwrap_err();
+            let err = FilterConfig::parse(text.as_bytes()).unwrap_err();
             assert_eq!(err.key(), key, "{text}: {err}");
             if let Some(key) = key {
                 assert!(err.to_string().contains(key), "{err}");

@@ -3,7 +3,7 @@
 
 /// At most one log line per period; how many were held back in between. The refusals' lines,
 /// which any client can cause, go at most once a minute, as the processor's: one limit per
-/// configuration ([`Config::refusal_lines`](crate::config::Config::refusal_lines): per filter
+/// configuration ([`FilterConfig::refusal_lines`](crate::config::FilterConfig::refusal_lines): per filter
 /// configuration in the dynamic module, per VM in the proxy-wasm plugin), each line saying how
 /// many refusals went unlogged since the one before. `bypass_marker_requests_refused` counts every
 /// one.

@@ -10,7 +10,7 @@ use tower_bypass_marker::sans_io::{
     UnseenRequest,
 };
 
-use crate::config::Config;
+use crate::config::FilterConfig;
 use crate::log_limit::LogLimit;
 use crate::metrics::{self, Counter};
 
@@ -224,13 +224,13 @@ pub const TEST_PANIC_HEADER: &str = "x-bypass-marker-test-panic";
 
 impl StreamFilter {
     /// A stream under this configuration, its request head held while the guard reads the body.
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &FilterConfig) -> Self {
         Self::with_request_head(config, RequestHead::Held)
     }
 
     /// A stream under this configuration, its request head held or passed on while the guard
     /// reads the body.
-    pub fn with_request_head(config: &Config, head: RequestHead) -> Self {
+    pub fn with_request_head(config: &FilterConfig, head: RequestHead) -> Self {
         Self {
             head,
             // Envoy calls the request hooks of every request it forwards through this filter;

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::stream::memory::request_head;
 use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
@@ -189,21 +189,21 @@ impl Proxy for FakeProxy {
 
 /// A plugin stream and its fake Envoy, driven as Envoy drives them.
 #[derive(Debug)]
-pub struct Simulated {
+pub struct SimulatedPlugin {
     /// The stream under test, on its fake.
     pub stream: Stream<FakeProxy>,
     buffering_request: bool,
 }
 
-impl Simulated {
+impl SimulatedPlugin {
     /// A new stream under this configuration, its request head held until the guard has judged
     /// the body (an Envoy with `allow_on_headers_stop_iteration`).
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &FilterConfig) -> Self {
         Self::with_head(config, RequestHead::Held)
     }
 
     /// A new stream under this configuration, its request head held or forwarded at once.
-    pub fn with_head(config: &Config, head: RequestHead) -> Self {
+    pub fn with_head(config: &FilterConfig, head: RequestHead) -> Self {
         Self {
             stream: Stream::new(config, head, FakeProxy::default()),
             buffering_request: false,

@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
@@ -36,7 +36,7 @@ pub const BUILD: Option<&str> = if cfg!(feature = "test-panic") {
 #[derive(Debug, Clone)]
 pub struct PluginConfig {
     /// The keys the plugin shares with the dynamic module (its `filter_config`).
-    pub config: Config,
+    pub config: FilterConfig,
     /// `request-head`: held until the guard has judged the body (the default; Envoy's
     /// `allow_on_headers_stop_iteration: true` must be set in the plugin's Envoy configuration),
     /// or forwarded at once (`"forwarded"`, for an Envoy whose configuration cannot reach that
@@ -99,7 +99,7 @@ pub fn parse(text: &[u8]) -> Result<PluginConfig, String> {
         }
     }
     let shared = serde_json::to_vec(&Value::Object(object)).unwrap_or_default();
-    let config = Config::parse(&shared).map_err(|err| match err.key() {
+    let config = FilterConfig::parse(&shared).map_err(|err| match err.key() {
         Some(key) => format!("configuration field \"{key}\": {}", err.message()),
         None => format!("configuration: {}", err.message()),
     })?;

@@ -1,7 +1,7 @@
 //! One HTTP stream: the module's [`StreamFilter`] driven from proxy-wasm's hooks, over
 //! [`WasmHost`]. Safe Rust over [`Proxy`], tested with a fake of it.
 
-use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::stream::{
     BodyStatus, HeadersStatus, RequestHead, StreamFilter, TrailersStatus,
 };
@@ -52,7 +52,7 @@ impl<P: Proxy> Stream<P> {
     /// A stream under this configuration, its request head held until the guard has judged the
     /// body ([`RequestHead::Held`], which needs Envoy's `allow_on_headers_stop_iteration`) or
     /// passed on at once ([`RequestHead::Forwarded`]).
-    pub fn new(config: &Config, head: RequestHead, proxy: P) -> Self {
+    pub fn new(config: &FilterConfig, head: RequestHead, proxy: P) -> Self {
         Self {
             filter: StreamFilter::with_request_head(config, head),
             proxy,

@@ -1,7 +1,7 @@
 //! The plugin without Envoy: [`Stream`](crate::stream::Stream) on a fake of proxy-wasm's host
 //! that keeps Envoy's buffer semantics (`fake`, with the feature of that name), through every hook order Envoy makes.
 
-use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::log_limit::LogLimit;
 use bypass_marker_envoy_adapter::metrics::Counter;
 use bypass_marker_envoy_adapter::stream::memory::fixtures::{
@@ -11,7 +11,7 @@ use bypass_marker_envoy_adapter::stream::RequestHead;
 use proxy_wasm::types::{Action, LogLevel};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
-use crate::fake::{FakeProxy, Simulated};
+use crate::fake::{FakeProxy, SimulatedPlugin};
 use crate::metrics::metric_name;
 
 /// What the tower body gives a client that asked for `requested`, from the same bytes.
@@ -26,8 +26,8 @@ fn tower(requested: &[&str], body: &[u8]) -> Vec<u8> {
     }
 }
 
-fn dynamo() -> Config {
-    Config::parse(b"").unwrap()
+fn dynamo() -> FilterConfig {
+    FilterConfig::parse(b"").unwrap()
 }
 
 /// A plugin configuration as this build must be given it: a test build (`--all-features` makes
@@ -41,7 +41,7 @@ fn plugin_config(json: &str) -> Vec<u8> {
 }
 
 /// Sends a `POST` head for a JSON body of `body_len` bytes, with its `content-length`.
-fn json_post_head(d: &mut Simulated, body_len: usize) -> Action {
+fn json_post_head(d: &mut SimulatedPlugin, body_len: usize) -> Action {
     let len = body_len.to_string();
     d.request(
         "POST",
@@ -54,7 +54,7 @@ fn json_post_head(d: &mut Simulated, body_len: usize) -> Action {
 }
 
 /// The request head as the upstream got it: its content-length.
-fn upstream_length(d: &mut Simulated) -> Option<Vec<u8>> {
+fn upstream_length(d: &mut SimulatedPlugin) -> Option<Vec<u8>> {
     let head = d.fake().upstream_head.clone()?;
     head.into_iter()
         .find(|(k, _)| k == "content-length")
@@ -67,7 +67,7 @@ fn a_stream_split_at_every_position_gives_the_tower_bodys_bytes_and_counts() {
     let body = stream_body();
     let want = tower(&[], &body);
     for cut in 0..=body.len() {
-        let mut d = Simulated::new(&config);
+        let mut d = SimulatedPlugin::new(&config);
         assert_eq!(d.request("GET", &[], true), Action::Continue);
         assert_eq!(d.sse(), Action::Continue);
         let (a, b) = body.split_at(cut);
@@ -90,7 +90,7 @@ fn one_byte_chunks_and_an_opted_in_client() {
     let config = dynamo();
     let body = stream_body();
     let json = br#"{"model":"m","stream":true,"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     assert_eq!(
         json_post_head(&mut d, json.len()),
         Action::Pause,
@@ -119,7 +119,7 @@ fn one_byte_chunks_and_an_opted_in_client() {
 
 #[test]
 fn a_chunk_with_nothing_to_remove_is_not_written_back() {
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     d.sse();
     for _ in 0..10 {
@@ -134,7 +134,7 @@ fn a_chunk_with_nothing_to_remove_is_not_written_back() {
 
 #[test]
 fn json_responses_pass_untouched() {
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     let body = br#"{"text":"event: x-bypass-remote-prefill\n: true\n\n"}"#;
     assert_eq!(
@@ -158,7 +158,7 @@ fn a_held_head_goes_on_with_the_spliced_bodys_content_length_and_no_padding() {
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
     let spliced = br#"{"model":"m","nvext":{"annotations":["request_id"]}}"#;
     for pieces in [1, 2, 7, json.len()] {
-        let mut d = Simulated::new(&dynamo());
+        let mut d = SimulatedPlugin::new(&dynamo());
         let head = json_post_head(&mut d, json.len());
         assert_eq!(head, Action::Pause, "the head waits for the guard");
         let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
@@ -192,7 +192,7 @@ fn a_held_head_goes_on_with_the_spliced_bodys_content_length_and_no_padding() {
 fn a_forwarded_head_keeps_its_content_length_and_the_body_is_padded_to_it() {
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
     for pieces in [1, 2, 7, json.len()] {
-        let mut d = Simulated::with_head(&dynamo(), RequestHead::Forwarded);
+        let mut d = SimulatedPlugin::with_head(&dynamo(), RequestHead::Forwarded);
         let head = json_post_head(&mut d, json.len());
         assert_eq!(head, Action::Continue, "the head goes on at once");
         let chunks: Vec<&[u8]> = json.chunks(json.len().div_ceil(pieces)).collect();
@@ -227,7 +227,7 @@ fn a_spliced_body_replaces_the_old_in_the_same_set_buffer_call() {
     // The drain of the old body and the first piece of the new one are one `set_buffer` call
     // (from 0: drain, then put in front); each further piece of the spliced body is appended.
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill"]}}"#;
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("POST", &[("content-type", "application/json")], false);
     d.request_chunk(json, true);
     assert_eq!(d.fake().bare_drains, 0, "a drain of its own");
@@ -237,7 +237,7 @@ fn a_spliced_body_replaces_the_old_in_the_same_set_buffer_call() {
         br#"{"model":"m","nvext":{"annotations":[]}}"#
     );
     // A response chunk rebuilt around a marker in its middle: one call.
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     d.sse();
     d.response_chunk(&[DATA, MARKER, DATA].concat(), false);
@@ -249,7 +249,7 @@ fn a_spliced_body_replaces_the_old_in_the_same_set_buffer_call() {
 #[test]
 fn a_chunked_request_is_spliced_without_padding_and_trailers_end_it() {
     let json = br#"{"model":"m","nvext":{"annotations":["x-bypass-remote-prefill"]}}"#;
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(d.request_chunk(&json[..10], false), Action::Pause);
     assert_eq!(d.request_chunk(&json[10..], false), Action::Pause);
@@ -268,9 +268,9 @@ fn a_chunked_request_is_spliced_without_padding_and_trailers_end_it() {
 
 #[test]
 fn refusals_are_local_replies_counted_and_logged() {
-    let config = Config::parse(br#"{"max-body": 16}"#).unwrap();
+    let config = FilterConfig::parse(br#"{"max-body": 16}"#).unwrap();
     // 413 from the content-length, at the head.
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     assert_eq!(
         d.request(
             "POST",
@@ -284,7 +284,7 @@ fn refusals_are_local_replies_counted_and_logged() {
     );
     assert_eq!(d.fake().sent.as_ref().map(|s| s.0), Some(413));
     // 413 once a chunked body passes max-body, nothing of it upstream.
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     d.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(d.request_chunk(b"{\"model\":", false), Action::Pause);
     assert_eq!(d.request_chunk(b"\"0123456789\"}", true), Action::Pause);
@@ -292,7 +292,7 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert!(d.fake().upstream.is_empty());
     assert!(d.fake().upstream_head.is_none());
     // 400 for a body that is not JSON.
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     d.request("POST", &[("content-type", "application/json")], false);
     d.request_chunk(b"{\"a\":", true);
     let (status, body) = d.fake().sent.clone().unwrap();
@@ -302,7 +302,7 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert!(d.fake().upstream_head.is_none(), "not even the head");
     assert_eq!(d.fake().count(Counter::RequestsRefused, "400"), 1);
     // 415 for a JSON body the guard cannot read (encoded), at the head.
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     let head = d.request("POST", GZIPPED_JSON, false);
     assert_eq!(head, Action::Pause);
     let (status, body) = d.fake().sent.clone().unwrap();
@@ -311,12 +311,12 @@ fn refusals_are_local_replies_counted_and_logged() {
     assert!(d.fake().upstream_head.is_none());
     // The refusals' log lines: the first of this configuration at info; the later ones within
     // the minute are counted, not logged.
-    let mut d = Simulated::new(&config);
+    let mut d = SimulatedPlugin::new(&config);
     d.request("POST", &[("content-type", "application/json")], false);
     d.request_chunk(b"{\"a\":", true);
     assert!(d.fake().logs.is_empty(), "{:?}", d.fake().logs);
-    let config = Config::parse(br#"{"max-body": 16}"#).unwrap();
-    let mut d = Simulated::new(&config);
+    let config = FilterConfig::parse(br#"{"max-body": 16}"#).unwrap();
+    let mut d = SimulatedPlugin::new(&config);
     d.request("POST", &[("content-type", "application/json")], false);
     d.request_chunk(b"{\"a\":", true);
     assert!(d
@@ -339,7 +339,7 @@ fn refusal_lines_go_at_most_once_a_minute_with_the_count_held_back() {
 
 #[test]
 fn a_refused_request_never_reaches_the_upstream_not_even_its_head() {
-    let config = Config::parse(br#"{"max-body": 64}"#).unwrap();
+    let config = FilterConfig::parse(br#"{"max-body": 64}"#).unwrap();
     let cases: [(&str, &[&[u8]]); 4] = [
         ("invalid JSON", &[b"{\"model\":"]),
         (
@@ -350,7 +350,7 @@ fn a_refused_request_never_reaches_the_upstream_not_even_its_head() {
         ("over max-body in pieces", &[&[b' '; 40], &[b' '; 40]]),
     ];
     for (what, chunks) in cases {
-        let mut d = Simulated::new(&config);
+        let mut d = SimulatedPlugin::new(&config);
         d.request("POST", &[("content-type", "application/json")], false);
         for (i, chunk) in chunks.iter().enumerate() {
             d.request_chunk(chunk, i + 1 == chunks.len());
@@ -367,7 +367,7 @@ fn a_refused_request_never_reaches_the_upstream_not_even_its_head() {
 
 #[test]
 fn an_encoded_event_stream_fails_closed() {
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     assert_eq!(
         d.response(
@@ -388,7 +388,7 @@ fn an_encoded_event_stream_fails_closed() {
 
 #[test]
 fn trailers_after_complete_frames_pass_and_after_an_open_frame_reset() {
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     d.sse();
     d.response_chunk(&stream_body(), false);
@@ -397,7 +397,7 @@ fn trailers_after_complete_frames_pass_and_after_an_open_frame_reset() {
     assert_eq!(d.fake().client, tower(&[], &stream_body()));
 
     // Bytes held for a frame still open cannot go out in a trailers hook: the stream is reset.
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     d.sse();
     d.response_chunk(b"data: {\"open\":", false);
@@ -408,7 +408,7 @@ fn trailers_after_complete_frames_pass_and_after_an_open_frame_reset() {
 
 #[test]
 fn a_frame_over_the_limit_resets_the_stream() {
-    let mut d = Simulated::new(&dynamo());
+    let mut d = SimulatedPlugin::new(&dynamo());
     d.request("GET", &[], true);
     d.sse();
     let big = vec![b'x'; 1 << 20];

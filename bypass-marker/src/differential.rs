@@ -14,7 +14,7 @@ use super::client::{self, chunked, ChunkedError, SendError};
 use super::{Upstream, UpstreamResponseBody};
 use tower_bypass_marker::BoxError;
 
-pub use super::client::Refusal;
+pub use super::client::HeadRefusal;
 
 /// The sidecar's upstream client (`Client::new` and `Client::send` as the proxy calls them).
 pub struct Client(client::Client);
@@ -28,9 +28,9 @@ impl std::fmt::Debug for Client {
 /// Why this client gave no response head, or cut a body: its own reason, which the differential
 /// test holds against the reason a listed disagreement gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub enum CutReason {
     /// The response head was refused, for this reason.
-    Head(Refusal),
+    Head(HeadRefusal),
     /// The body's `chunked` framing was refused: the decoder's words.
     Chunked(&'static str),
     /// The request body failed (the client's side).
@@ -41,11 +41,11 @@ pub enum Reason {
     Io(io::ErrorKind),
 }
 
-impl Reason {
+impl CutReason {
     /// The reason an error of a response body (or of a head, inside a [`SendError`]) carries.
     pub fn of(err: &io::Error) -> Self {
         if let Some(inner) = err.get_ref() {
-            if let Some(refusal) = inner.downcast_ref::<Refusal>() {
+            if let Some(refusal) = inner.downcast_ref::<HeadRefusal>() {
                 return Self::Head(*refusal);
             }
             if let Some(chunked) = inner.downcast_ref::<ChunkedError>() {
@@ -59,7 +59,7 @@ impl Reason {
 /// Why a request got no response: the reason, and the error's words with its source.
 #[derive(Debug, Clone)]
 pub struct Failure {
-    pub reason: Reason,
+    pub reason: CutReason,
     pub message: String,
 }
 
@@ -87,10 +87,10 @@ impl Client {
     {
         self.0.send(parts, body).await.map_err(|err| {
             let reason = match &err {
-                SendError::Connect(err) => Reason::Io(err.kind()),
-                SendError::BeforeHead(err) => Reason::of(err),
-                SendError::RequestBody(_) => Reason::RequestBody,
-                SendError::Timeout(_) => Reason::Timeout,
+                SendError::Connect(err) => CutReason::Io(err.kind()),
+                SendError::BeforeHead(err) => CutReason::of(err),
+                SendError::RequestBody(_) => CutReason::RequestBody,
+                SendError::Timeout(_) => CutReason::Timeout,
             };
             let message = match std::error::Error::source(&err) {
                 Some(source) => format!("{err}: {source}"),

@@ -12,7 +12,7 @@
 //! long campaign.
 use proptest::prelude::*;
 use test_support::client::{
-    check, compare, decode, interim_heads, verdicts, End, Reason, Refusal, FOUND, STRICTER,
+    check, compare, decode, interim_heads, verdicts, CutReason, End, HeadRefusal, FOUND, STRICTER,
 };
 
 /// An input of the fuzz target's format: mostly generated responses (realistic but hostile),
@@ -167,7 +167,7 @@ fn every_listed_case_is_one_where_the_verdicts_differ() {
         assert_eq!(agree, Ok(()), "{why}: the entry excuses it");
         // The same refusal for another reason is not excused.
         let mut other = ours.clone();
-        other.reason = Some(Reason::Io(std::io::ErrorKind::UnexpectedEof));
+        other.reason = Some(CutReason::Io(std::io::ErrorKind::UnexpectedEof));
         assert!(compare(&case, &hyper, &other).is_err(), "{why}: any reason");
     }
 }
@@ -274,22 +274,22 @@ fn the_four_disagreements_of_issue_34_reach_hypers_verdict_unlisted() {
     let mut trailers = [CHUNKED, b"2\r\nok\r\n0\r\nx-a: "].concat();
     trailers.resize(trailers.len() + 20 * 1024, b't');
     trailers.extend_from_slice(b"\r\n\r\n");
-    let cases: &[(&[u8], End, Option<Reason>)] = &[
+    let cases: &[(&[u8], End, Option<CutReason>)] = &[
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\nok",
             End::Refused,
-            Some(Reason::Head(Refusal::ContentLengthTooLarge)),
+            Some(CutReason::Head(HeadRefusal::ContentLengthTooLarge)),
         ),
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551614\r\n\r\nok",
             End::Refused,
-            Some(Reason::Head(Refusal::ContentLengthTooLarge)),
+            Some(CutReason::Head(HeadRefusal::ContentLengthTooLarge)),
         ),
         (&long_extension, End::Complete, None),
         (
             &many_extensions,
             End::Cut,
-            Some(Reason::Chunked("chunk extensions of 16 KiB or more")),
+            Some(CutReason::Chunked("chunk extensions of 16 KiB or more")),
         ),
         (&trailers, End::Complete, None),
     ];
@@ -328,7 +328,7 @@ fn interim_responses_are_counted_in_the_head_sequence_only() {
     refused.status = None;
     refused.headers.clear();
     refused.body.clear();
-    refused.reason = Some(Reason::Head(Refusal::TooManyInterim));
+    refused.reason = Some(CutReason::Head(HeadRefusal::TooManyInterim));
     assert!(compare(&decode(&raw(false, &[], &in_body)), &hyper, &refused).is_err());
 }
 
@@ -368,7 +368,7 @@ fn uploads_early_answers_reuse_and_the_stale_connection_retry() {
                     assert!(hyper.reused && ours.reused, "{what}");
                     let next = ours.next.clone().unwrap();
                     if stale && post {
-                        assert!(matches!(next, Err(Reason::Io(_))), "{what}: {next:?}");
+                        assert!(matches!(next, Err(CutReason::Io(_))), "{what}: {next:?}");
                     } else {
                         assert_eq!(next, Ok(b"ok".to_vec()), "{what}");
                     }

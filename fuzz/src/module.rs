@@ -2,8 +2,8 @@
 //! driven through its in-memory stream in the hook orders Envoy can produce, and compared with the
 //! tower body for the same layer, opt-in and chunks.
 
-use bypass_marker_envoy_adapter::config::Config;
-use bypass_marker_envoy_adapter::stream::memory::Simulated;
+use bypass_marker_envoy_adapter::config::FilterConfig;
+use bypass_marker_envoy_adapter::stream::memory::SimulatedStream;
 use bypass_marker_envoy_adapter::stream::{BodyStatus, HeadersStatus, TrailersStatus};
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 
@@ -26,7 +26,7 @@ enum Ending {
 
 /// Runs one case through the module's stream and holds it to the tower body.
 pub fn check_module(case: &Case) {
-    let config = Config::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
+    let config = FilterConfig::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
     // Envoy's chunks come in slices, and the module scans each slice where it lies: a frame open
     // at the end of a slice is held as at the end of a chunk (and counts against the frame cap).
     // So the body it is compared with gets the slices as its chunks; `last_slice[i]` is the index
@@ -52,7 +52,7 @@ pub fn check_module(case: &Case) {
     // streams of clients that opted in to everything too (to count their frames), where one
     // without passes them through.
     let want = body_seen(&sliced, config.layer());
-    let mut stream = Simulated::new(&config);
+    let mut stream = SimulatedStream::new(&config);
 
     // The request: the client's opt-in in `nvext.annotations`, its body in two pieces.
     let body = request_body(case);

@@ -8,8 +8,8 @@
 //! The request head waits for the guard, as the module's does (an Envoy with
 //! `allow_on_headers_stop_iteration`).
 
-use bypass_marker_envoy_adapter::config::Config;
-use bypass_marker_wasm::fake::Simulated;
+use bypass_marker_envoy_adapter::config::FilterConfig;
+use bypass_marker_wasm::fake::SimulatedPlugin;
 use proxy_wasm::types::Action;
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 
@@ -21,9 +21,9 @@ use crate::host::{assert_as_body, request_body, response_headers, Given};
 
 /// Runs one case through the plugin's stream and holds it to the tower body.
 pub fn check_wasm(case: &Case) {
-    let config = Config::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
+    let config = FilterConfig::new(case.layer(), DEFAULT_MAX_BODY_BYTES);
     let want = body_seen(case, config.layer());
-    let mut stream = Simulated::new(&config);
+    let mut stream = SimulatedPlugin::new(&config);
 
     // The request: the client's opt-in in `nvext.annotations`, its body in two pieces; the head
     // and the body are held until the body's end.

@@ -15,7 +15,7 @@
 //! exchange ended (refused before a head, cut during the body, complete) and whether the
 //! connection was reused. [`compare`] requires them equal, but for the cases listed in
 //! [`STRICTER`] (this client is stricter than hyper on purpose, with the reason, and with the
-//! client's own reason for refusing, [`Reason`], which must be the one listed) and in [`FOUND`]
+//! client's own reason for refusing, [`CutReason`], which must be the one listed) and in [`FOUND`]
 //! (disagreements found and not yet decided, each to be fixed in the client or moved to
 //! [`STRICTER`] with a reason; empty today).
 //!
@@ -53,7 +53,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bypass_marker::differential::Client;
-pub use bypass_marker::differential::{Reason, Refusal};
+pub use bypass_marker::differential::{CutReason, HeadRefusal};
 use bypass_marker::Upstream;
 use bytes::Bytes;
 use http::{Method, Request};
@@ -91,15 +91,15 @@ pub struct Verdict {
     /// The error, for the report only.
     pub why: String,
     /// This client's own reason for refusing or cutting (`None` for hyper, and when it did not).
-    pub reason: Option<Reason>,
+    pub reason: Option<CutReason>,
     /// The request body as the upstream read it, when it read all of it.
     pub uploaded: Option<Vec<u8>>,
     /// This client's second request, after a complete response: its body, or why it failed.
-    pub next: Option<Result<Vec<u8>, Reason>>,
+    pub next: Option<Result<Vec<u8>, CutReason>>,
 }
 
 impl Verdict {
-    fn refused(why: String, reason: Option<Reason>) -> Self {
+    fn refused(why: String, reason: Option<CutReason>) -> Self {
         Self {
             status: None,
             headers: Vec::new(),
@@ -713,7 +713,7 @@ pub type Rule = fn(&Case, &Verdict) -> bool;
 
 /// A listed disagreement: why, when it applies, and the reasons this client may give for it
 /// (its own reason for refusing or cutting must be one of them, or the entry does not excuse it).
-pub type Listed = (&'static str, Rule, &'static [Reason]);
+pub type Listed = (&'static str, Rule, &'static [CutReason]);
 
 /// Cases where this client refuses (or cuts) what hyper accepts, on purpose, with the reason and
 /// the client's own reason for it.
@@ -725,7 +725,7 @@ pub const STRICTER: &[Listed] = &[
             h.header("transfer-encoding").next().is_some()
                 && h.header("content-length").next().is_some()
         },
-        &[Reason::Head(Refusal::TransferEncodingAndContentLength)],
+        &[CutReason::Head(HeadRefusal::TransferEncodingAndContentLength)],
     ),
     (
         "a transfer coding other than a lone `chunked` (an empty field too): hyper reads `gzip, chunked` as chunked \
@@ -740,7 +740,7 @@ pub const STRICTER: &[Listed] = &[
                 .collect();
             h.header("transfer-encoding").next().is_some() && codings != [b"chunked".to_vec()]
         },
-        &[Reason::Head(Refusal::NotChunked)],
+        &[CutReason::Head(HeadRefusal::NotChunked)],
     ),
     (
         "`Transfer-Encoding: chunked` with an empty element or field line beside it (`chunked,` \
@@ -758,19 +758,19 @@ pub const STRICTER: &[Listed] = &[
             };
             codings(false) == [b"chunked".to_vec()] && codings(true) != [b"chunked".to_vec()]
         },
-        &[Reason::Head(Refusal::NotChunked)],
+        &[CutReason::Head(HeadRefusal::NotChunked)],
     ),
     (
         "101 Switching Protocols to a request that asked for no upgrade: hyper hands it on as an \
          upgrade; the proxy never asks for one, so it is a broken upstream",
         |_, h| h.status == Some(101),
-        &[Reason::Head(Refusal::SwitchingProtocols)],
+        &[CutReason::Head(HeadRefusal::SwitchingProtocols)],
     ),
     (
         "more than 16 interim (1xx) responses before the final one: hyper skips any number; a \
          bound keeps an upstream from holding the exchange with an endless stream of 1xx",
         |c, _| interim_heads(&c.bytes) > 16,
-        &[Reason::Head(Refusal::TooManyInterim)],
+        &[CutReason::Head(HeadRefusal::TooManyInterim)],
     ),
     (
         "a response to HEAD, or a 204 or 304, whose Content-Length is not one valid number \
@@ -782,8 +782,8 @@ pub const STRICTER: &[Listed] = &[
                 && h.header("content-length").next().is_some()
         },
         &[
-            Reason::Head(Refusal::InvalidContentLength),
-            Reason::Head(Refusal::ConflictingContentLength),
+            CutReason::Head(HeadRefusal::InvalidContentLength),
+            CutReason::Head(HeadRefusal::ConflictingContentLength),
         ],
     ),
     (
@@ -793,7 +793,7 @@ pub const STRICTER: &[Listed] = &[
          size and its blanks to 4 KiB, so that an upstream cannot keep it reading framing that \
          carries no data and no extension without end. The body is cut, as for any bad framing",
         |c, _| longest_size_run(&c.bytes) >= 4 * 1024 - 8,
-        &[Reason::Chunked("a chunk size and blanks over 4 KiB")],
+        &[CutReason::Chunked("a chunk size and blanks over 4 KiB")],
     ),
 ];
 
@@ -988,7 +988,7 @@ fn check_next(case: &Case, ours: &Verdict) -> Result<(), String> {
     let stale = case.stale && ours.reused;
     match next {
         Ok(body) if body == b"ok" && !(stale && case.next_post) => Ok(()),
-        Err(Reason::Io(_)) if stale && case.next_post => Ok(()),
+        Err(CutReason::Io(_)) if stale && case.next_post => Ok(()),
         _ => Err(format!(
             "the second request ({}, on a {} connection): {next:?}",
             if case.next_post { "POST" } else { "GET" },
@@ -1305,7 +1305,7 @@ pub async fn our_verdict(case: &Case, close: bool) -> Verdict {
                 let (head, body) = res.into_parts();
                 let mut verdict = Verdict::head(&head);
                 if let Some(err) = read_response(&mut verdict, body, &AtomicUsize::new(0)).await {
-                    verdict.reason = Some(Reason::of(&err));
+                    verdict.reason = Some(CutReason::of(&err));
                     verdict.why = err.to_string();
                 }
                 verdict
@@ -1325,7 +1325,7 @@ pub async fn our_verdict(case: &Case, close: bool) -> Verdict {
                 Err(failure) => Err(failure.reason),
                 Ok(res) => match res.into_body().collect().await {
                     Ok(got) => Ok(got.to_bytes().to_vec()),
-                    Err(err) => Err(Reason::of(&err)),
+                    Err(err) => Err(CutReason::of(&err)),
                 },
             });
         }

@@ -7,7 +7,7 @@ use super::{
     append_header_values, Body, BodyStatus, Headers, HeadersStatus, Host, Level, StreamFilter,
     TrailersStatus,
 };
-use crate::config::Config;
+use crate::config::FilterConfig;
 use crate::metrics::Counter;
 
 /// One stream as Envoy holds it, and what left it.
@@ -181,16 +181,16 @@ impl Host for MemoryHost {
 /// A filter and its stream, driven as Envoy drives them: buffers moved as Envoy moves them
 /// after each status.
 #[derive(Debug)]
-pub struct Simulated {
+pub struct SimulatedStream {
     /// The filter under test.
     pub filter: StreamFilter,
     /// Its stream.
     pub fake: MemoryHost,
 }
 
-impl Simulated {
+impl SimulatedStream {
     /// A new stream under this configuration.
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &FilterConfig) -> Self {
         Self {
             filter: StreamFilter::new(config),
             fake: MemoryHost::default(),
@@ -199,7 +199,7 @@ impl Simulated {
 
     /// A new stream under the default configuration (the Dynamo preset).
     pub fn dynamo() -> Self {
-        Self::new(&Config::parse(b"").unwrap())
+        Self::new(&FilterConfig::parse(b"").unwrap())
     }
 
     /// The request's head (`:method` and these headers).

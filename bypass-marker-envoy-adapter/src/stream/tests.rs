@@ -6,9 +6,9 @@ use std::fmt::Write as _;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
 use super::memory::fixtures::{stream_body, DATA, GZIPPED_JSON, MARKER, REQUEST_ID};
-use super::memory::Simulated as Driver;
+use super::memory::SimulatedStream as Driver;
 use super::*;
-use crate::config::Config;
+use crate::config::FilterConfig;
 use crate::metrics::Counter;
 
 /// A request body that names a router-owned marker, and the same body once the guard spliced it.
@@ -73,7 +73,7 @@ fn tower(layer: &BypassMarkerLayer, requested: &RequestedAnnotations, body: &[u8
 
 #[test]
 fn a_stream_split_at_every_position_and_into_slices_gives_the_tower_bodys_bytes() {
-    let config = Config::parse(b"").unwrap();
+    let config = FilterConfig::parse(b"").unwrap();
     let body = stream_body();
     // (Not the configuration's layer: its observer would count these frames too.)
     let want = tower(
@@ -342,7 +342,7 @@ fn a_refusal_at_the_head_stops_the_request_there() {
 
 #[test]
 fn a_body_over_max_body_is_refused_as_soon_as_it_is_known_to_be() {
-    let mut d = Driver::new(&Config::parse(br#"{"max-body":100}"#).unwrap());
+    let mut d = Driver::new(&FilterConfig::parse(br#"{"max-body":100}"#).unwrap());
     let _ = d.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(
         d.request_chunk(&[b' '; 60], false),
@@ -505,7 +505,7 @@ fn a_body_an_earlier_filter_buffered_is_read_once() {
         "x".repeat(20)
     );
     assert_eq!(body.len(), 56);
-    let mut d = Driver::new(&Config::parse(br#"{"max-body":100}"#).unwrap());
+    let mut d = Driver::new(&FilterConfig::parse(br#"{"max-body":100}"#).unwrap());
     let _ = d.request("POST", &[("content-type", "application/json")], false);
     assert_eq!(
         d.request_buffered_before(&[body.as_bytes()], true),

@@ -34,7 +34,7 @@ use std::ptr;
 use super::host::EnvoyStream;
 use super::sys::*;
 use super::{log, ModuleBuffer};
-use bypass_marker_envoy_adapter::config::Config;
+use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::metrics::Counter;
 use bypass_marker_envoy_adapter::stream::{
     BodyStatus, HeadersStatus, Level, StreamFilter, TrailersStatus,
@@ -42,7 +42,7 @@ use bypass_marker_envoy_adapter::stream::{
 
 /// A configuration Envoy loaded: the filter's, and its counters' ids.
 struct ModuleConfig {
-    config: Config,
+    config: FilterConfig,
     counters: [usize; Counter::ALL.len()],
 }
 
@@ -187,7 +187,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         // SAFETY: Envoy keeps the name and the configuration valid during this call; they are
         // read before it returns.
         let (name, text) = unsafe { (name.bytes(), config.bytes()) };
-        let config = match Config::parse(text) {
+        let config = match FilterConfig::parse(text) {
             Ok(config) => config,
             Err(err) => {
                 log(

@@ -26,7 +26,7 @@ pub(super) const MAX_LENGTH: u64 = u64::MAX - 2;
 /// Why a response head was refused: the error the head's `io::Error` carries (what the logs say,
 /// and what the differential test holds against hyper's verdict).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum HeadRefusal {
     /// A head (one of the interim ones, or the final one) of 64 KiB or more.
     HeadTooLarge,
     /// More than 16 interim responses (`MAX_INTERIM`).
@@ -55,7 +55,7 @@ pub enum Refusal {
     NotChunked,
 }
 
-impl std::fmt::Display for Refusal {
+impl std::fmt::Display for HeadRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::HeadTooLarge => "a response head of 64 KiB or more",
@@ -78,7 +78,7 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-impl std::error::Error for Refusal {}
+impl std::error::Error for HeadRefusal {}
 
 impl Reading {
     /// Reads the response head (skipping up to `MAX_INTERIM` interim 1xx responses). On
@@ -110,7 +110,7 @@ impl Reading {
                 searched = self.buf.len();
                 // hyper's rule: a head not complete in 64 KiB is refused.
                 if self.buf.len() + skipped >= MAX_HEAD {
-                    return Err((invalid(Refusal::HeadTooLarge), got));
+                    return Err((invalid(HeadRefusal::HeadTooLarge), got));
                 }
                 let n = std::future::poll_fn(|cx| self.poll_fill(io, cx))
                     .await
@@ -133,14 +133,14 @@ impl Reading {
                 Ok(httparse::Status::Complete(len)) => {
                     // hyper's rule for a head complete in one read: over 64 KiB is refused.
                     if len + skipped > MAX_HEAD {
-                        return Err((invalid(Refusal::HeadTooLarge), got));
+                        return Err((invalid(HeadRefusal::HeadTooLarge), got));
                     }
                     let code = parsed.code.unwrap_or(0);
                     if (100..200).contains(&code) && code != 101 {
                         // 100 Continue, 103 Early Hints: the final response follows.
                         interim += 1;
                         if interim > MAX_INTERIM {
-                            return Err((invalid(Refusal::TooManyInterim), got));
+                            return Err((invalid(HeadRefusal::TooManyInterim), got));
                         }
                         self.buf.advance(len);
                         searched = 0;
@@ -153,9 +153,9 @@ impl Reading {
                 }
                 // An empty line that httparse does not take for the head's end.
                 Ok(httparse::Status::Partial) => {
-                    return Err((invalid(Refusal::Malformed(None)), got));
+                    return Err((invalid(HeadRefusal::Malformed(None)), got));
                 }
-                Err(err) => return Err((invalid(Refusal::Malformed(Some(err))), got)),
+                Err(err) => return Err((invalid(HeadRefusal::Malformed(Some(err))), got)),
             }
         }
     }
@@ -213,16 +213,16 @@ pub(super) fn response(
     method: &Method,
 ) -> io::Result<(Response<()>, Framing)> {
     let code = parsed.code.unwrap_or(0);
-    let status = StatusCode::from_u16(code).map_err(|_| invalid(Refusal::InvalidStatus))?;
+    let status = StatusCode::from_u16(code).map_err(|_| invalid(HeadRefusal::InvalidStatus))?;
     if code == 101 {
-        return Err(invalid(Refusal::SwitchingProtocols));
+        return Err(invalid(HeadRefusal::SwitchingProtocols));
     }
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| invalid(Refusal::InvalidHeaderName))?;
+            .map_err(|_| invalid(HeadRefusal::InvalidHeaderName))?;
         let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| invalid(Refusal::InvalidHeaderValue))?;
+            .map_err(|_| invalid(HeadRefusal::InvalidHeaderValue))?;
         headers.append(name, value);
     }
     let http11 = parsed.version == Some(1);
@@ -245,7 +245,7 @@ pub(super) fn response(
         && headers.contains_key(header::TRANSFER_ENCODING)
         && headers.contains_key(header::CONTENT_LENGTH)
     {
-        return Err(invalid(Refusal::TransferEncodingAndContentLength));
+        return Err(invalid(HeadRefusal::TransferEncodingAndContentLength));
     }
     let len = content_length(&headers)?;
     if let Some(len) = len {
@@ -262,10 +262,10 @@ pub(super) fn response(
         // splitting), and a coding other than chunked would be forwarded still applied. Both are
         // refused rather than guessed at, as is a transfer coding in HTTP/1.0, which has none.
         if headers.contains_key(header::CONTENT_LENGTH) {
-            return Err(invalid(Refusal::TransferEncodingAndContentLength));
+            return Err(invalid(HeadRefusal::TransferEncodingAndContentLength));
         }
         if !http11 {
-            return Err(invalid(Refusal::TransferEncodingInHttp10));
+            return Err(invalid(HeadRefusal::TransferEncodingInHttp10));
         }
         // Exactly one element, `chunked`, over all the field lines: an empty element
         // (`chunked,`, or a second, empty `Transfer-Encoding:` line) is refused too, since
@@ -281,13 +281,13 @@ pub(super) fn response(
             .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"))
             && codings.next().is_none();
         if !only_chunked {
-            return Err(invalid(Refusal::NotChunked));
+            return Err(invalid(HeadRefusal::NotChunked));
         }
         Kind::Chunked(Decoder::default())
     } else if let Some(len) = len {
         // hyper's rule, for a length that frames a body (a bodiless response's is only checked).
         if len > MAX_LENGTH {
-            return Err(invalid(Refusal::ContentLengthTooLarge));
+            return Err(invalid(HeadRefusal::ContentLengthTooLarge));
         }
         Kind::Length(len)
     } else {
@@ -319,9 +319,9 @@ pub(super) fn content_length(headers: &HeaderMap) -> io::Result<Option<u64>> {
                 .ok()
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| invalid(Refusal::InvalidContentLength))?;
+                .ok_or_else(|| invalid(HeadRefusal::InvalidContentLength))?;
             if len.is_some_and(|l| l != n) {
-                return Err(invalid(Refusal::ConflictingContentLength));
+                return Err(invalid(HeadRefusal::ConflictingContentLength));
             }
             len = Some(n);
         }

@@ -65,7 +65,7 @@ pub use body::UpstreamResponseBody;
 pub(crate) use chunked::ChunkedError;
 use connection::{Connection, Upload};
 use head::Framing;
-pub use head::Refusal;
+pub use head::HeadRefusal;
 use pool::Pool;
 pub(crate) use reading::before_park;
 use reading::Reading;

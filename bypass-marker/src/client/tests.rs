@@ -16,7 +16,7 @@ use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::head::{Refusal, MAX_HEAD};
+use super::head::{HeadRefusal, MAX_HEAD};
 use super::reading::READ_MIN;
 use super::{Client, SendError, UpstreamResponseBody};
 use crate::args::Upstream;
@@ -408,7 +408,7 @@ async fn a_head_that_is_not_http_or_is_ambiguous_fails_before_the_head() {
 }
 
 /// The refusal a response head gets, or `None` when it reaches the client.
-async fn refusal(parts: &http::request::Parts, reply: &'static [u8]) -> Option<Refusal> {
+async fn refusal(parts: &http::request::Parts, reply: &'static [u8]) -> Option<HeadRefusal> {
     let (client, _) = upstream(answering(reply)).await;
     let sent = client.send(parts, Empty::<Bytes>::new());
     match tokio::time::timeout(Duration::from_secs(5), sent)
@@ -418,7 +418,7 @@ async fn refusal(parts: &http::request::Parts, reply: &'static [u8]) -> Option<R
         Ok(_) => None,
         Err(SendError::BeforeHead(err)) => Some(
             *err.get_ref()
-                .and_then(|e| e.downcast_ref::<Refusal>())
+                .and_then(|e| e.downcast_ref::<HeadRefusal>())
                 .unwrap_or_else(|| panic!("a refusal: {err:?}")),
         ),
         Err(err) => panic!("{err:?}"),
@@ -437,7 +437,7 @@ async fn a_length_past_hypers_and_a_head_over_64_kib_are_refused_for_that_reason
     ] {
         let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\nok");
         let reply: &'static [u8] = reply.into_bytes().leak();
-        let expected = refused.then_some(Refusal::ContentLengthTooLarge);
+        let expected = refused.then_some(HeadRefusal::ContentLengthTooLarge);
         assert_eq!(refusal(&get("/"), reply).await, expected, "{len}");
         // A bodiless response's length frames nothing: hyper ignores it, and so does this client.
         let head = http::Request::head("/").body(()).unwrap().into_parts().0;
@@ -449,7 +449,7 @@ async fn a_length_past_hypers_and_a_head_over_64_kib_are_refused_for_that_reason
         head.resize(MAX_HEAD + extra - 4, b'a');
         head.extend_from_slice(b"\r\n\r\n");
         assert_eq!(head.len(), MAX_HEAD + extra);
-        let expected = (extra == 1).then_some(Refusal::HeadTooLarge);
+        let expected = (extra == 1).then_some(HeadRefusal::HeadTooLarge);
         assert_eq!(refusal(&get("/"), head.leak()).await, expected, "{extra}");
     }
     // The limit is each head's (with the empty lines before it), interim ones included, not the
@@ -475,7 +475,7 @@ async fn transfer_encoding_with_any_content_length_is_refused_for_both_framings(
     ] {
         assert_eq!(
             refusal(&get("/"), reply).await,
-            Some(Refusal::TransferEncodingAndContentLength)
+            Some(HeadRefusal::TransferEncodingAndContentLength)
         );
     }
 }
