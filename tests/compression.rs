@@ -449,7 +449,7 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
         .service(service_fn(|req: Request<Full<Bytes>>| async move {
             // Asked for identity, it answers br anyway: an upstream that ignores the header.
             assert_eq!(req.headers()[header::ACCEPT_ENCODING], "identity");
-            let mut res = http::Response::new(Forever);
+            let mut res = http::Response::new(forever());
             let headers = res.headers_mut();
             headers.insert(
                 header::CONTENT_TYPE,
@@ -504,21 +504,6 @@ async fn the_502_for_an_encoded_stream_is_complete_and_the_stream_is_not_read() 
         body,
         tower_bypass_marker::sans_io::Refusal::encoded_event_stream("br").body()
     );
-}
-
-/// A body that never yields: polling it would hang the test.
-struct Forever;
-
-impl http_body::Body for Forever {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        std::task::Poll::Pending
-    }
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
-use serve::{data, fed_body, frames_body, read_all, BoxError, Forever, PATIENCE};
+use serve::{data, fed_body, forever, frames_body, read_all, BoxError, Forever, PATIENCE};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_bypass_marker::json::{JsonGuardBody, ResponseBody};
 use tower_bypass_marker::{BypassMarkerLayer, JsonGuardLayer, RequestedAnnotations};
@@ -254,7 +254,7 @@ async fn other_requests_pass_through_unread() {
         // A body that never ends: the upstream is called at once, with the body itself.
         let req = Request::post("/")
             .header(header::CONTENT_TYPE, content_type)
-            .body(Forever)
+            .body(forever())
             .unwrap();
         let upstream = service_fn(|req: Request<JsonGuardBody<Forever>>| async move {
             assert!(!req.body().is_end_stream());
@@ -335,7 +335,7 @@ async fn a_content_length_over_the_limit_is_refused_before_the_body_is_read() {
     let req = Request::post("/")
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CONTENT_LENGTH, "101")
-        .body(Forever)
+        .body(forever())
         .unwrap();
     let (res, _, seen) = through(bypass().json_guard().max_body_bytes(100), req).await;
     assert_eq!(
@@ -384,7 +384,7 @@ async fn the_default_limit_is_32_mib() {
     assert_eq!(tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES, 32 << 20);
     let req = Request::post("/")
         .header(header::CONTENT_LENGTH, (32u64 << 20) + 1)
-        .body(Forever)
+        .body(forever())
         .unwrap();
     let (res, _, _) = through(JsonGuardLayer::new(), req).await;
     assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
@@ -567,7 +567,7 @@ fn the_response_body_of_a_refusal_is_exact() {
             .service(upstream);
         let req = Request::post("/")
             .header(header::CONTENT_LENGTH, "1")
-            .body(Forever)
+            .body(forever())
             .unwrap();
         let res: Response<ResponseBody<Full<Bytes>>> = svc.oneshot(req).await.unwrap();
         let body = res.into_body();

@@ -3,15 +3,13 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -133,84 +131,74 @@ pub fn data(s: impl Into<Bytes>) -> Result<Frame<Bytes>, BoxError> {
     Ok(Frame::data(s.into()))
 }
 
-pin_project_lite::pin_project! {
-    /// Wraps a body and raises a flag when it is dropped.
-    pub struct DropFlag<B> {
-        #[pin]
-        inner: B,
-        flag: Arc<AtomicBool>,
-        on_drop: Option<tokio::sync::oneshot::Sender<()>>,
-    }
+/// Raises a flag, and completes a receiver if there is one, when dropped: what [`DropFlag`] hangs
+/// on a body.
+struct OnDrop {
+    flag: Arc<AtomicBool>,
+    on_drop: Option<tokio::sync::oneshot::Sender<()>>,
+}
 
-    impl<B> PinnedDrop for DropFlag<B> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            this.flag.store(true, Ordering::SeqCst);
-            if let Some(tx) = this.on_drop.take() {
-                let _ = tx.send(());
-            }
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.flag.store(true, Ordering::SeqCst);
+        if let Some(tx) = self.on_drop.take() {
+            let _ = tx.send(());
         }
     }
 }
 
-impl<B> DropFlag<B> {
+/// A body, unchanged, that raises a flag when it is dropped.
+#[derive(Debug)]
+pub struct DropFlag;
+
+impl DropFlag {
     /// `inner`, and the flag its drop raises.
-    pub fn new(inner: B) -> (Self, Arc<AtomicBool>) {
+    // One name for the constructors of a body whose type is the map's.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new<B: Body>(
+        inner: B,
+    ) -> (
+        impl Body<Data = B::Data, Error = B::Error>,
+        Arc<AtomicBool>,
+    ) {
         let flag = Arc::new(AtomicBool::new(false));
-        let body = Self {
-            inner,
-            flag: flag.clone(),
-            on_drop: None,
-        };
-        (body, flag)
+        (Self::hang(inner, flag.clone(), None), flag)
     }
 
     /// `inner`, and a receiver that completes when it is dropped.
-    pub fn notifying(inner: B) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+    pub fn notifying<B: Body>(
+        inner: B,
+    ) -> (
+        impl Body<Data = B::Data, Error = B::Error>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let body = Self {
-            inner,
-            flag: Arc::new(AtomicBool::new(false)),
-            on_drop: Some(tx),
-        };
-        (body, rx)
+        let flag = Arc::new(AtomicBool::new(false));
+        (Self::hang(inner, flag, Some(tx)), rx)
+    }
+
+    /// `inner` with an [`OnDrop`] in the closure of a frame map that changes nothing: the body's
+    /// drop drops it.
+    fn hang<B: Body>(
+        inner: B,
+        flag: Arc<AtomicBool>,
+        on_drop: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> impl Body<Data = B::Data, Error = B::Error> {
+        let guard = OnDrop { flag, on_drop };
+        inner.map_frame(move |frame| {
+            let _ = &guard;
+            frame
+        })
     }
 }
 
-impl<B: Body> Body for DropFlag<B> {
-    type Data = B::Data;
-    type Error = B::Error;
+/// A body that never yields anything and never ends: polling it to its end would hang.
+pub type Forever =
+    http_body_util::StreamBody<futures_util::stream::Pending<Result<Frame<Bytes>, Infallible>>>;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A body that never yields anything and never ends.
-#[derive(Debug, Default)]
-pub struct Forever;
-
-impl Body for Forever {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Pending
-    }
+/// A [`Forever`] body.
+pub fn forever() -> Forever {
+    http_body_util::StreamBody::new(futures_util::stream::pending())
 }
 
 /// Splits `bytes` into chunks whose lengths cycle through `sizes`, so frames and lines straddle
