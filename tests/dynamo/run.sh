@@ -65,7 +65,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
 
-DYNAMO=1.6.1
 # ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside
 # PyPI (only dynamo.planner uses it); ai-dynamo itself then goes in with --no-deps. tokenizers
 # (a dependency of transformers) builds the tiny model.

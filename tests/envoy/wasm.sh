@@ -49,7 +49,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
-versions="${WASM_ENVOYS:-1.40.0 1.39.3 1.36.4}"
+versions="${WASM_ENVOYS:-$ENVOY_LATEST $ENVOY_WASM_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/servers.sh

@@ -24,7 +24,7 @@ source "$here/../support/preamble.sh"
 source "$here/servers.sh"
 bodies="${WASM_MEMORY_BODIES:-1000}"
 max_body="${WASM_MEMORY_MAX_BODY:-33554432}"
-version="${WASM_MEMORY_ENVOY:-1.40.0}"
+version="${WASM_MEMORY_ENVOY:-$ENVOY_LATEST}"
 
 install_envoys "$version"
 log "building the plugin (bash bypass-marker-wasm/build.sh)"
