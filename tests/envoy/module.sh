@@ -155,20 +155,7 @@ for proto in --http1.1 --http2-prior-knowledge; do
 done
 
 # The counters, after the checks above: Envoy's Prometheus names for the sidecar's metrics.
-stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_upstream_admin/stats/prometheus', timeout=5).read().decode())")"
-for series in \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="llm_metrics"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="request_id"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="400"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="413"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_encoded_streams_refused{coding="gzip"}'; do
-  value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
-  ok=0
-  [[ -n "$value" && "$value" -gt 0 ]] && ok=1
-  count $ok "/stats/prometheus: $series ${value:-missing}"
-done
+check_counters "$envoy_upstream_admin" envoy_dynamicmodulescustom_ ""
 # Refusals logged through Envoy's logger, at info, at most one line a minute.
 ok=0
 grep -Eq '\[info\]\[dynamic_modules\].*bypass_marker: refused a request with (400|413).*logged at most once a minute' "$work/envoy-upstream.log" && ok=1

@@ -176,20 +176,7 @@ for version in $versions; do
 
   # The counters, after the checks above: the module's names, their label from Envoy's tag
   # extraction (the bootstrap's stats_tags).
-  stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_admin/stats/prometheus', timeout=5).read().decode())")"
-  for series in \
-    'bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
-    'bypass_marker_frames_removed{annotation="llm_metrics"}' \
-    'bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
-    'bypass_marker_frames_forwarded{annotation="request_id"}' \
-    'bypass_marker_requests_refused{status="400"}' \
-    'bypass_marker_requests_refused{status="413"}' \
-    'bypass_marker_encoded_streams_refused{coding="gzip"}'; do
-    value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
-    ok=0
-    [[ -n "$value" && "$value" -gt 0 ]] && ok=1
-    count $ok "$v: /stats/prometheus: $series ${value:-missing}"
-  done
+  check_counters "$envoy_admin" "" "$v: "
   stop_last "$envoy_group" "$router_group"
 
   # Trailers, enabled both ways.
