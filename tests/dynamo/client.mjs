@@ -13,10 +13,9 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { exitStatus, loadOpenAI, report, requireOptions } from '../support/checks.mjs';
 
 const MODEL = 'tiny';
 const MAX_TOKENS = 64;
@@ -32,12 +31,7 @@ const { values: args } = parseArgs({
     replies: { type: 'string' },
   },
 });
-for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version', 'replies']) {
-  if (!args[name]) {
-    console.error(`client.mjs: --${name} is required`);
-    process.exit(2);
-  }
-}
+requireOptions(args, ['sdk-dir', 'base-url', 'expect', 'label', 'version', 'replies']);
 if (!['pass', 'fail'].includes(args.expect)) {
   console.error(`client.mjs: --expect must be pass or fail, got ${args.expect}`);
   process.exit(2);
@@ -45,22 +39,7 @@ if (!['pass', 'fail'].includes(args.expect)) {
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
 const where = args.expect === 'pass' ? `through ${args.via}` : 'direct to Dynamo';
 
-let failures = 0;
-function report(ok, what, why = '') {
-  if (ok) {
-    console.log(`PASS ${what}`);
-  } else {
-    failures += 1;
-    console.log(`FAIL ${what}: ${why}`);
-  }
-}
-
-// The package under --sdk-dir, not one this script's own location would resolve.
-const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
-const entry = sdkRequire.resolve('openai');
-const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
-const sdk = sdkRequire(entry);
-const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+const { OpenAI, version } = loadOpenAI(args['sdk-dir']);
 
 async function main() {
   if (version !== args.version) {
@@ -135,4 +114,4 @@ try {
 } catch (err) {
   report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
 }
-process.exitCode = failures > 0 ? 1 : 0;
+process.exitCode = exitStatus();

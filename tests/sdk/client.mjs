@@ -17,10 +17,8 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { createRequire } from 'node:module';
-import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { exitStatus, loadOpenAI, report, requireOptions } from '../support/checks.mjs';
 
 const MAX_TOKENS = 8;
 // A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
@@ -40,25 +38,10 @@ const { values: args } = parseArgs({
     version: { type: 'string' },
   },
 });
-for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version']) {
-  if (!args[name]) {
-    console.error(`client.mjs: --${name} is required`);
-    process.exit(2);
-  }
-}
+requireOptions(args, ['sdk-dir', 'base-url', 'expect', 'label', 'version']);
 if (!['pass', 'fail-every-stream'].includes(args.expect)) {
   console.error(`client.mjs: --expect must be pass or fail-every-stream, got ${args.expect}`);
   process.exit(2);
-}
-
-let failures = 0;
-function report(ok, what, why = '') {
-  if (ok) {
-    console.log(`PASS ${what}`);
-  } else {
-    failures += 1;
-    console.log(`FAIL ${what}: ${why}`);
-  }
 }
 
 // What the simulated echo model answers: the prompt's words, cycled, MAX_TOKENS of them.
@@ -68,12 +51,7 @@ function echoText(prompt) {
   return Array.from({ length: MAX_TOKENS }, (_, i) => words[i % words.length]).join(' ');
 }
 
-// The package under --sdk-dir, not one this script's own location would resolve.
-const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
-const entry = sdkRequire.resolve('openai');
-const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
-const sdk = sdkRequire(entry);
-const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+const { OpenAI, version } = loadOpenAI(args['sdk-dir']);
 
 async function main() {
   if (version !== args.version) {
@@ -169,4 +147,4 @@ try {
 } catch (err) {
   report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
 }
-process.exitCode = failures > 0 ? 1 : 0;
+process.exitCode = exitStatus();
