@@ -15,7 +15,7 @@
 
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { exitStatus, loadOpenAI, report, requireOptions } from '../support/checks.mjs';
+import { exitStatus, openAIClient, report, requireOptions } from '../support/checks.mjs';
 
 const MODEL = 'tiny';
 const MAX_TOKENS = 64;
@@ -39,19 +39,9 @@ if (!['pass', 'fail'].includes(args.expect)) {
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
 const where = args.expect === 'pass' ? `through ${args.via}` : 'direct to Dynamo';
 
-const { OpenAI, version } = loadOpenAI(args['sdk-dir']);
-
 async function main() {
-  if (version !== args.version) {
-    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
-    return;
-  }
-  const client = new OpenAI({
-    baseURL: args['base-url'],
-    apiKey: 'unused',
-    maxRetries: 0,
-    timeout: 30_000,
-  });
+  const client = openAIClient(args, { apiKey: 'unused', timeout: 30_000 });
+  if (!client) return;
 
   async function chat() {
     const stream = await client.chat.completions.create({

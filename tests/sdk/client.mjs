@@ -18,7 +18,7 @@
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
 import { parseArgs } from 'node:util';
-import { exitStatus, loadOpenAI, report, requireOptions } from '../support/checks.mjs';
+import { exitStatus, openAIClient, report, requireOptions } from '../support/checks.mjs';
 
 const MAX_TOKENS = 8;
 // A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
@@ -51,19 +51,9 @@ function echoText(prompt) {
   return Array.from({ length: MAX_TOKENS }, (_, i) => words[i % words.length]).join(' ');
 }
 
-const { OpenAI, version } = loadOpenAI(args['sdk-dir']);
-
 async function main() {
-  if (version !== args.version) {
-    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
-    return;
-  }
-  const client = new OpenAI({
-    baseURL: args['base-url'],
-    apiKey: 'sk-simulated',
-    maxRetries: 0,
-    timeout: 20_000,
-  });
+  const client = openAIClient(args, { apiKey: 'sk-simulated', timeout: 20_000 });
+  if (!client) return;
   const model = 'sim-llm';
 
   async function chat(prompt, extra) {

@@ -1,7 +1,7 @@
 // What the openai-node clients of the suites (tests/sdk/client.mjs, tests/dynamo/client.mjs) share:
 // their `PASS what` and `FAIL what: why` lines, which tests/support/checks.sh's `run_client`
 // counts, as tests/support/checks.py writes them for the Python clients; their required options;
-// and the openai package they load from the directory tests/sdk/sdks.sh installed it in.
+// and their client of the openai package tests/sdk/sdks.sh installed.
 
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
@@ -35,12 +35,18 @@ export function requireOptions(args, names) {
   }
 }
 
-// The OpenAI client class of the openai package under `sdkDir` (not one this script's own location
-// would resolve) and that package's version.
-export function loadOpenAI(sdkDir) {
-  const sdkRequire = createRequire(join(sdkDir, 'package.json'));
+// A client of the openai package installed under --sdk-dir (not one this script's own location
+// would resolve) for --base-url, with `options` (apiKey, timeout) and no retries; or null, with a
+// failure reported, when that package is not version --version.
+export function openAIClient(args, options) {
+  const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
   const entry = sdkRequire.resolve('openai');
   const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
+  if (version !== args.version) {
+    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
+    return null;
+  }
   const sdk = sdkRequire(entry);
-  return { OpenAI: sdk.OpenAI ?? sdk.default ?? sdk, version };
+  const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
+  return new OpenAI({ baseURL: args['base-url'], maxRetries: 0, ...options });
 }
