@@ -22,17 +22,8 @@ cd "$root"
 # shellcheck source=tests/versions.sh
 source tests/versions.sh
 
-passed=0
-failed=0
-count() {
-  if (($1)); then
-    printf 'PASS %s\n' "$2"
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s\n' "$2"
-    failed=$((failed + 1))
-  fi
-}
+# shellcheck source=tests/support/checks.sh
+source tests/support/checks.sh
 # Its arguments sorted as versions, one line.
 sorted() { printf '%s\n' "$@" | sort -V | paste -sd ' '; }
 
