@@ -1,9 +1,12 @@
 # shellcheck shell=bash disable=SC2034 # sourced: the names are used by the files that source it
 # The versions of everything the suites install, run or check against, each written here once.
-# Sourced by tests/support/preamble.sh (so by every suite), tests/envoy/install.sh, .ci/run,
-# dist/release.sh and benches/module_callgrind.sh; the Python and JS helpers get the values they
-# need from the suite that runs them, and tests/versions_check.sh holds examples/ and docs/ to them.
-# Plain NAME=value lines only, with no expansion: tests/versions_check.sh reads them with sed.
+# Read only by bash sourcing it: tests/support/preamble.sh (so every end-to-end suite),
+# tests/envoy/install.sh (so benches/module_callgrind.sh), tests/sdk/sdks.sh, the offline
+# validators (tests/k8s/, tests/envoy-gateway/, tests/dynamo-operator/), .ci/run's step titles and
+# dist/release.sh. Python gets what it needs in the environment (tests/envoy-gateway/validate.sh
+# exports it), the openai-node clients as arguments, examples/envoy_bench.rs from a bash that
+# sources this file. tests/versions_check.sh holds the docs, the examples and the suites' comments
+# to it. Plain NAME=value lines.
 #
 # Supporting a new Envoy: the module's ABI declarations (bypass-marker-envoy-module/src/abi/),
 # the ENVOY_* lines here, and the docs that name the releases (tests/versions_check.sh says which).
