@@ -14,28 +14,15 @@
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
 import { readFileSync } from 'node:fs';
-import { parseArgs } from 'node:util';
-import { exitStatus, openAIClient, report, requireOptions } from '../support/checks.mjs';
+import { clientArgs, exitStatus, openAIClient, report } from '../support/checks.mjs';
 
 const MODEL = 'tiny';
 const MAX_TOKENS = 64;
 
-const { values: args } = parseArgs({
-  options: {
-    'sdk-dir': { type: 'string' },
-    'base-url': { type: 'string' },
-    expect: { type: 'string' },
-    label: { type: 'string' },
-    via: { type: 'string', default: 'the proxy' },
-    version: { type: 'string' },
-    replies: { type: 'string' },
-  },
+const args = clientArgs(['pass', 'fail'], {
+  via: { type: 'string', default: 'the proxy' },
+  replies: { type: 'string' },
 });
-requireOptions(args, ['sdk-dir', 'base-url', 'expect', 'label', 'version', 'replies']);
-if (!['pass', 'fail'].includes(args.expect)) {
-  console.error(`client.mjs: --expect must be pass or fail, got ${args.expect}`);
-  process.exit(2);
-}
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
 const where = args.expect === 'pass' ? `through ${args.via}` : 'direct to Dynamo';
 

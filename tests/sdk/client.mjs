@@ -17,8 +17,7 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { parseArgs } from 'node:util';
-import { exitStatus, openAIClient, report, requireOptions } from '../support/checks.mjs';
+import { clientArgs, exitStatus, openAIClient, report } from '../support/checks.mjs';
 
 const MAX_TOKENS = 8;
 // A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
@@ -29,20 +28,7 @@ const OPT_IN = ['x-bypass-remote-prefill'];
 const MARKER = 'the x-bypass-remote-prefill frame';
 const REQUEST_ID = 'the request_id frame';
 
-const { values: args } = parseArgs({
-  options: {
-    'sdk-dir': { type: 'string' },
-    'base-url': { type: 'string' },
-    expect: { type: 'string' },
-    label: { type: 'string' },
-    version: { type: 'string' },
-  },
-});
-requireOptions(args, ['sdk-dir', 'base-url', 'expect', 'label', 'version']);
-if (!['pass', 'fail-every-stream'].includes(args.expect)) {
-  console.error(`client.mjs: --expect must be pass or fail-every-stream, got ${args.expect}`);
-  process.exit(2);
-}
+const args = clientArgs(['pass', 'fail-every-stream']);
 
 // What the simulated echo model answers: the prompt's words, cycled, MAX_TOKENS of them.
 function echoText(prompt) {

@@ -1,11 +1,12 @@
 // What the openai-node clients of the suites (tests/sdk/client.mjs, tests/dynamo/client.mjs) share:
 // their `PASS what` and `FAIL what: why` lines, which tests/support/checks.sh's `run_client`
-// counts, as tests/support/checks.py writes them for the Python clients; their required options;
+// counts, as tests/support/checks.py writes them for the Python clients; their command line;
 // and their client of the openai package tests/sdk/sdks.sh installed.
 
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
 
 let failures = 0;
 
@@ -25,14 +26,30 @@ export function exitStatus() {
   return failures > 0 ? 1 : 0;
 }
 
-// Exits with status 2 unless every option in `names` was given.
-export function requireOptions(args, names) {
-  for (const name of names) {
-    if (!args[name]) {
+// The command line: the options every client takes (--sdk-dir, --base-url, --label, --version,
+// and --expect, one of `expectations`) and `more` (parseArgs specs; each without a default is
+// required). Exits with status 2 on a missing option or another expectation.
+export function clientArgs(expectations, more = {}) {
+  const options = {
+    'sdk-dir': { type: 'string' },
+    'base-url': { type: 'string' },
+    expect: { type: 'string' },
+    label: { type: 'string' },
+    version: { type: 'string' },
+    ...more,
+  };
+  const { values: args } = parseArgs({ options });
+  for (const [name, spec] of Object.entries(options)) {
+    if (spec.default === undefined && !args[name]) {
       console.error(`client.mjs: --${name} is required`);
       process.exit(2);
     }
   }
+  if (!expectations.includes(args.expect)) {
+    console.error(`client.mjs: --expect must be ${expectations.join(' or ')}, got ${args.expect}`);
+    process.exit(2);
+  }
+  return args;
 }
 
 // A client of the openai package installed under --sdk-dir (not one this script's own location
