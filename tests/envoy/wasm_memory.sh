@@ -12,7 +12,8 @@
 #   WASM_MEMORY_BODIES=10 WASM_MEMORY_MAX_BODY=536870912 bash tests/envoy/wasm_memory.sh
 #
 # Environment: WASM_MEMORY_BODIES (N), WASM_MEMORY_MAX_BODY (M, at most 536870912: the plugin's
-# cap), WASM_MEMORY_ENVOY (default 1.40.0), ENVOY_CACHE, PYTHON, CARGO_TARGET_DIR.
+# cap), WASM_MEMORY_ENVOY (default ENVOY_LATEST in tests/versions.sh), ENVOY_CACHE, PYTHON,
+# CARGO_TARGET_DIR.
 set -euo pipefail
 
 SUITE="wasm memory"
