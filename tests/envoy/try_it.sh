@@ -22,7 +22,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
-install_envoys $ENVOY_LATEST
+install_envoys "$ENVOY_LATEST"
 envoy_dir="$(dirname "${envoys[$ENVOY_LATEST]}")"
 
 page="$root/docs/envoy.md"

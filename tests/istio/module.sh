@@ -79,8 +79,8 @@ through_envoy() {
   kill -TERM -- "-$last_group" 2>/dev/null || true
 }
 
-through_envoy $ENVOY_LATEST kept
-through_envoy $ENVOY_LATEST dropped
+through_envoy "$ENVOY_LATEST" kept
+through_envoy "$ENVOY_LATEST" dropped
 
 # The older Envoys Envoy Gateway ships: the same bootstrap passes `envoy --mode validate` (which
 # loads the module).
