@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per streamed chunk of the dynamic module's response-body hook, counted by callgrind
-# inside the real Envoy 1.40.0, beside Envoy's own instructions per chunk (the whole process, the
-# same run): instruction counts, not seconds, so the figures repeat on a busy machine.
+# inside the real Envoy (ENVOY_LATEST in tests/versions.sh), beside Envoy's own instructions per
+# chunk (the whole process, the same run): instruction counts, not seconds, so the figures repeat
+# on a busy machine.
 #
 #   cargo build --release -p bypass-marker-envoy-module
 #   bash benches/module_callgrind.sh            # needs valgrind; Envoy from tests/envoy/install.sh

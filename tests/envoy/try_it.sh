@@ -22,8 +22,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
-install_envoys 1.40.0
-envoy_dir="$(dirname "${envoys[1.40.0]}")"
+install_envoys "$ENVOY_LATEST"
+envoy_dir="$(dirname "${envoys[$ENVOY_LATEST]}")"
 
 page="$root/docs/envoy.md"
 # The first sh block after the paragraph's title.

@@ -40,7 +40,8 @@
 #   ENVOY_CACHE, SDK_CACHE, PYTHON (default python3), CARGO_TARGET_DIR,
 #   SDK_OFFLINE=1       no registry look-ups: use the newest SDKs already in the cache
 #   ENVOY_STREAMS       concurrent streams (default 1000)
-#   WASM_ENVOYS         the Envoys (default "1.40.0 1.39.3 1.36.4")
+#   WASM_ENVOYS         the Envoys (default ENVOY_LATEST, then ENVOY_WASM_OLDER, from
+#                       tests/versions.sh)
 set -euo pipefail
 
 SUITE="envoy wasm"
@@ -49,7 +50,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/support/preamble.sh
 source "$here/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
-versions="${WASM_ENVOYS:-1.40.0 1.39.3 1.36.4}"
+versions="${WASM_ENVOYS:-$ENVOY_LATEST $ENVOY_WASM_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/servers.sh
@@ -176,20 +177,7 @@ for version in $versions; do
 
   # The counters, after the checks above: the module's names, their label from Envoy's tag
   # extraction (the bootstrap's stats_tags).
-  stats="$("$python" -c "import urllib.request; print(urllib.request.urlopen('$envoy_admin/stats/prometheus', timeout=5).read().decode())")"
-  for series in \
-    'bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"}' \
-    'bypass_marker_frames_removed{annotation="llm_metrics"}' \
-    'bypass_marker_frames_forwarded{annotation="x-bypass-remote-prefill"}' \
-    'bypass_marker_frames_forwarded{annotation="request_id"}' \
-    'bypass_marker_requests_refused{status="400"}' \
-    'bypass_marker_requests_refused{status="413"}' \
-    'bypass_marker_encoded_streams_refused{coding="gzip"}'; do
-    value="$(grep -F "$series " <<<"$stats" | awk '{print $2}')"
-    ok=0
-    [[ -n "$value" && "$value" -gt 0 ]] && ok=1
-    count $ok "$v: /stats/prometheus: $series ${value:-missing}"
-  done
+  check_counters "$envoy_admin" "" "$v: "
   stop_last "$envoy_group" "$router_group"
 
   # Trailers, enabled both ways.

@@ -12,7 +12,8 @@
 #   WASM_MEMORY_MAX_BODY=536870912 bash tests/envoy/wasm_memory.sh   # at the cap: 73 min here
 #
 # Environment: WASM_MEMORY_BODIES (N), WASM_MEMORY_MAX_BODY (M, at most 536870912: the plugin's
-# cap), WASM_MEMORY_ENVOY (default 1.40.0), ENVOY_CACHE, PYTHON, CARGO_TARGET_DIR.
+# cap), WASM_MEMORY_ENVOY (default ENVOY_LATEST in tests/versions.sh), ENVOY_CACHE, PYTHON,
+# CARGO_TARGET_DIR.
 set -euo pipefail
 
 SUITE="wasm memory"
@@ -24,7 +25,7 @@ source "$here/../support/preamble.sh"
 source "$here/servers.sh"
 bodies="${WASM_MEMORY_BODIES:-1000}"
 max_body="${WASM_MEMORY_MAX_BODY:-33554432}"
-version="${WASM_MEMORY_ENVOY:-1.40.0}"
+version="${WASM_MEMORY_ENVOY:-$ENVOY_LATEST}"
 
 install_envoys "$version"
 log "building the plugin (bash bypass-marker-wasm/build.sh)"

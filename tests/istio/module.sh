@@ -28,7 +28,8 @@ source "$here/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$root/tests/envoy/servers.sh"
 
-install_envoys 1.40.0 1.38.3 1.39.3
+# shellcheck disable=SC2086 # a list of versions
+install_envoys "$ENVOY_LATEST" $ENVOY_MODULE_OLDER
 build_module
 build_router
 # pyyaml for bootstrap.py: the validate suites' venv has it; else the interpreter's own.
@@ -78,12 +79,13 @@ through_envoy() {
   kill -TERM -- "-$last_group" 2>/dev/null || true
 }
 
-through_envoy 1.40.0 kept
-through_envoy 1.40.0 dropped
+through_envoy "$ENVOY_LATEST" kept
+through_envoy "$ENVOY_LATEST" dropped
 
 # The older Envoys Envoy Gateway ships: the same bootstrap passes `envoy --mode validate` (which
 # loads the module).
-for version in 1.38.3 1.39.3; do
+# shellcheck disable=SC2086 # a list of versions
+for version in $ENVOY_MODULE_OLDER; do
   "$yaml_python" "$here/bootstrap.py" --listen 10000 --admin 9901 --upstream 8000 >"$work/validate.json"
   status=0
   timeout 60 "${envoys[$version]}" --mode validate -c "$work/validate.json" >"$work/validate.log" 2>&1 || status=$?

@@ -9,13 +9,16 @@
 #
 #   bash tests/k8s/validate.sh
 #
-# Environment: K8S_CACHE, KUBERNETES_VERSION (default 1.30.0, the schemas checked against),
+# Environment: K8S_CACHE, KUBERNETES_VERSION (default KUBERNETES_SCHEMAS in tests/versions.sh,
+# the schemas checked against),
 # PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-validator_version=1.37.0
-kubernetes_version="${KUBERNETES_VERSION:-1.30.0}"
+# shellcheck source=tests/versions.sh
+source tests/versions.sh
+validator_version="$K8S_VALIDATOR"
+kubernetes_version="${KUBERNETES_VERSION:-$KUBERNETES_SCHEMAS}"
 cache="${K8S_CACHE:-$HOME/.cache/tower-bypass-marker-k8s}"
 venv="$cache/venv-$validator_version"
 if ! "$venv/bin/python" -m kubernetes_validate --version 2>/dev/null | grep -qF "$validator_version"; then

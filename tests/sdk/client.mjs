@@ -17,10 +17,7 @@
 //
 // Prints one `PASS <what>` or `FAIL <what>: <why>` line per check; exits 1 if any check failed.
 
-import { createRequire } from 'node:module';
-import { readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { parseArgs } from 'node:util';
+import { clientArgs, exitStatus, openAIClient, report } from '../support/checks.mjs';
 
 const MAX_TOKENS = 8;
 // A spoofed marker in a form the guard strips but that is not an opt-in, and an annotation the
@@ -31,35 +28,7 @@ const OPT_IN = ['x-bypass-remote-prefill'];
 const MARKER = 'the x-bypass-remote-prefill frame';
 const REQUEST_ID = 'the request_id frame';
 
-const { values: args } = parseArgs({
-  options: {
-    'sdk-dir': { type: 'string' },
-    'base-url': { type: 'string' },
-    expect: { type: 'string' },
-    label: { type: 'string' },
-    version: { type: 'string' },
-  },
-});
-for (const name of ['sdk-dir', 'base-url', 'expect', 'label', 'version']) {
-  if (!args[name]) {
-    console.error(`client.mjs: --${name} is required`);
-    process.exit(2);
-  }
-}
-if (!['pass', 'fail-every-stream'].includes(args.expect)) {
-  console.error(`client.mjs: --expect must be pass or fail-every-stream, got ${args.expect}`);
-  process.exit(2);
-}
-
-let failures = 0;
-function report(ok, what, why = '') {
-  if (ok) {
-    console.log(`PASS ${what}`);
-  } else {
-    failures += 1;
-    console.log(`FAIL ${what}: ${why}`);
-  }
-}
+const args = clientArgs(['pass', 'fail-every-stream']);
 
 // What the simulated echo model answers: the prompt's words, cycled, MAX_TOKENS of them.
 function echoText(prompt) {
@@ -68,24 +37,9 @@ function echoText(prompt) {
   return Array.from({ length: MAX_TOKENS }, (_, i) => words[i % words.length]).join(' ');
 }
 
-// The package under --sdk-dir, not one this script's own location would resolve.
-const sdkRequire = createRequire(join(args['sdk-dir'], 'package.json'));
-const entry = sdkRequire.resolve('openai');
-const version = JSON.parse(readFileSync(join(dirname(entry), 'package.json'), 'utf8')).version;
-const sdk = sdkRequire(entry);
-const OpenAI = sdk.OpenAI ?? sdk.default ?? sdk;
-
 async function main() {
-  if (version !== args.version) {
-    report(false, args.label, `expected openai ${args.version}, loaded ${version}`);
-    return;
-  }
-  const client = new OpenAI({
-    baseURL: args['base-url'],
-    apiKey: 'sk-simulated',
-    maxRetries: 0,
-    timeout: 20_000,
-  });
+  const client = openAIClient(args, { apiKey: 'sk-simulated', timeout: 20_000 });
+  if (!client) return;
   const model = 'sim-llm';
 
   async function chat(prompt, extra) {
@@ -169,4 +123,4 @@ try {
 } catch (err) {
   report(false, args.label, `unexpected error: ${err?.stack ?? err}`);
 }
-process.exitCode = failures > 0 ? 1 : 0;
+process.exitCode = exitStatus();

@@ -10,11 +10,9 @@
 # and `run_sdk_clients` runs them all against a front door and its control.
 # SDK_OFFLINE=1: no registry look-ups, use the newest SDKs already in the cache.
 
-PY_PINNED=2.28.0
-NODE_PINNED=6.9.0
-ANTHROPIC_PINNED=2.16.0
-# A Node.js from PyPI, for an openai-node that needs a newer Node than the machine has.
-NODE_WHEEL=24.19.0
+# The pins (PY_PINNED, NODE_PINNED, ANTHROPIC_PINNED, NODE_WHEEL) are in tests/versions.sh.
+# shellcheck source=tests/versions.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../versions.sh"
 
 # The newest version on the registry, or "" if it cannot be asked.
 newest_pypi() {

@@ -1,6 +1,7 @@
 # The checks' bookkeeping shared by the end-to-end suites (tests/envoy/run.sh,
-# tests/envoy/module.sh, tests/dynamo/run.sh): PASS/FAIL counting, clients run in groups of their own, and the final
-# check that nothing started is left. Source tests/support/procs.sh first.
+# tests/envoy/module.sh, tests/dynamo/run.sh, tests/versions_check.sh): PASS/FAIL counting, clients
+# run in groups of their own, and the final check that nothing started is left. `run_client` and
+# the final check need tests/support/procs.sh sourced first.
 
 passed=0
 failed=0

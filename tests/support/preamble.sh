@@ -6,7 +6,8 @@
 # It sets `root` (the repository), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
 # `target` ($CARGO_TARGET_DIR) and `work` (a scratch directory, removed at exit with every
 # process started by `start`), defines `log`, `die`, `raise_open_files`, `build_bypass_marker`
-# and `build_module`, and sources tests/support/procs.sh and tests/support/checks.sh.
+# and `build_module`, and sources tests/versions.sh, tests/support/procs.sh and
+# tests/support/checks.sh.
 
 : "${SUITE:?set SUITE before sourcing tests/support/preamble.sh}"
 : "${LIFETIME:?set LIFETIME before sourcing tests/support/preamble.sh}"
@@ -56,6 +57,8 @@ build_module() {
 }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tower-bypass-marker-${SUITE// /-}.XXXXXX")"
+# shellcheck source=tests/versions.sh
+source "$root/tests/versions.sh"
 # shellcheck source=tests/support/procs.sh
 source "$root/tests/support/procs.sh"
 # shellcheck source=tests/support/checks.sh
