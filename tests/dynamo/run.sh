@@ -56,13 +56,9 @@
 # with `cargo build --release -p bypass-marker`), DYNAMO_ENVOY=0 (leave Envoy out).
 set -euo pipefail
 
-SUITE=dynamo
-# Every process started here stops by itself after this long, even if this script is killed
-# without its trap.
-LIFETIME=600
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE=dynamo LIFETIME=600
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 cache="${DYNAMO_CACHE:-$HOME/.cache/tower-bypass-marker-dynamo}"
 
 # ai-dynamo's dependencies but aisimulate, a stub whose build downloads from an index outside

@@ -32,11 +32,9 @@
 # Ends with `envoy concurrency: N passed, M failed`; exits non-zero if anything failed.
 set -euo pipefail
 
-SUITE="envoy concurrency"
-LIFETIME=900
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="envoy concurrency" LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 streams="${CONCURRENCY_STREAMS:-5000}"
 events="${CONCURRENCY_EVENTS:-100}"
 interval="${CONCURRENCY_INTERVAL_MS:-20}"

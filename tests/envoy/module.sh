@@ -43,11 +43,9 @@
 #                       in tests/versions.sh)
 set -euo pipefail
 
-SUITE="envoy module"
-LIFETIME=900
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="envoy module" LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 older="${ENVOY_OLDER:-$ENVOY_MODULE_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"

@@ -46,13 +46,9 @@
 #   ENVOY_STREAMS       concurrent streams (default 1000)
 set -euo pipefail
 
-SUITE=envoy
-# Every process started here stops by itself after this long, even if this script is killed
-# without its trap.
-LIFETIME=900
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE=envoy LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 # Envoy's message timeout here: short, so the stalled-processor checks are quick, but long enough
 # that the processor's answer to a 32 MiB body (10 to 50 ms on an idle machine) comes within it on

@@ -15,11 +15,9 @@
 # Ends with `envoy try it: N passed, M failed`; exits non-zero if anything failed.
 set -euo pipefail
 
-SUITE="envoy try it"
-LIFETIME=900
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="envoy try it" LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 install_envoys "$ENVOY_LATEST"

@@ -44,11 +44,9 @@
 #                       tests/versions.sh)
 set -euo pipefail
 
-SUITE="envoy wasm"
-LIFETIME=1800
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="envoy wasm" LIFETIME=1800
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 streams="${ENVOY_STREAMS:-1000}"
 versions="${WASM_ENVOYS:-$ENVOY_LATEST $ENVOY_WASM_OLDER}"
 raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"

@@ -16,11 +16,9 @@
 # CARGO_TARGET_DIR.
 set -euo pipefail
 
-SUITE="wasm memory"
-LIFETIME=7200
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="wasm memory" LIFETIME=7200
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
 bodies="${WASM_MEMORY_BODIES:-1000}"

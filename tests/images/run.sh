@@ -39,11 +39,10 @@
 # dist/release.sh), IMAGES_KEEP_DIST=DIR (copy the release artifacts there before cleaning up).
 set -euo pipefail
 
-SUITE=images
-LIFETIME=900
-images_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE=images LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
-source "$images_here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
+images_here="$here"
 envoy_here="$root/tests/envoy"
 # shellcheck source=tests/envoy/servers.sh
 source "$envoy_here/servers.sh"

@@ -20,11 +20,9 @@
 # Environment: ENVOY_CACHE, PYTHON (default python3), CARGO_TARGET_DIR.
 set -euo pipefail
 
-SUITE="istio module"
-LIFETIME=300
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE="istio module" LIFETIME=300
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 # shellcheck source=tests/envoy/servers.sh
 source "$root/tests/envoy/servers.sh"
 

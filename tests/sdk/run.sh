@@ -27,13 +27,9 @@
 # SDK_OFFLINE=1 (no registry look-ups: use the newest SDKs already in the cache).
 set -euo pipefail
 
-SUITE=sdk
-# Every process started here stops by itself after this long, even if this script is killed
-# without its trap.
-LIFETIME=600
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SUITE=sdk LIFETIME=600
 # shellcheck source=tests/support/preamble.sh
-source "$here/../support/preamble.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
 cache="$sdk_cache"
 mkdir -p "$cache"
 

@@ -1,9 +1,10 @@
 # The start every end-to-end suite shares (tests/envoy/{run,module,wasm,concurrency}.sh,
 # tests/soak/run.sh, tests/images/run.sh, tests/dynamo/run.sh, tests/sdk/run.sh). The suite sets
 # `SUITE` (the name its log lines start with) and `LIFETIME` (the seconds any process it starts may
-# live), then sources this file after `set -euo pipefail`.
+# live: each stops by itself after it, even if the suite is killed without its trap), then sources
+# this file after `set -euo pipefail`.
 #
-# It sets `root` (the repository), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
+# It sets `root` (the repository), `here` (the suite's folder), `python` ($PYTHON, default python3), `sdk_cache` ($SDK_CACHE),
 # `target` ($CARGO_TARGET_DIR) and `work` (a scratch directory, removed at exit with every
 # process started by `start`), defines `log`, `die`, `raise_open_files`, `build_bypass_marker`
 # and `build_module`, and sources tests/versions.sh, tests/support/procs.sh and
@@ -13,6 +14,8 @@
 : "${LIFETIME:?set LIFETIME before sourcing tests/support/preamble.sh}"
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# The suite's own folder.
+here="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 python="${PYTHON:-python3}"
 sdk_cache="${SDK_CACHE:-$HOME/.cache/tower-bypass-marker-sdk}"
 target="${CARGO_TARGET_DIR:-$root/target}"
