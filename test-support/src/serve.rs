@@ -157,10 +157,7 @@ impl DropFlag {
     #[allow(clippy::new_ret_no_self)]
     pub fn new<B: Body>(
         inner: B,
-    ) -> (
-        impl Body<Data = B::Data, Error = B::Error>,
-        Arc<AtomicBool>,
-    ) {
+    ) -> (impl Body<Data = B::Data, Error = B::Error>, Arc<AtomicBool>) {
         let flag = Arc::new(AtomicBool::new(false));
         (Self::hang(inner, flag.clone(), None), flag)
     }
