@@ -70,7 +70,19 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-use test_support::clock::thread_cpu;
+/// CPU time of the calling thread. (test-support has this too; the sidecar's package takes nothing
+/// from it outside its tests, as test-support is built on the sidecar.)
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the struct we pass, nothing else.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
 
 /// What the calling thread has done so far: read and write system calls (`/proc/thread-self/io`),
 /// voluntary context switches (`/proc/thread-self/status`) and microseconds of CPU time in user
