@@ -190,6 +190,13 @@ impl Case {
         } else {
             None
         };
+        // Nor another ASCII case of a name already configured, which the builder refuses
+        // (`InvalidNameKind::CaseConflict`).
+        let extra_name = extra_name.filter(|name| {
+            std::iter::once(BYPASS_REMOTE_PREFILL)
+                .chain(calls.iter().map(|(known, _)| known.as_str()))
+                .all(|known| known == name || !known.eq_ignore_ascii_case(name))
+        });
         if let Some(name) = &extra_name {
             let call = match (extra >> 5) & 3 {
                 0 | 3 => Call::OptIn,
