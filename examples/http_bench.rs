@@ -18,15 +18,13 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body::{Body, Frame};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -64,34 +62,23 @@ fn event_chunks(per_chunk: usize) -> Arc<[Bytes]> {
         .collect()
 }
 
-/// The response body: the marker, then the event chunks over and over until `remaining` is spent.
-struct EventStream {
+/// The response body: the marker, then the event chunks over and over until `remaining` is spent
+/// (the chunk that crosses it is sent whole), one chunk per poll, always ready.
+fn event_stream(
     chunks: Arc<[Bytes]>,
-    next: usize,
-    marker_sent: bool,
-    remaining: u64,
-}
-
-impl Body for EventStream {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if !self.marker_sent {
-            self.marker_sent = true;
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(MARKER)))));
-        }
-        if self.remaining == 0 {
-            return Poll::Ready(None);
-        }
-        let chunk = self.chunks[self.next % self.chunks.len()].clone();
-        self.next += 1;
-        self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
-    }
+    mut remaining: u64,
+) -> impl Body<Data = Bytes, Error = Infallible> {
+    let events = (0..)
+        .map(move |i| chunks[i % chunks.len()].clone())
+        .take_while(move |chunk| {
+            let more = remaining > 0;
+            remaining = remaining.saturating_sub(chunk.len() as u64);
+            more
+        });
+    let all = std::iter::once(Bytes::from_static(MARKER)).chain(events);
+    StreamBody::new(futures_util::stream::iter(
+        all.map(|chunk| Ok::<_, Infallible>(Frame::data(chunk))),
+    ))
 }
 
 /// The payload after the marker, in bytes, for a stream of at least `min` bytes.
@@ -128,12 +115,7 @@ async fn serve(
         } else {
             one.clone()
         };
-        let body = EventStream {
-            chunks,
-            next: 0,
-            marker_sent: false,
-            remaining: min_bytes,
-        };
+        let body = event_stream(chunks, min_bytes);
         let res = Response::builder()
             .header(header::CONTENT_TYPE, "text/event-stream")
             .body(body)

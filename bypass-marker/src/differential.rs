@@ -125,6 +125,14 @@ impl ChunkedDecoder {
         })
     }
 
+    /// Decodes `reads` as successive socket reads, up to the end of the body: the data, and how
+    /// many bytes of all the reads the coding took. Panics if the decoder breaks one of its
+    /// promises on a read (its data outside what it took, or a read left part-taken before the
+    /// end).
+    pub fn decode_reads(&mut self, reads: &[&[u8]]) -> Result<(Vec<u8>, usize), &'static str> {
+        self.0.decode_reads(reads).map_err(|ChunkedError(why)| why)
+    }
+
     /// Whether the body has ended (the last chunk and the trailer section were read).
     pub fn is_done(&self) -> bool {
         self.0.is_done()

@@ -2,7 +2,7 @@
 //! `examples/bench_summary.rs` (the self-timing ratio table) and `examples/chunk_cost.rs`.
 //!
 //! Every variant of a workload reads the same prepared `Bytes` chunks through the same harness: a
-//! `tower::service_fn` upstream answers with a hand-made body that yields the chunks, the response
+//! `tower::service_fn` upstream answers with a body that yields the chunks (a `StreamBody` over them), the response
 //! is produced by `oneshot`, and the body is polled to completion synchronously with a no-op waker
 //! (every poll is ready). The chunks are handed over in one of two ways ([`Handover`]): as
 //! `Bytes::from_static` (no reference counting at all), or reference-counted, split off one shared
@@ -19,7 +19,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -29,7 +29,7 @@ use futures_util::task::noop_waker_ref;
 use futures_util::Stream;
 use http::{header, Request, Response};
 use http_body::{Body, Frame};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, StreamBody};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations, BYPASS_REMOTE_PREFILL};
 
@@ -115,67 +115,14 @@ pub struct Workload {
     without_marker: Vec<u8>,
 }
 
-/// The upstream body: yields the prepared chunks, one per poll, always ready.
-#[derive(Debug)]
-pub struct ChunkBody {
-    chunks: Arc<[&'static [u8]]>,
-    next: usize,
-}
-
-impl Body for ChunkBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let Some(&chunk) = self.chunks.get(self.next) else {
-            return Poll::Ready(None);
-        };
-        let chunk = Bytes::from_static(chunk);
-        self.next += 1;
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.next == self.chunks.len()
-    }
-}
-
-/// The upstream body of `Handover::Refcounted`: yields the same chunks as [`ChunkBody`], each split
-/// off the front of a reference-counted buffer, one per poll, always ready.
-#[derive(Debug)]
-pub struct SharedChunkBody {
-    /// What is left of the run's buffer: a handle of its own, taken when the run starts.
-    rest: Bytes,
-    /// The chunks, for their lengths.
-    chunks: Arc<[&'static [u8]]>,
-    next: usize,
-}
-
-impl Body for SharedChunkBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let Some(len) = self.chunks.get(self.next).map(|c| c.len()) else {
-            return Poll::Ready(None);
-        };
-        // Like hyper's `read_buf.split_to(n).freeze()`: one more reference to the buffer, given
-        // back when the chunk (or the last slice taken of it) is dropped. (The last chunk of a run
-        // takes the handle itself.)
-        let chunk = self.rest.split_to(len);
-        self.next += 1;
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.next == self.chunks.len()
-    }
+/// The upstream body: yields `chunks` as data frames, one per poll, always ready
+/// (`http_body_util::StreamBody` over an iterator).
+fn upstream_body(
+    chunks: impl Iterator<Item = Bytes> + Unpin,
+) -> impl Body<Data = Bytes, Error = Infallible> + Unpin {
+    StreamBody::new(futures_util::stream::iter(
+        chunks.map(|chunk| Ok(Frame::data(chunk))),
+    ))
 }
 
 impl Workload {
@@ -316,9 +263,9 @@ impl Workload {
         let chunks = self.chunks.clone();
         match handover {
             Handover::Static => self.run_on(
-                move || ChunkBody {
-                    chunks: chunks.clone(),
-                    next: 0,
+                move || {
+                    let chunks = chunks.clone();
+                    upstream_body((0..chunks.len()).map(move |i| Bytes::from_static(chunks[i])))
                 },
                 variant,
                 sink,
@@ -326,10 +273,16 @@ impl Workload {
             Handover::Refcounted => {
                 let shared = self.shared.clone();
                 self.run_on(
-                    move || SharedChunkBody {
-                        rest: shared.clone(),
-                        chunks: chunks.clone(),
-                        next: 0,
+                    move || {
+                        // What is left of the run's buffer: a handle of its own. Each chunk is
+                        // split off its front, like hyper's `read_buf.split_to(n).freeze()`: one
+                        // more reference to the buffer, given back when the chunk (or the last
+                        // slice taken of it) is dropped. The last chunk takes the handle itself.
+                        let mut rest = shared.clone();
+                        let chunks = chunks.clone();
+                        upstream_body(
+                            (0..chunks.len()).map(move |i| rest.split_to(chunks[i].len())),
+                        )
                     },
                     variant,
                     sink,

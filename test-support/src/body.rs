@@ -66,8 +66,10 @@ pub enum Item {
     Data(Bytes),
     /// A trailers frame.
     Trailers(HeaderMap),
-    /// An error with this message.
+    /// An error with this message; the body is done after it.
     Error(&'static str),
+    /// `Poll::Pending` once, with the waker woken at once (a body that waits a moment).
+    Pending,
 }
 
 /// A data item.
@@ -126,6 +128,10 @@ impl Body for Gated {
             Some(Item::Data(d)) => Poll::Ready(Some(Ok(Frame::data(d)))),
             Some(Item::Trailers(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
             Some(Item::Error(e)) => Poll::Ready(Some(Err(e.into()))),
+            Some(Item::Pending) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
             None if s.closed => Poll::Ready(None),
             None => {
                 s.polls_while_empty += 1;
@@ -141,28 +147,19 @@ impl Body for Gated {
     }
 }
 
-/// A body that yields a fixed list of items, always ready, then ends; its size hint is exactly
-/// the data's length.
+/// A body that plays a fixed list of items, then ends: the fuzz drivers' scripted inner body and
+/// the tests' body of trailers and errors. It is ready at every poll but an [`Item::Pending`]'s;
+/// after an error it yields nothing more. Its size hint is exactly the data still to come.
 #[derive(Debug)]
 pub struct Items {
     items: VecDeque<Item>,
-    hint: SizeHint,
 }
 
 impl Items {
     /// The body of `items`, in order.
     pub fn new(items: impl IntoIterator<Item = Item>) -> Self {
-        let items: VecDeque<Item> = items.into_iter().collect();
-        let len: u64 = items
-            .iter()
-            .map(|i| match i {
-                Item::Data(d) => d.len() as u64,
-                _ => 0,
-            })
-            .sum();
         Self {
-            items,
-            hint: SizeHint::with_exact(len),
+            items: items.into_iter().collect(),
         }
     }
 }
@@ -173,13 +170,21 @@ impl Body for Items {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Poll::Ready(self.items.pop_front().map(|item| match item {
-            Item::Data(d) => Ok(Frame::data(d)),
-            Item::Trailers(t) => Ok(Frame::trailers(t)),
-            Item::Error(e) => Err(e.into()),
-        }))
+        Poll::Ready(match self.items.pop_front() {
+            None => None,
+            Some(Item::Data(d)) => Some(Ok(Frame::data(d))),
+            Some(Item::Trailers(t)) => Some(Ok(Frame::trailers(t))),
+            Some(Item::Error(e)) => {
+                self.items.clear();
+                Some(Err(e.into()))
+            }
+            Some(Item::Pending) => {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        })
     }
 
     fn is_end_stream(&self) -> bool {
@@ -187,7 +192,11 @@ impl Body for Items {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.hint
+        let data = self.items.iter().map(|item| match item {
+            Item::Data(d) => d.len() as u64,
+            _ => 0,
+        });
+        SizeHint::with_exact(data.sum())
     }
 }
 

@@ -133,6 +133,32 @@ impl Decoder {
         self.state == State::Done
     }
 
+    /// Decodes `reads` one after the other, each copied into a buffer of its own as a socket
+    /// read would fill it, up to the end of the body: the data, and how many bytes of all the
+    /// reads the coding took. Checks the decoder's promises on each read as it goes (the data lies
+    /// within what was taken, and all of a read is taken unless the body ended in it); the unit
+    /// tests and the `chunked` fuzz target both decode through it.
+    pub(crate) fn decode_reads(
+        &mut self,
+        reads: &[&[u8]],
+    ) -> Result<(Vec<u8>, usize), ChunkedError> {
+        let mut data = Vec::new();
+        let mut taken = 0;
+        for read in reads {
+            let mut buf = read.to_vec();
+            let decoded = self.decode(&mut buf)?;
+            assert!(decoded.start <= decoded.end && decoded.end <= decoded.consumed);
+            assert!(decoded.consumed <= buf.len());
+            assert!(self.is_done() || decoded.consumed == buf.len());
+            data.extend_from_slice(&buf[decoded.start..decoded.end]);
+            taken += decoded.consumed;
+            if self.is_done() {
+                break;
+            }
+        }
+        Ok((data, taken))
+    }
+
     /// Decodes `buf` in place: the data of its chunks ends up together in
     /// `buf[decoded.start..decoded.end]`, where the first chunk's data began (nothing moves when
     /// `buf` holds the data of one chunk only). Stops at the end of the body.
@@ -331,19 +357,12 @@ mod tests {
 
     use super::*;
 
-    /// Decodes `pieces` one after the other, as successive reads: the data, and whether the body
-    /// ended (with how many bytes of the last piece it took).
+    /// Decodes `pieces` as successive reads: the data, whether the body ended, and how many bytes
+    /// the coding took.
     fn decode_all(pieces: &[&[u8]]) -> Result<(Vec<u8>, bool, usize), ChunkedError> {
         let mut decoder = Decoder::default();
-        let mut data = Vec::new();
-        let mut consumed = 0;
-        for piece in pieces {
-            let mut buf = piece.to_vec();
-            let decoded = decoder.decode(&mut buf)?;
-            data.extend_from_slice(&buf[decoded.start..decoded.end]);
-            consumed = decoded.consumed;
-        }
-        Ok((data, decoder.is_done(), consumed))
+        let (data, taken) = decoder.decode_reads(pieces)?;
+        Ok((data, decoder.is_done(), taken))
     }
 
     fn encode(chunks: &[Vec<u8>], ext: bool, trailers: bool) -> Vec<u8> {

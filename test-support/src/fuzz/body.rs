@@ -1,88 +1,24 @@
 //! Drives the real `BypassMarkerBody` for a case: a `tower::service_fn` answers with a scripted
 //! inner body, the layer wraps it, and the body is polled by hand with a no-op waker.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BoxError, FrameTooLarge};
 
 use super::case::{Case, CONTENT_TYPES};
 use super::oracle::{self, esc};
+use crate::body::{Item, Items};
 
 /// The message of the inner body's error.
 pub const INNER_ERROR: &str = "inner body failed";
-
-/// One step of the scripted inner body.
-#[derive(Debug, Clone)]
-pub enum Item {
-    /// A data frame.
-    Data(Bytes),
-    /// `Poll::Pending` once (the waker is woken at once).
-    Pending,
-    /// A trailers frame.
-    Trailers(HeaderMap),
-    /// An error ([`INNER_ERROR`]).
-    Error,
-}
-
-/// An inner body that plays a script, then ends.
-#[derive(Debug)]
-pub struct Scripted {
-    items: VecDeque<Item>,
-}
-
-impl Scripted {
-    /// A body that yields `items`, then ends.
-    pub fn new(items: Vec<Item>) -> Self {
-        Self {
-            items: items.into(),
-        }
-    }
-}
-
-impl Body for Scripted {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Poll::Ready(match self.items.pop_front() {
-            None => None,
-            Some(Item::Data(d)) => Some(Ok(Frame::data(d))),
-            Some(Item::Trailers(t)) => Some(Ok(Frame::trailers(t))),
-            Some(Item::Error) => {
-                self.items.clear();
-                Some(Err(INNER_ERROR.into()))
-            }
-            Some(Item::Pending) => {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        })
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let data = self.items.iter().map(|item| match item {
-            Item::Data(d) => d.len() as u64,
-            _ => 0,
-        });
-        SizeHint::with_exact(data.sum())
-    }
-}
 
 /// What the wrapped body yields, poll by poll.
 #[derive(Debug)]
@@ -111,7 +47,7 @@ pub fn script(case: &Case) -> Vec<Item> {
     let mut items = Vec::new();
     for (i, chunk) in case.chunks().into_iter().enumerate() {
         if plan.error_after == Some(i) {
-            items.push(Item::Error);
+            items.push(Item::Error(INNER_ERROR));
             return items;
         }
         if plan.empty_chunks {
@@ -123,7 +59,7 @@ pub fn script(case: &Case) -> Vec<Item> {
         }
     }
     if plan.error_after.is_some() {
-        items.push(Item::Error);
+        items.push(Item::Error(INNER_ERROR));
     } else if plan.trailers {
         items.push(Item::Trailers(trailers()));
     }
@@ -183,9 +119,7 @@ pub fn check_body(case: &Case) {
     let mut res = Response::builder()
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CONTENT_LENGTH, case.input.len())
-        .body(Scripted {
-            items: items.iter().cloned().collect(),
-        })
+        .body(Items::new(items.iter().cloned()))
         .unwrap();
     if let Some(encoding) = encoding {
         res.headers_mut()
@@ -205,7 +139,7 @@ pub fn check_body(case: &Case) {
     ready(std::future::poll_fn(|cx| svc.poll_ready(cx))).unwrap();
     let res = ready(svc.call(req)).unwrap();
     // An encoded event stream the layer would have to filter is refused: a 502 in place of the
-    // stream, whose body is never polled (the `Scripted` body's items are left unread).
+    // stream, whose body is never polled (the `Items` body's items are left unread).
     let refused = encoding.is_some_and(|e| e != "identity") && !case.removed_names().is_empty();
     assert_eq!(res.body().is_refused(), refused, "encoded stream refused");
     if refused {
@@ -349,7 +283,7 @@ fn check_passthrough(items: &[Item], events: &[Event]) {
             (Item::Data(a), Event::Data(b)) => assert_eq!(esc(a), esc(b), "passthrough data"),
             (Item::Pending, Event::Pending) => {}
             (Item::Trailers(a), Event::Trailers(b)) => assert_eq!(a, b),
-            (Item::Error, Event::Error(e)) => assert_eq!(e.to_string(), INNER_ERROR),
+            (Item::Error(_), Event::Error(e)) => assert_eq!(e.to_string(), INNER_ERROR),
             (item, event) => panic!("passthrough gave {event:?} for {item:?}"),
         }
     }

@@ -12,9 +12,10 @@ use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::sans_io::FilterOutput;
 use tower_bypass_marker::{BypassMarkerLayer, FrameTooLarge};
 
-use super::body::{noop_waker, ready, Item, Scripted};
+use super::body::{noop_waker, ready};
 use super::case::{Case, CONTENT_TYPES};
 use super::oracle::esc;
+use crate::body::{Item, Items};
 
 /// The output of the public filter for `case`'s chunks (`None` when it failed with
 /// `FrameTooLarge`), and the output's length after each chunk. The filter is made for an event
@@ -108,7 +109,7 @@ pub fn body_seen(case: &Case, layer: &BypassMarkerLayer) -> Seen {
         items.push(Item::Data(Bytes::copy_from_slice(chunk)));
         items.push(Item::Pending);
     }
-    let mut res = Response::new(Scripted::new(items));
+    let mut res = Response::new(Items::new(items));
     *res.headers_mut() = headers;
     let mut res = Some(res);
     let mut svc = layer.layer(service_fn(move |_req: Request<()>| {
