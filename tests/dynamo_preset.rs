@@ -109,15 +109,9 @@ async fn the_routing_markers_reach_only_clients_granted_them() {
 
 #[tokio::test]
 async fn internal_metrics_are_never_forwarded_even_when_asked_for() {
-    let everything = [
-        "x-bypass-remote-prefill",
-        "x-prefill-continue",
-        "request_id",
-        "formatted_prompt",
-        "token_ids",
-        "llm_metrics",
-        "payload_usage",
-    ];
+    let preset = BypassMarkerLayer::dynamo();
+    let everything: Vec<&str> = preset.names().collect();
+    assert_eq!(everything.len(), 7, "{everything:?}");
     assert_eq!(
         filter(&everything).await,
         expected(&[BYPASS, CONTINUE, REQUEST_ID, FORMATTED_PROMPT, TOKEN_IDS])

@@ -6,6 +6,7 @@
 //! `src/scan.rs`.
 
 use bytes::Bytes;
+use test_support::fuzz::oracle::esc;
 use test_support::model;
 use tower_bypass_marker::sans_io::{EventStreamFilter, FilterOutput};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
@@ -63,10 +64,10 @@ fn drive(setup: &Setup, chunks: &[&[u8]]) -> Vec<u8> {
         drain(&mut filter, &mut out, FilterOutput::NeedInput);
         seen.extend_from_slice(chunk);
         assert_eq!(
-            Esc(&out),
-            Esc(&model::filter(&seen, &setup.rules).complete),
+            esc(&out),
+            esc(&model::filter(&seen, &setup.rules).complete),
             "after {:?}",
-            Esc(&seen)
+            esc(&seen)
         );
     }
     filter.finish();
@@ -88,45 +89,33 @@ fn drain(filter: &mut EventStreamFilter, out: &mut Vec<u8>, until: FilterOutput)
     }
 }
 
-struct Esc<'a>(&'a [u8]);
-impl PartialEq for Esc<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
-    }
-}
-impl std::fmt::Debug for Esc<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "\"{}\"", self.0.escape_ascii())
-    }
-}
-
 /// Checks that `input` becomes `expected` whole, split at every offset, split at every pair of
 /// offsets (short inputs) and fed a byte at a time, and that the model agrees.
 fn assert_filters(setup: &Setup, input: &[u8], expected: &[u8]) {
     assert_eq!(
-        Esc(&model::filter(input, &setup.rules).all),
-        Esc(expected),
+        esc(&model::filter(input, &setup.rules).all),
+        esc(expected),
         "the model disagrees with the expectation"
     );
-    assert_eq!(Esc(&drive(setup, &[input])), Esc(expected), "whole");
+    assert_eq!(esc(&drive(setup, &[input])), esc(expected), "whole");
     for i in 0..=input.len() {
         let (a, b) = input.split_at(i);
-        assert_eq!(Esc(&drive(setup, &[a, b])), Esc(expected), "split at {i}");
+        assert_eq!(esc(&drive(setup, &[a, b])), esc(expected), "split at {i}");
     }
     if input.len() <= 64 {
         for i in 0..=input.len() {
             for j in i..=input.len() {
                 let parts = [&input[..i], &input[i..j], &input[j..]];
                 assert_eq!(
-                    Esc(&drive(setup, &parts)),
-                    Esc(expected),
+                    esc(&drive(setup, &parts)),
+                    esc(expected),
                     "split at {i}, {j}"
                 );
             }
         }
     }
     let bytes: Vec<&[u8]> = input.chunks(1).collect();
-    assert_eq!(Esc(&drive(setup, &bytes)), Esc(expected), "byte by byte");
+    assert_eq!(esc(&drive(setup, &bytes)), esc(expected), "byte by byte");
 }
 
 fn cat(parts: &[&[u8]]) -> Vec<u8> {
@@ -174,17 +163,17 @@ fn crlf_split_after_a_removed_frame_drops_the_lf() {
             b"\ndata: 1\r\n\r\n",
         ],
     );
-    assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
+    assert_eq!(esc(&out), esc(b"data: 1\r\n\r\n"));
 }
 
 #[test]
 fn crlf_split_after_a_kept_frame_forwards_the_lf() {
     let layer = Setup::new();
     let out = drive(&layer, &[b"data: 1\r\n\r", b"\ndata: 2\r\n\r\n"]);
-    assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\ndata: 2\r\n\r\n"));
+    assert_eq!(esc(&out), esc(b"data: 1\r\n\r\ndata: 2\r\n\r\n"));
     // And after a kept frame that was held across chunks.
     let out = drive(&layer, &[b"data: 1\r", b"\n\r", b"\n"]);
-    assert_eq!(Esc(&out), Esc(b"data: 1\r\n\r\n"));
+    assert_eq!(esc(&out), esc(b"data: 1\r\n\r\n"));
 }
 
 #[test]
@@ -194,7 +183,7 @@ fn a_cr_then_a_cr_is_two_line_ends() {
         &layer,
         &[b"event: x-bypass-remote-prefill\r", b"\rdata: 1\n\n"],
     );
-    assert_eq!(Esc(&out), Esc(b"data: 1\n\n"));
+    assert_eq!(esc(&out), esc(b"data: 1\n\n"));
 }
 
 #[test]
@@ -374,11 +363,11 @@ fn an_event_line_spanning_chunks_is_recognised() {
             b"\ndata: 1\n\n",
         ],
     );
-    assert_eq!(Esc(&out), Esc(b"data: 0\n\ndata: 1\n\n"));
+    assert_eq!(esc(&out), esc(b"data: 0\n\ndata: 1\n\n"));
     // A long value spanning chunks is not mistaken for a name it starts with.
     let long = cat(&[b"event: request_id", &[b'x'; 300], b"\n\n"]);
     let out = drive(&layer, &[&long[..10], &long[10..200], &long[200..]]);
-    assert_eq!(Esc(&out), Esc(&long));
+    assert_eq!(esc(&out), esc(&long));
 }
 
 #[test]
@@ -432,7 +421,7 @@ fn long_lines_are_walked_and_frames_after_them_still_filtered() {
         MARKER,
     ]);
     let expected = cat(&[b"data: ", &long, b"\n\n", b"data: ", &long, b"\r\n\r\n"]);
-    assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
+    assert_eq!(esc(&drive(&layer, &[&input])), esc(&expected));
     for at in [
         1,
         100,
@@ -444,15 +433,15 @@ fn long_lines_are_walked_and_frames_after_them_still_filtered() {
     ] {
         let (a, b) = input.split_at(at);
         assert_eq!(
-            Esc(&drive(&layer, &[a, b])),
-            Esc(&expected),
+            esc(&drive(&layer, &[a, b])),
+            esc(&expected),
             "split at {at}"
         );
     }
     // A long `event` line is never a configured name, and a marker after it still goes.
     let input = cat(&[b"event: ", &long, b"\ndata: 1\n\n", MARKER]);
     let expected = cat(&[b"event: ", &long, b"\ndata: 1\n\n"]);
-    assert_eq!(Esc(&drive(&layer, &[&input])), Esc(&expected));
+    assert_eq!(esc(&drive(&layer, &[&input])), esc(&expected));
 }
 
 /// A chunk of whole frames with no `event:` takes the scanner's quick path (`src/scan.rs`); what

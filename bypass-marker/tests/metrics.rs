@@ -275,15 +275,9 @@ async fn frames_removed_and_forwarded_are_counted_exactly_per_name() {
 
     // Before any request: a series at 0 for every name of the dynamo preset.
     let before = scrape(&served).await;
-    for name in [
-        "x-bypass-remote-prefill",
-        "x-prefill-continue",
-        "request_id",
-        "formatted_prompt",
-        "token_ids",
-        "llm_metrics",
-        "payload_usage",
-    ] {
+    let preset = tower_bypass_marker::BypassMarkerLayer::dynamo();
+    assert_eq!(preset.names().count(), 7);
+    for name in preset.names() {
         let label = format!("annotation=\"{name}\"");
         assert_eq!(get(&before, REMOVED, &label), 0.0);
         assert_eq!(get(&before, FORWARDED, &label), 0.0);
