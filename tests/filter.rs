@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request, StatusCode};
 use http_body::Body;
 use proptest::prelude::*;
-use test_support::body::{data, response, Gated};
+use test_support::body::{cut, data, response, Gated};
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::sans_io::FilterOutput;
 use tower_bypass_marker::{BypassMarkerLayer, FrameObserver, Overflow, RequestedAnnotations};
@@ -167,17 +167,6 @@ fn through_filter(
     run
 }
 
-fn chunked(input: &[u8], cuts: &[usize]) -> Vec<Bytes> {
-    let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
-    points.push(0);
-    points.push(input.len());
-    points.sort_unstable();
-    points
-        .windows(2)
-        .map(|w| Bytes::copy_from_slice(&input[w[0]..w[1]]))
-        .collect()
-}
-
 proptest! {
     #[test]
     fn the_filter_outputs_what_the_body_yields_after_every_chunk(
@@ -189,7 +178,7 @@ proptest! {
         asked in prop::collection::vec(any::<bool>(), 3),
     ) {
         let input: Vec<u8> = pieces.iter().flat_map(|&p| PIECES[p].iter().copied()).collect();
-        let chunks = chunked(&input, &cuts);
+        let chunks = cut(&input, &cuts);
         let layer = layer(sdk_safe, if small_cap { 40 } else { 1 << 20 }, overflow_error);
         let requested: RequestedAnnotations = ["x-bypass-remote-prefill", "request_id", "llm_metrics"]
             .into_iter()

@@ -17,6 +17,7 @@ use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use serde_json::Value;
+use test_support::fuzz::json::annotation_strings;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_bypass_marker::json::JsonGuardBody;
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
@@ -284,19 +285,6 @@ fn document() -> impl Strategy<Value = (String, Option<Range<usize>>)> {
     )
 }
 
-/// The string entries of `doc`'s `nvext.annotations`, if it is an array.
-fn strings(doc: &Value) -> Vec<String> {
-    doc.get("nvext")
-        .and_then(|n| n.get("annotations"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Whether `guard_annotations` strips `entry`.
 fn is_stripped(layer: &BypassMarkerLayer, entry: &str) -> bool {
     let mut one = vec![entry.to_owned()];
@@ -352,7 +340,7 @@ proptest! {
         let output: Value = serde_json::from_slice(&out).expect("the guard forwards JSON");
 
         // No router-owned entry survives.
-        for entry in strings(&output) {
+        for entry in annotation_strings(&output) {
             prop_assert!(!is_stripped(&layer, &entry), "{:?} survived", entry);
         }
         // The output is the input with exactly the router-owned entries removed.
@@ -377,7 +365,7 @@ proptest! {
             prop_assert_eq!(&frames[0], &body);
         }
         // The opt-in is what guard_annotations grants for the same entries.
-        let mut entries = strings(&input);
+        let mut entries = annotation_strings(&input);
         let expected_granted = layer.guard_annotations(&mut entries);
         prop_assert_eq!(granted.unwrap_or_default(), expected_granted);
     }

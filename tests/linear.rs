@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body_util::BodyExt;
 use test_support::body::Chunks;
+use test_support::model::remove_all;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bypass_marker::BypassMarkerLayer;
 
@@ -61,17 +62,6 @@ fn shapes() -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     // `event:` inside data lines, then a long open line.
     let body = shape(b"data: event: x\n\n", 2 * MIB, b"data: x\n", 2 * MIB);
     out.push(("event: inside data then an open frame", body.clone(), body));
-    out
-}
-
-fn remove_all(input: &[u8], needle: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(p) = memchr::memmem::find(rest, needle) {
-        out.extend_from_slice(&rest[..p]);
-        rest = &rest[p + needle.len()..];
-    }
-    out.extend_from_slice(rest);
     out
 }
 

@@ -26,6 +26,7 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::{BodyExt, Full};
+use test_support::rng::{random_chunks, XorShift};
 use test_support::serve::*;
 use tokio::sync::{mpsc, Barrier};
 use tokio_stream::wrappers::ReceiverStream;
@@ -47,22 +48,6 @@ fn streams() -> usize {
                 .expect("BYPASS_MARKER_LOAD_STREAMS must be a number")
         })
         .unwrap_or(DEFAULT_STREAMS)
-}
-
-/// A small deterministic generator, so each stream's shape depends on its id alone.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// How a stream's client asks (or does not ask) for the marker.
@@ -124,14 +109,7 @@ fn script(id: usize) -> (String, String) {
 
 /// The upstream's chunks for stream `id`: from 1 to 400 bytes, cutting frames anywhere.
 fn upstream_chunks(id: usize, full: &str) -> Vec<Bytes> {
-    let mut rng = XorShift::new(!(id as u64));
-    let mut out = Vec::new();
-    let mut rest = Bytes::copy_from_slice(full.as_bytes());
-    while !rest.is_empty() {
-        let n = (1 + rng.below(400) as usize).min(rest.len());
-        out.push(rest.split_to(n));
-    }
-    out
+    random_chunks(!(id as u64), full.as_bytes(), 400)
 }
 
 struct Server {

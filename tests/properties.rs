@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body::Body;
 use proptest::prelude::*;
-use test_support::body::{data, response, Gated};
+use test_support::body::{cut, data, response, Gated};
 use test_support::model;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
@@ -74,14 +74,7 @@ fn chunking(input: &[u8], cuts: &[usize], bytewise: bool) -> Vec<Bytes> {
             .map(|b| Bytes::copy_from_slice(&[*b]))
             .collect();
     }
-    let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
-    points.push(0);
-    points.push(input.len());
-    points.sort_unstable();
-    points
-        .windows(2)
-        .map(|w| Bytes::copy_from_slice(&input[w[0]..w[1]]))
-        .collect()
+    cut(input, cuts)
 }
 
 fn ready<F: Future>(f: F) -> F::Output {

@@ -60,6 +60,21 @@ impl<B> StallTimeout<B> {
     }
 }
 
+/// Whether an `accept` error is about one connection (go on at once) rather than the process
+/// (out of file descriptors or memory: back off). The sidecar's and the processor's accept loops
+/// both ask it. A signal (`Interrupted`) or a connection gone before it was taken (`WouldBlock`)
+/// is no reason to wait.
+pub(crate) fn is_connection_error(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
 /// The share of the process's [`BodyBudget`] one request body holds while the guard reads it and
 /// until the body has been forwarded (or refused): every clone of the `Arc` gone, it is given
 /// back. The request body, its request's extensions and the body forwarded upstream each hold a

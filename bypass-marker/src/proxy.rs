@@ -109,7 +109,9 @@ pub use crate::args::default_max_connections;
 use crate::args::{max_connections, ProxyArgs};
 use crate::budget::BodyBudget;
 use crate::client::trim_ows;
-use crate::conn::{Busy, Expired, HeldBody, Releasing, StallTimeout, Watch, Watched};
+use crate::conn::{
+    is_connection_error, Busy, Expired, HeldBody, Releasing, StallTimeout, Watch, Watched,
+};
 use crate::forward::{error, remove_hop_by_hop, stalled, FromForward};
 use crate::logs::{request_id, RequestLog};
 use crate::metrics::{probe, removed_on_this_thread, Metrics, UpstreamError};
@@ -217,19 +219,6 @@ where
         }
     }
     Ok(())
-}
-
-/// Whether an `accept` error is about one connection (go on at once) rather than the process
-/// (out of file descriptors or memory: back off).
-fn is_connection_error(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-    )
 }
 
 /// How many times `accept` has failed for want of file descriptors or memory, in this process.

@@ -15,6 +15,7 @@
 use bypass_marker as proxy;
 
 use test_support::logs;
+use test_support::rng::{random_chunks, XorShift};
 mod support;
 
 use std::convert::Infallible;
@@ -669,22 +670,6 @@ struct StreamUpstream {
     most_open: AtomicUsize,
 }
 
-/// A small deterministic generator, so each stream's shape depends on its id alone.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// How the client of stream `id` asks for annotations.
 fn annotations_of(id: u64) -> Vec<&'static str> {
     match id % 4 {
@@ -741,14 +726,7 @@ fn script(id: u64) -> (String, String) {
 
 /// The upstream's chunks for stream `id`: 1 to 300 bytes, cutting frames anywhere.
 fn chunks(id: u64, full: &str) -> Vec<Bytes> {
-    let mut rng = XorShift::new(!id);
-    let mut rest = Bytes::copy_from_slice(full.as_bytes());
-    let mut out = Vec::new();
-    while !rest.is_empty() {
-        let n = (1 + rng.below(300) as usize).min(rest.len());
-        out.push(rest.split_to(n));
-    }
-    out
+    random_chunks(!id, full.as_bytes(), 300)
 }
 
 async fn stream_handler(State(upstream): State<Arc<StreamUpstream>>, body: Bytes) -> Response {

@@ -133,7 +133,7 @@ impl Workload {
         chunks: Vec<Bytes>,
     ) -> Self {
         let input: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        let without_marker = remove_all(&input, MARKER);
+        let without_marker = crate::model::remove_all(&input, MARKER);
         // One static buffer per workload (leaked: workloads live as long as the process), so
         // that a chunk is handed over as `Bytes::from_static`, with no call through a vtable.
         let buffer: &'static [u8] = Vec::leak(input.clone());
@@ -419,17 +419,6 @@ where
             Poll::Pending => unreachable!("the upstream body is always ready"),
         }
     }
-}
-
-fn remove_all(input: &[u8], needle: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(p) = memchr::memmem::find(rest, needle) {
-        out.extend_from_slice(&rest[..p]);
-        rest = &rest[p + needle.len()..];
-    }
-    out.extend_from_slice(rest);
-    out
 }
 
 /// A small deterministic generator, so every run measures the same bytes.

@@ -200,6 +200,19 @@ impl Body for Items {
     }
 }
 
+/// `input` cut at `cuts` (each taken modulo `input.len() + 1`, in any order; repeats give empty
+/// chunks): the chunks, in order, which concatenate to `input`.
+pub fn cut(input: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+    let mut points: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+    points.push(0);
+    points.push(input.len());
+    points.sort_unstable();
+    points
+        .windows(2)
+        .map(|w| Bytes::copy_from_slice(&input[w[0]..w[1]]))
+        .collect()
+}
+
 /// A response with `content_type` and `body`.
 pub fn response<B>(content_type: &str, body: B) -> Response<B> {
     Response::builder()

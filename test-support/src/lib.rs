@@ -10,6 +10,7 @@ pub mod body;
 pub mod clock;
 pub mod fuzz;
 pub mod model;
+pub mod rng;
 
 #[cfg(feature = "bench")]
 pub mod bench;

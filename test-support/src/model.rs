@@ -149,3 +149,16 @@ fn lead(input: &[u8], mut out: Vec<u8>) -> Vec<u8> {
     }
     out
 }
+
+/// `input` with every copy of `needle` taken out (left to right, copies do not overlap): what a
+/// stream of whole marker frames becomes through the filter.
+pub fn remove_all(input: &[u8], needle: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(p) = memchr::memmem::find(rest, needle) {
+        out.extend_from_slice(&rest[..p]);
+        rest = &rest[p + needle.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
+}

@@ -13,6 +13,7 @@ use tonic::transport::Server;
 
 use super::connection::Origin;
 use super::{ExtProc, ExtProcService};
+use crate::conn::is_connection_error;
 
 /// The most concurrent gRPC streams (HTTP requests in Envoy) [`serve`] allows on one HTTP/2
 /// connection, advertised in its `SETTINGS_MAX_CONCURRENT_STREAMS`: Envoy opens another
@@ -108,16 +109,6 @@ impl Stream for Accepting {
             }
         }
     }
-}
-
-/// An accept error about one connection, not about the process.
-fn is_connection_error(err: &io::Error) -> bool {
-    matches!(
-        err.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
 }
 
 /// An accepted connection and its [`Origin`], which tonic puts into every request on it

@@ -222,8 +222,12 @@ fn framed(answer: &ProcessingResponse) -> Result<Bytes, Status> {
     Ok(out.freeze())
 }
 
+/// What one poll of the answers gives: a gRPC frame (a message, or the status as trailers), the
+/// end, or nothing yet.
+type NextFrame = Poll<Option<Result<Frame<Bytes>, Status>>>;
+
 /// The last frame of a call: its status as trailers.
-fn end(done: &mut bool, status: &Status) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+fn end(done: &mut bool, status: &Status) -> NextFrame {
     *done = true;
     let mut map = HeaderMap::with_capacity(2);
     if status.add_header(&mut map).is_err() {
@@ -240,10 +244,7 @@ where
     type Data = Bytes;
     type Error = Status;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> NextFrame {
         let mut this = self.project();
         AnswerClock::polled(this.clock.as_mut());
         loop {

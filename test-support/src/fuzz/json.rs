@@ -38,8 +38,9 @@ fn is_stripped(layer: &BypassMarkerLayer, entry: &str) -> bool {
     one.is_empty()
 }
 
-/// The string entries of a document's top-level `nvext.annotations`.
-fn strings(doc: &Value) -> Vec<String> {
+/// The string entries of a document's top-level `nvext.annotations` (none if it is not an
+/// array).
+pub fn annotation_strings(doc: &Value) -> Vec<String> {
     doc.get("nvext")
         .and_then(|n| n.get("annotations"))
         .and_then(Value::as_array)
@@ -179,7 +180,7 @@ pub fn check(data: &[u8]) {
         return;
     };
     let output: Value = serde_json::from_slice(&out).expect("forwards what it read");
-    for entry in strings(&output) {
+    for entry in annotation_strings(&output) {
         assert!(
             !is_stripped(&layer, &entry),
             "{entry:?} reached the upstream"
@@ -207,7 +208,7 @@ pub fn check(data: &[u8]) {
         }
     }
     if input.is_object() {
-        let mut entries = strings(&input);
+        let mut entries = annotation_strings(&input);
         let expected = layer.guard_annotations(&mut entries);
         assert_eq!(granted.unwrap_or_default(), expected);
     } else {
