@@ -1,18 +1,18 @@
 //! The sans-IO `EventStreamFilter` is the tower body's engine: for any input, configuration and
 //! chunking it outputs the same bytes as `BypassMarkerBody`, after every chunk and at the end.
 
-use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Method, Request, StatusCode};
+use http::{header, HeaderMap, Method, StatusCode};
 use http_body::Body;
 use proptest::prelude::*;
-use test_support::body::{cut, data, response, Gated};
-use tower::{service_fn, Layer, Service};
+use test_support::body::{cut, data, response, through, Gated};
+use test_support::fuzz::body::ready;
+use test_support::fuzz::filter::{finish, push_chunk};
 use tower_bypass_marker::sans_io::FilterOutput;
 use tower_bypass_marker::{BypassMarkerLayer, FrameObserver, Overflow, RequestedAnnotations};
 
@@ -32,14 +32,6 @@ const PIECES: &[&[u8]] = &[
     b": keep-alive\n\n",
     b"data: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 ];
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("future not ready"),
-    }
-}
 
 fn layer(sdk_safe: bool, cap: usize, overflow_error: bool) -> BypassMarkerLayer {
     BypassMarkerLayer::new()
@@ -67,14 +59,8 @@ fn through_body(
     chunks: &[Bytes],
 ) -> Run {
     let gated = Gated::default();
-    let body = gated.clone();
-    let mut svc = layer.layer(service_fn(move |_req: Request<()>| {
-        let body = body.clone();
-        async move { Ok::<_, std::convert::Infallible>(response("text/event-stream", body)) }
-    }));
-    let mut req = Request::new(());
-    req.extensions_mut().insert(requested.clone());
-    let res = ready(svc.call(req)).unwrap();
+    let upstream = response("text/event-stream", gated.clone());
+    let res = ready(through(layer, Some(requested.clone()), upstream));
     let mut body = pin!(res.into_body());
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = Vec::new();
@@ -131,37 +117,14 @@ fn through_filter(
         return run;
     };
     for chunk in chunks {
-        filter.push(chunk.clone());
-        loop {
-            match filter.poll_output() {
-                Ok(FilterOutput::Data(d)) => out.extend_from_slice(&d),
-                Ok(FilterOutput::NeedInput) => break,
-                Ok(FilterOutput::End) => unreachable!("end before finish"),
-                // FilterOutput is #[non_exhaustive].
-                Ok(output) => panic!("an output this test does not know: {output:?}"),
-                Err(_) => {
-                    run.failed = true;
-                    run.after_each.push(out);
-                    return run;
-                }
-            }
+        if push_chunk(&mut filter, chunk.clone(), &mut out).is_err() {
+            run.failed = true;
+            run.after_each.push(out);
+            return run;
         }
         run.after_each.push(out.clone());
     }
-    filter.finish();
-    loop {
-        match filter.poll_output() {
-            Ok(FilterOutput::Data(d)) => out.extend_from_slice(&d),
-            Ok(FilterOutput::End) => break,
-            Ok(FilterOutput::NeedInput) => unreachable!("need input after finish"),
-            // FilterOutput is #[non_exhaustive].
-            Ok(output) => panic!("an output this test does not know: {output:?}"),
-            Err(_) => {
-                run.failed = true;
-                break;
-            }
-        }
-    }
+    run.failed = finish(&mut filter, &mut out).is_err();
     assert_eq!(filter.poll_output(), Ok(FilterOutput::End), "End is sticky");
     run.after_each.push(out);
     run

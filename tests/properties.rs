@@ -4,17 +4,15 @@
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test properties` runs a long campaign.
 
-use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::Request;
 use http_body::Body;
 use proptest::prelude::*;
-use test_support::body::{cut, data, response, Gated};
+use test_support::body::{cut, data, response, through, Gated};
+use test_support::fuzz::body::ready;
 use test_support::model;
-use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BypassMarkerLayer, RequestedAnnotations};
 
 const LINES: &[&[u8]] = &[
@@ -77,14 +75,6 @@ fn chunking(input: &[u8], cuts: &[usize], bytewise: bool) -> Vec<Bytes> {
     cut(input, cuts)
 }
 
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut cx = Context::from_waker(Waker::noop());
-    match pin!(f).poll(&mut cx) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("future not ready"),
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Setup {
     request_id: bool,
@@ -141,14 +131,8 @@ fn check(input: &[u8], chunks: &[Bytes], setup: &Setup) -> Result<(), TestCaseEr
     };
 
     let gated = Gated::default();
-    let body = gated.clone();
-    let mut svc = layer.layer(service_fn(move |_req: Request<()>| {
-        let body = body.clone();
-        async move { Ok::<_, std::convert::Infallible>(response("text/event-stream", body)) }
-    }));
-    let mut req = Request::new(());
-    req.extensions_mut().insert(requested);
-    let res = ready(svc.call(req)).unwrap();
+    let upstream = response("text/event-stream", gated.clone());
+    let res = ready(through(&layer, Some(requested), upstream));
     let mut body = pin!(res.into_body());
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = Vec::new();

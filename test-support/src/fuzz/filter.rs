@@ -9,13 +9,67 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use tower::{service_fn, Layer, Service};
-use tower_bypass_marker::sans_io::FilterOutput;
+use tower_bypass_marker::sans_io::{EventStreamFilter, FilterOutput};
 use tower_bypass_marker::{BypassMarkerLayer, FrameTooLarge};
 
 use super::body::{noop_waker, ready};
 use super::case::{Case, CONTENT_TYPES};
 use super::oracle::esc;
 use crate::body::{Item, Items};
+
+/// Pushes `chunk` into `filter` and polls it until it needs more input, appending what it outputs
+/// to `out`; its error if it fails. Panics if it ends (it was not finished), gives an empty
+/// piece, or polls more often than it holds and was given bytes (each piece of data is at least
+/// a byte, so a filter that makes progress never needs more).
+pub fn push_chunk(
+    filter: &mut EventStreamFilter,
+    chunk: Bytes,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameTooLarge> {
+    let most = filter.held_bytes() + chunk.len() + 1;
+    filter.push(chunk);
+    match drain(filter, out, most)? {
+        FilterOutput::NeedInput => Ok(()),
+        output => panic!("{output:?} before finish"),
+    }
+}
+
+/// Finishes `filter` and polls it to its end, appending what it outputs to `out`; its error if it
+/// fails. Panics if it asks for input, gives an empty piece, or polls more often than it holds
+/// bytes, and checks that `End` is final and nothing is left held.
+pub fn finish(filter: &mut EventStreamFilter, out: &mut Vec<u8>) -> Result<(), FrameTooLarge> {
+    let most = filter.held_bytes() + 1;
+    filter.finish();
+    match drain(filter, out, most)? {
+        FilterOutput::End => {}
+        output => panic!("{output:?} after finish"),
+    }
+    assert_eq!(filter.poll_output(), Ok(FilterOutput::End), "End is final");
+    assert_eq!(filter.held_bytes(), 0, "bytes left in the filter");
+    Ok(())
+}
+
+/// Polls `filter` until an output that is not data (at most `most` pieces of data), appending the
+/// data to `out`.
+fn drain(
+    filter: &mut EventStreamFilter,
+    out: &mut Vec<u8>,
+    most: usize,
+) -> Result<FilterOutput, FrameTooLarge> {
+    for _ in 0..=most {
+        match filter.poll_output()? {
+            FilterOutput::Data(data) => {
+                assert!(!data.is_empty(), "empty output");
+                out.extend_from_slice(&data);
+            }
+            FilterOutput::NeedInput => return Ok(FilterOutput::NeedInput),
+            FilterOutput::End => return Ok(FilterOutput::End),
+            // FilterOutput is #[non_exhaustive].
+            output => panic!("an output this harness does not know: {output:?}"),
+        }
+    }
+    panic!("the filter makes no progress: more than {most} pieces of data");
+}
 
 /// The output of the public filter for `case`'s chunks (`None` when it failed with
 /// `FrameTooLarge`), and the output's length after each chunk. The filter is made for an event
@@ -38,23 +92,7 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
     let mut out = Vec::new();
     let mut after = Vec::new();
     for chunk in chunks {
-        filter.push(Bytes::copy_from_slice(chunk));
-        let mut polls = 0;
-        loop {
-            polls += 1;
-            assert!(polls <= 2 * chunk.len() + 3, "the filter makes no progress");
-            match filter.poll_output() {
-                Ok(FilterOutput::Data(data)) => {
-                    assert!(!data.is_empty(), "empty output");
-                    out.extend_from_slice(&data);
-                }
-                Ok(FilterOutput::NeedInput) => break,
-                Ok(FilterOutput::End) => panic!("End before finish"),
-                // FilterOutput is #[non_exhaustive].
-                Ok(output) => panic!("an output this harness does not know: {output:?}"),
-                Err(_) => return None,
-            }
-        }
+        push_chunk(&mut filter, Bytes::copy_from_slice(chunk), &mut out).ok()?;
         assert!(
             filter.held_bytes() <= cap,
             "held {} bytes past the cap of {cap}",
@@ -62,19 +100,7 @@ pub fn filter_chunks(case: &Case) -> Option<(Vec<u8>, Vec<usize>)> {
         );
         after.push(out.len());
     }
-    filter.finish();
-    loop {
-        match filter.poll_output() {
-            Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
-            Ok(FilterOutput::End) => break,
-            Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
-            // FilterOutput is #[non_exhaustive].
-            Ok(output) => panic!("an output this harness does not know: {output:?}"),
-            Err(_) => return None,
-        }
-    }
-    assert_eq!(filter.poll_output(), Ok(FilterOutput::End), "End is final");
-    assert_eq!(filter.held_bytes(), 0, "bytes left in the filter");
+    finish(&mut filter, &mut out).ok()?;
     Some((out, after))
 }
 
@@ -181,38 +207,16 @@ pub fn check_filter(case: &Case) {
             }
         }
         Some(mut filter) => {
-            'chunks: for chunk in &chunks {
-                filter.push(Bytes::copy_from_slice(chunk));
-                loop {
-                    match filter.poll_output() {
-                        Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
-                        Ok(FilterOutput::NeedInput) => break,
-                        Ok(FilterOutput::End) => panic!("End before finish"),
-                        // FilterOutput is #[non_exhaustive].
-                        Ok(output) => panic!("an output this harness does not know: {output:?}"),
-                        Err(err) => {
-                            from_filter.too_large = Some(err.limit());
-                            break 'chunks;
-                        }
-                    }
+            let mut pushed = Ok(());
+            for chunk in &chunks {
+                pushed = push_chunk(&mut filter, Bytes::copy_from_slice(chunk), &mut out);
+                if pushed.is_err() {
+                    break;
                 }
                 from_filter.after.push(out.len());
             }
-            if from_filter.too_large.is_none() {
-                filter.finish();
-                loop {
-                    match filter.poll_output() {
-                        Ok(FilterOutput::Data(data)) => out.extend_from_slice(&data),
-                        Ok(FilterOutput::End) => break,
-                        Ok(FilterOutput::NeedInput) => panic!("NeedInput after finish"),
-                        // FilterOutput is #[non_exhaustive].
-                        Ok(output) => panic!("an output this harness does not know: {output:?}"),
-                        Err(err) => {
-                            from_filter.too_large = Some(err.limit());
-                            break;
-                        }
-                    }
-                }
+            if let Err(err) = pushed.and_then(|()| finish(&mut filter, &mut out)) {
+                from_filter.too_large = Some(err.limit());
             }
         }
     }
