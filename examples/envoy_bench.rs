@@ -802,6 +802,16 @@ fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     values.fold((f64::INFINITY, 0.0), |(lo, hi), v| (lo.min(v), hi.max(v)))
 }
 
+/// The lowest and highest round-by-round ratio of CPU per event, `runs` to `base` (Envoy alone):
+/// the spread behind the table's ratio.
+fn cpu_ratio_range(runs: &[Run], base: &[Run]) -> (f64, f64) {
+    range(
+        runs.iter()
+            .zip(base)
+            .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
+    )
+}
+
 /// The issues' goals for a target, as (bulk, paced) CPU per event relative to Envoy pass-through.
 fn goals(name: &str, writes: Writes) -> Option<(f64, f64)> {
     match name {
@@ -1103,12 +1113,7 @@ fn main() {
                 let rate: f64 = runs[i].iter().map(|r| r.events as f64 / r.wall.as_secs_f64()).sum::<f64>()
                     / runs[i].len() as f64;
                 let cpu = ns_per_event(&runs[i]);
-                let (lo, hi) = range(
-                    runs[i]
-                        .iter()
-                        .zip(&runs[0])
-                        .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
-                );
+                let (lo, hi) = cpu_ratio_range(&runs[i], &runs[0]);
                 println!(
                     "  {:<34} {:>12.0} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {} {}",
                     targets[i].name,
@@ -1168,12 +1173,7 @@ fn main() {
                     percentile(&latencies[i], 0.99),
                 );
                 let cpu = ns_per_event(&runs[i]);
-                let (lo, hi) = range(
-                    runs[i]
-                        .iter()
-                        .zip(&runs[0])
-                        .map(|(r, e)| ns_per_event(&[*r]) / ns_per_event(&[*e])),
-                );
+                let (lo, hi) = cpu_ratio_range(&runs[i], &runs[0]);
                 println!(
                     "  {:<34} {:>9.2} us {:>9.2}x {:>7.2}-{:<7.2} {:>+9} us / {:>+6} us  {} {}",
                     targets[i].name,

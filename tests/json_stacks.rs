@@ -14,12 +14,14 @@ use axum::Router;
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serve::{data, fed_body, read_all, spawn_axum, FedBody, MARKER, PATIENCE};
+use serve::{data, fed_body, read_all, spawn_axum, FedBody, FeedSender, MARKER, PATIENCE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tower_bypass_marker::BypassMarkerLayer;
 
 const REQUEST_ID: &str = "event: request_id\n: \"r-1\"\n\n";
@@ -100,19 +102,26 @@ async fn the_guard_strips_the_request_and_grants_the_response_in_either_order() 
     }
 }
 
-fn streaming_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, FedBody> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-#[tokio::test]
-async fn a_chunked_upload_is_read_as_it_arrives() {
-    let (addr, mut rx) = serve(true, 1 << 20).await;
+/// A JSON upload to `addr`'s chat endpoint whose body the test feeds piece by piece through the
+/// sender (sent chunked, as it comes): the sender, and the task that gets the response.
+fn chunked_upload(addr: SocketAddr) -> (FeedSender, JoinHandle<Response<Incoming>>) {
     let (tx, body) = fed_body(16);
     let req = Request::post(format!("http://{addr}/v1/chat/completions"))
         .header(header::CONTENT_TYPE, "application/json")
         .body(body)
         .unwrap();
-    let res = tokio::spawn(streaming_client().request(req));
+    let client: Client<_, FedBody> = Client::builder(TokioExecutor::new()).build_http();
+    let res = client.request(req);
+    (
+        tx,
+        tokio::spawn(async move { res.await.expect("a response") }),
+    )
+}
+
+#[tokio::test]
+async fn a_chunked_upload_is_read_as_it_arrives() {
+    let (addr, mut rx) = serve(true, 1 << 20).await;
+    let (tx, res) = chunked_upload(addr);
     // Cut inside the marker and inside an escape.
     for piece in [
         "{\"model\":\"m\",\"nvext\":{\"annotations\":[\"request_id\",\"x-byp",
@@ -124,11 +133,7 @@ async fn a_chunked_upload_is_read_as_it_arrives() {
         tokio::task::yield_now().await;
     }
     drop(tx);
-    let res = tokio::time::timeout(PATIENCE, res)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let res = tokio::time::timeout(PATIENCE, res).await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(received(&mut rx).await, ASKED_SEEN);
     let (body, _) = read_all(res.into_body()).await;
@@ -138,22 +143,13 @@ async fn a_chunked_upload_is_read_as_it_arrives() {
 #[tokio::test]
 async fn a_chunked_upload_over_the_limit_gets_413_before_its_end() {
     let (addr, mut rx) = serve(true, 1000).await;
-    let (tx, body) = fed_body(16);
-    let req = Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .unwrap();
-    let res = tokio::spawn(streaming_client().request(req));
+    let (tx, res) = chunked_upload(addr);
     tx.send(data(format!("{{\"pad\":\"{}", "x".repeat(600))))
         .await
         .unwrap();
     tx.send(data("y".repeat(600))).await.unwrap();
     // The upload is still open when the answer comes.
-    let res = tokio::time::timeout(PATIENCE, res)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let res = tokio::time::timeout(PATIENCE, res).await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let (body, _) = read_all(res.into_body()).await;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

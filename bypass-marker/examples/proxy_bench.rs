@@ -338,23 +338,17 @@ async fn throughput_frames(client: &HttpClient, target: &Served, per_stream: usi
     let url = target.url(&format!("/stream?events={per_stream}&pace_us=0"));
     let (cpu, counts) = target.counts().await;
     let started = Instant::now();
-    let runs = (0..THROUGHPUT_STREAMS).map(|_| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let res = client.get(url.parse().unwrap()).await.expect("a response");
-            let mut body = res.into_body();
-            let (mut bytes, mut frames) = (0, 0);
-            while let Some(frame) = body.frame().await {
-                if let Ok(data) = frame.expect("a body frame").into_data() {
-                    bytes += data.len();
-                    frames += 1;
-                }
+    let runs = each_stream(client, &url, THROUGHPUT_STREAMS, |mut body| async move {
+        let (mut bytes, mut frames) = (0, 0);
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.expect("a body frame").into_data() {
+                bytes += data.len();
+                frames += 1;
             }
-            (bytes, frames)
         }
+        (bytes, frames)
     });
-    let (bytes, frames) = futures_util::future::join_all(runs)
+    let (bytes, frames) = runs
         .await
         .into_iter()
         .fold((0, 0), |(b, f), (bytes, frames)| (b + bytes, f + frames));
@@ -485,42 +479,51 @@ fn variants(rounds: usize, per_stream: usize) {
 /// writing it to the client having all of it.
 async fn latencies(client: &HttpClient, base: &str) -> Vec<u64> {
     let url = format!("{base}/stream?events={LATENCY_EVENTS}&pace_us=1000");
-    let runs = (0..LATENCY_STREAMS).map(|_| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let res = client.get(url.parse().unwrap()).await.expect("a response");
-            let mut body = res.into_body();
-            let mut held: Vec<u8> = Vec::new();
-            let mut out = Vec::with_capacity(LATENCY_EVENTS);
-            while let Some(frame) = body.frame().await {
-                let Ok(data) = frame.expect("a body frame").into_data() else {
-                    continue;
-                };
-                let now = epoch().elapsed().as_micros() as u64;
-                held.extend_from_slice(&data);
-                while let Some(end) = held.windows(2).position(|w| w == b"\n\n") {
-                    let event = &held[..end];
-                    let t = event
-                        .strip_prefix(b"data: {\"t\":")
-                        .and_then(|rest| rest.iter().position(|&b| b == b',').map(|i| &rest[..i]))
-                        .and_then(|t| std::str::from_utf8(t).ok()?.parse::<u64>().ok())
-                        .expect("a timed event");
-                    out.push(now.saturating_sub(t));
-                    held.drain(..end + 2);
-                }
+    let runs = each_stream(client, &url, LATENCY_STREAMS, |mut body| async move {
+        let mut held: Vec<u8> = Vec::new();
+        let mut out = Vec::with_capacity(LATENCY_EVENTS);
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.expect("a body frame").into_data() else {
+                continue;
+            };
+            let now = epoch().elapsed().as_micros() as u64;
+            held.extend_from_slice(&data);
+            while let Some(end) = held.windows(2).position(|w| w == b"\n\n") {
+                let event = &held[..end];
+                let t = event
+                    .strip_prefix(b"data: {\"t\":")
+                    .and_then(|rest| rest.iter().position(|&b| b == b',').map(|i| &rest[..i]))
+                    .and_then(|t| std::str::from_utf8(t).ok()?.parse::<u64>().ok())
+                    .expect("a timed event");
+                out.push(now.saturating_sub(t));
+                held.drain(..end + 2);
             }
-            assert_eq!(out.len(), LATENCY_EVENTS);
-            out
         }
+        assert_eq!(out.len(), LATENCY_EVENTS);
+        out
     });
-    let mut all: Vec<u64> = futures_util::future::join_all(runs)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let mut all: Vec<u64> = runs.await.into_iter().flatten().collect();
     all.sort_unstable();
     all
+}
+
+/// Opens `streams` GETs of `url` at once and has `read` read each response's body as it arrives,
+/// all concurrently: what `read` made of each.
+async fn each_stream<T, F>(
+    client: &HttpClient,
+    url: &str,
+    streams: usize,
+    read: impl Fn(hyper::body::Incoming) -> F,
+) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    let read = &read;
+    let runs = (0..streams).map(|_| {
+        let res = client.get(url.parse().unwrap());
+        async move { read(res.await.expect("a response").into_body()).await }
+    });
+    futures_util::future::join_all(runs).await
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {

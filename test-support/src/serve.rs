@@ -111,8 +111,11 @@ where
 /// A body fed by the test through a channel of frames (or errors).
 pub type FedBody = StreamBody<ReceiverStream<Result<Frame<Bytes>, BoxError>>>;
 
+/// The test's end of a [`FedBody`]: what it sends, the body yields; dropping it ends the body.
+pub type FeedSender = mpsc::Sender<Result<Frame<Bytes>, BoxError>>;
+
 /// A body the test feeds frame by frame.
-pub fn fed_body(capacity: usize) -> (mpsc::Sender<Result<Frame<Bytes>, BoxError>>, FedBody) {
+pub fn fed_body(capacity: usize) -> (FeedSender, FedBody) {
     let (tx, rx) = mpsc::channel(capacity);
     (tx, StreamBody::new(ReceiverStream::new(rx)))
 }
