@@ -160,11 +160,7 @@ impl Served {
                 } else {
                     0
                 });
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
+                on_this_thread(async move {
                     let listener = proxy::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
                     addr_tx.send(listener.local_addr().unwrap()).unwrap();
                     // Answers with this thread's CPU time.
@@ -321,6 +317,16 @@ fn start_variant(name: &str, upstream: SocketAddr, filter: bool, guard: bool) ->
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// Runs `work` to its end on a runtime of the calling thread alone: every server here and the
+/// clients each run on a thread of their own, so that the CPU time read per thread is theirs.
+fn on_this_thread<F: std::future::Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(work)
+}
+
 fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
@@ -399,11 +405,7 @@ fn variants(rounds: usize, per_stream: usize) {
         start_variant("proxy-guard", upstream.addr, false, true),
         start_variant("proxy-both", upstream.addr, true, true),
     ];
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_this_thread(async {
         let client = client();
         for proxy in &proxies {
             throughput_frames(&client, proxy, per_stream).await;
@@ -635,11 +637,7 @@ fn main() {
     let upstream = upstream();
     let with = start_proxy("proxy-layer", upstream.addr, true);
     let without = start_proxy("proxy-no-layer", upstream.addr, false);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    on_this_thread(async {
         let client = client();
         // Warm up both proxies and their upstream connections.
         throughput(&client, &with, per_stream).await;
@@ -695,7 +693,8 @@ fn main() {
             "\nlatency per event: {LATENCY_STREAMS} streams x {LATENCY_EVENTS} events, one per ms each (microseconds)"
         );
         // Rounds rotate the order of the three targets; each target's samples are pooled.
-        let (mut direct, mut through_without, mut through_with) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut direct, mut through_without, mut through_with) =
+            (Vec::new(), Vec::new(), Vec::new());
         let (mut paced_cpu_with, mut paced_cpu_without) = (Duration::ZERO, Duration::ZERO);
         for round in 0..rounds {
             for slot in 0..3 {
