@@ -470,10 +470,6 @@ async fn text_logs_and_rust_log_filtering() {
 /// after health has turned NOT_SERVING. (tests/envoy/run.sh drives it through a real Envoy.)
 #[tokio::test]
 async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
-
     let mut command = support::command();
     let mut child = command
         .arg("ext-proc")
@@ -492,18 +488,7 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
         .connect()
         .await
         .unwrap();
-    let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
-        let status = health
-            .check(HealthCheckRequest {
-                service: service.to_owned(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status();
-        assert_eq!(status, ServingStatus::Serving, "{service:?}");
-    }
+    support::assert_ext_proc_serving(channel).await;
     let text = String::from_utf8(get(metrics).await.unwrap().to_vec()).unwrap();
     for name in ["x-bypass-remote-prefill", "request_id", "x-internal"] {
         let series = format!("bypass_marker_frames_removed_total{{annotation=\"{name}\"}} 0");

@@ -9,6 +9,8 @@
 //! be identical.
 use test_support::{logs, serve};
 
+mod support;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
@@ -1199,9 +1201,7 @@ async fn a_json_request_under_a_streamed_request_body_mode_fails_closed() {
 
 #[tokio::test]
 async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
-    use tonic_health::pb::{
-        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
-    };
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
     let layer = BypassMarkerLayer::new();
     let server = start(ExtProc::new(layer)).await;
@@ -1210,18 +1210,8 @@ async fn health_is_serving_and_shutdown_lets_streams_in_flight_finish() {
         .connect()
         .await
         .unwrap();
+    support::assert_ext_proc_serving(channel.clone()).await;
     let mut health = HealthClient::new(channel.clone());
-    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
-        let status = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        assert_eq!(status, ServingStatus::Serving as i32, "{service:?}");
-    }
     let unknown = health
         .check(HealthCheckRequest {
             service: "nope".into(),

@@ -324,3 +324,24 @@ pub(crate) fn sigterm(child: &Child) {
     let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
     assert_eq!(sent, 0, "SIGTERM to {pid}");
 }
+
+/// Asks the gRPC health service on `channel` about the external processor and about the server
+/// as a whole (the empty name), and checks that both are `SERVING`.
+pub(crate) async fn assert_ext_proc_serving(channel: tonic::transport::Channel) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ext_proc.v3.ExternalProcessor"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        assert_eq!(status, ServingStatus::Serving, "{service:?}");
+    }
+}
