@@ -210,79 +210,44 @@ fn document() -> impl Strategy<Value = (String, Option<Range<usize>>)> {
         6 => (members(0..3), annotations(), key("nvext"), key("annotations"), ws()).prop_map(
             |((members, at), annotations, nvext_key, annotations_key, space)| {
                 // The nvext object's text, with the array's span inside it.
-                let mut text = String::from("{");
-                let mut span = None;
-                let mut first = true;
-                for (i, (k, v)) in members.iter().enumerate() {
-                    if i == at {
-                        if let Some(a) = &annotations {
-                            if !first {
-                                text.push(',');
-                            }
-                            text.push_str(&format!("{space}{annotations_key}{space}:{space}"));
-                            span = Some(text.len()..text.len() + a.len());
-                            text.push_str(a);
-                            first = false;
-                        }
-                    }
-                    if !first {
-                        text.push(',');
-                    }
-                    text.push_str(&format!("{k}:{v}"));
-                    first = false;
-                }
-                if at == members.len() {
-                    if let Some(a) = &annotations {
-                        if !first {
-                            text.push(',');
-                        }
-                        text.push_str(&format!("{space}{annotations_key}{space}:{space}"));
-                        span = Some(text.len()..text.len() + a.len());
-                        text.push_str(a);
-                    }
-                }
-                text.push('}');
+                let prefix = format!("{space}{annotations_key}{space}:{space}");
+                let entry = annotations.as_ref().map(|a| (prefix, a.as_str(), Some(0..a.len())));
+                let (text, span) = object("", &members, at, entry);
                 Some((Some(nvext_key), text, span))
             }
         ),
     ];
     (members(0..5), nvext, key("nvext"), ws(), ws()).prop_map(
         |((members, at), nvext, nvext_key, lead, trail)| {
-            let mut doc = format!("{lead}{{");
-            let mut span = None;
-            let mut first = true;
-            let mut put_nvext = |doc: &mut String, first: &mut bool| {
-                if let Some((k, text, inner)) = &nvext {
-                    if !*first {
-                        doc.push(',');
-                    }
-                    doc.push_str(k.as_ref().unwrap_or(&nvext_key));
-                    doc.push(':');
-                    if let Some(inner) = inner {
-                        span = Some(doc.len() + inner.start..doc.len() + inner.end);
-                    }
-                    doc.push_str(text);
-                    *first = false;
-                }
-            };
-            for (i, (k, v)) in members.iter().enumerate() {
-                if i == at {
-                    put_nvext(&mut doc, &mut first);
-                }
-                if !first {
-                    doc.push(',');
-                }
-                doc.push_str(&format!("{k}:{v}"));
-                first = false;
-            }
-            if at == members.len() {
-                put_nvext(&mut doc, &mut first);
-            }
-            doc.push('}');
+            let entry = nvext.as_ref().map(|(k, text, inner)| {
+                let key = k.as_ref().unwrap_or(&nvext_key);
+                (format!("{key}:"), text.as_str(), inner.clone())
+            });
+            let (mut doc, span) = object(&lead, &members, at, entry);
             doc.push_str(&trail);
             (doc, span)
         },
     )
+}
+
+/// The text of a JSON object (after `lead`) of `members`, with `entry` (the text before its
+/// value, key and colon, then the value's text, and a span within the value) put before the
+/// member at `at`, or after the last one: the text, and where the entry's span lies in it.
+fn object(
+    lead: &str,
+    members: &[(String, String)],
+    at: usize,
+    entry: Option<(String, &str, Option<Range<usize>>)>,
+) -> (String, Option<Range<usize>>) {
+    let mut entries: Vec<String> = members.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    let mut span = None;
+    if let Some((prefix, value, inner)) = entry {
+        // `{`, the entries before it and their commas, then its key and colon.
+        let start = lead.len() + 1 + entries[..at].iter().map(|e| e.len() + 1).sum::<usize>();
+        span = inner.map(|r| start + prefix.len() + r.start..start + prefix.len() + r.end);
+        entries.insert(at, format!("{prefix}{value}"));
+    }
+    (format!("{lead}{{{}}}", entries.join(",")), span)
 }
 
 /// Whether `guard_annotations` strips `entry`.
