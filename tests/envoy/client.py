@@ -67,6 +67,7 @@ Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -579,10 +580,23 @@ async def stop_process(pid):
     raise RuntimeError(f"process {pid} did not stop within 2 s of SIGSTOP")
 
 
+@contextlib.asynccontextmanager
+async def stalled(args, what):
+    """The processor (`args.pid`), stopped with SIGSTOP before the body or in it, is continued
+    (SIGCONT) on the way out whatever happened there, so that no check leaves it stopped; then,
+    unless the body raised, the next stream through Envoy must be served (`served_after`, its line
+    starting with `what`)."""
+    try:
+        yield
+    finally:
+        os.kill(args.pid, signal.SIGCONT)
+    await served_after(args, what)
+
+
 async def run_stall(args):
     ids = Ids("stall")
     await stop_process(args.pid)
-    try:
+    async with stalled(args, "processor continued"):
         test_id = ids()
         res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "paced", "events": 3, "interval_ms": 1}),
                             headers={"x-test-id": test_id}, timeout=args.timeout + 20)
@@ -594,9 +608,6 @@ async def run_stall(args):
             f"(message timeout {args.timeout} s), the upstream never saw it",
             f"status {res.status}, after {res.elapsed:.1f} s, body {show(res.body)}, upstream saw it: {entry is not None}",
         )
-    finally:
-        os.kill(args.pid, signal.SIGCONT)
-    await served_after(args, "processor continued")
 
     # In the middle of a stream. Envoy forwards nothing more, but it re-arms the message timeout
     # with every chunk it sends the processor (Envoy 1.40.0), so the stream breaks a message
@@ -616,7 +627,7 @@ async def run_stall(args):
         stalled_at.append(res.body.count(b"data:"))
         stalled_at.append(max(1, written - stalled_at[0]))
 
-    try:
+    async with stalled(args, "processor continued after a mid-stream stall"):
         res, _ = await broken_stream(args, "processor stopped mid-stream", stop, events=events,
                                      interval_ms=interval_ms, timeout=args.timeout + 20)
         upstream_time = events * interval_ms / 1000
@@ -630,9 +641,6 @@ async def run_stall(args):
             f"{upstream_time:.0f} s, then Envoy's message timeout of {args.timeout} s)",
             f"stopped after {stalled_at} events, {after} more arrived, broken after {res.elapsed:.1f} s",
         )
-    finally:
-        os.kill(args.pid, signal.SIGCONT)
-    await served_after(args, "processor continued after a mid-stream stall")
 
 
 async def run_disconnect(args):
