@@ -5,9 +5,13 @@ the processor with the Dynamo preset (`bypass-marker ext-proc --preset dynamo`):
   in, and stripped from requests in every form (so an upstream never sees them);
 - opt-in request_id, formatted_prompt, token_ids: removed unless the client opted in;
 - never-forwarded llm_metrics, payload_usage: always removed.
+
+And how the upstreams that send these streams (upstream.py, concurrency.py's) listen.
 """
 
+import asyncio
 import random
+import sys
 
 MARKER = b"event: x-bypass-remote-prefill\n: true\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -99,3 +103,18 @@ def forces(body):
     return any(
         isinstance(n, str) and n.strip().lower().startswith(ROUTER_OWNED) for n in names
     )
+
+
+async def serve(handle, lifetime, **options):
+    """Serves connections with `handle` (asyncio.start_server's callback, which takes `options`
+    too) on 127.0.0.1, at a port the system picks, until `lifetime` seconds have passed. Prints
+    `listening on http://127.0.0.1:PORT` first: the line the suites wait for and take the URL from
+    (tests/support/procs.sh's `listening`)."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, **options)
+    print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        try:
+            await asyncio.wait_for(server.serve_forever(), lifetime)
+        except asyncio.TimeoutError:
+            print("--lifetime elapsed: stopping", file=sys.stderr)
+
