@@ -121,13 +121,7 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
         # The answer may come before the whole body is sent (a 413): read while writing.
         state["sending"] = asyncio.ensure_future(writer.drain())
-        status_head = await reader.readuntil(b"\r\n\r\n")
-        lines = status_head.decode("latin-1").split("\r\n")
-        res.status = int(lines[0].split(" ")[1])
-        for line in lines[1:]:
-            if line:
-                k, _, v = line.partition(":")
-                res.headers[k.strip().lower()] = v.strip()
+        res.status, res.headers = script.response_head(await reader.readuntil(b"\r\n\r\n"))
         if method == "HEAD" or res.status in (204, 304):
             res.clean_end = True
         elif res.headers.get("transfer-encoding", "").lower() == "chunked":

@@ -6,7 +6,9 @@ the processor with the Dynamo preset (`bypass-marker ext-proc --preset dynamo`):
 - opt-in request_id, formatted_prompt, token_ids: removed unless the client opted in;
 - never-forwarded llm_metrics, payload_usage: always removed.
 
-And how the upstreams that send these streams (upstream.py, concurrency.py's) listen.
+And the HTTP/1.1 the suites' own clients and upstreams share: how the upstreams that send these
+streams (upstream.py, concurrency.py's) listen, and how a client (client.py, tests/soak/driver.py)
+reads a response's head.
 """
 
 import asyncio
@@ -106,10 +108,10 @@ def forces(body):
 
 
 async def serve(handle, lifetime, **options):
-    """Serves connections with `handle` (asyncio.start_server's callback, which takes `options`
-    too) on 127.0.0.1, at a port the system picks, until `lifetime` seconds have passed. Prints
-    `listening on http://127.0.0.1:PORT` first: the line the suites wait for and take the URL from
-    (tests/support/procs.sh's `listening`)."""
+    """Serves connections with `handle` (asyncio.start_server's callback; `options` go to
+    start_server) on 127.0.0.1, at a port the system picks, until `lifetime` seconds have passed.
+    Prints `listening on http://127.0.0.1:PORT` first: the line the suites wait for and take the
+    URL from (tests/support/procs.sh's `listening`)."""
     server = await asyncio.start_server(handle, "127.0.0.1", 0, **options)
     print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
@@ -118,3 +120,15 @@ async def serve(handle, lifetime, **options):
         except asyncio.TimeoutError:
             print("--lifetime elapsed: stopping", file=sys.stderr)
 
+
+def response_head(head):
+    """(status, headers) of an HTTP/1.1 response head, its bytes up to and with the blank line:
+    the headers' names lower-cased and their values stripped, the last of a repeated name kept."""
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return status, headers
