@@ -181,7 +181,15 @@ def streamed_text(body, endpoint):
     return "".join(text)
 
 
-def stream(base, endpoint, annotations, prompt="Say hello."):
+def report_reply(text, reply, what):
+    """The check that a client got the reply replies.json holds for its request: the text it
+    streamed, after `what` in the line."""
+    return report(text == reply, f"{what} {text!r}", f"expected {reply!r}")
+
+
+def request_body(endpoint, annotations, prompt="Say hello."):
+    """The streaming request to `endpoint` with `annotations` in nvext: what the raw client sends
+    as JSON, and the openai SDK as its create() arguments (nvext through extra_body)."""
     body = {"model": MODEL, "stream": True}
     if endpoint == "chat":
         body.update(messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS)
@@ -192,6 +200,11 @@ def stream(base, endpoint, annotations, prompt="Say hello."):
     else:
         body.update(messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS)
     body["nvext"] = {"annotations": annotations}
+    return body
+
+
+def stream(base, endpoint, annotations, prompt="Say hello."):
+    body = request_body(endpoint, annotations, prompt)
     status, content_type, data = request(base + PATHS[endpoint], body)
     if status != 200 or not content_type.startswith("text/event-stream"):
         raise AssertionError(f"status {status}, content-type {content_type!r}: {data[:500]!r}")
@@ -242,12 +255,7 @@ def run_direct(args):
                 f"MARKED[{endpoint!r}] = True (the front doors' checks then show it removed) "
                 f"and update the docs; received {body[:300]!r}",
             )
-        text = streamed_text(body, endpoint)
-        report(
-            text == replies[endpoint],
-            f"{what}: streams the reply {text!r}",
-            f"expected {replies[endpoint]!r}",
-        )
+        report_reply(streamed_text(body, endpoint), replies[endpoint], f"{what}: streams the reply")
     for endpoint in (e for e, marked in MARKED.items() if marked):
         what = f"direct to Dynamo | {endpoint} stream"
         body = stream(args.url, endpoint, [replay(endpoint)])
@@ -261,11 +269,8 @@ def run_direct(args):
             f"{what}, not opted in: the marker is its only annotation frame",
             f"annotation frames {events(body)!r}",
         )
-        text = streamed_text(body, endpoint)
-        report(
-            text == replies[endpoint],
-            f"{what}: then streams the reply {text!r}",
-            f"expected {replies[endpoint]!r}",
+        report_reply(
+            streamed_text(body, endpoint), replies[endpoint], f"{what}: then streams the reply"
         )
         body = stream(args.url, endpoint, [replay(endpoint), "request_id"])
         found = events(body)
@@ -392,42 +397,27 @@ def run_proxy(args):
 
 
 def run_sdk(args):
-    import openai
-
-    if openai.__version__ != args.version:
-        report(False, args.label, f"expected openai {args.version}, imported {openai.__version__}")
+    client = checks.openai_client(args, api_key="unused", timeout=TIMEOUT)
+    if client is None:
         return
     replies = json.load(open(args.replies))
-    client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+
+    def create(api, endpoint):
+        """`api.create` with the raw client's request to `endpoint` (request_body)."""
+        body = request_body(endpoint, [replay(endpoint)])
+        nvext = body.pop("nvext")
+        return api.create(**body, extra_body={"nvext": nvext})
 
     def chat():
-        stream = client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "Say hello."}],
-            max_tokens=MAX_TOKENS,
-            stream=True,
-            extra_body={"nvext": {"annotations": [replay("chat")]}},
-        )
+        stream = create(client.chat.completions, "chat")
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     def completion():
-        stream = client.completions.create(
-            model=MODEL,
-            prompt="Say hello.",
-            max_tokens=MAX_TOKENS,
-            stream=True,
-            extra_body={"nvext": {"annotations": [replay("completion")]}},
-        )
+        stream = create(client.completions, "completion")
         return "".join(c.choices[0].text or "" for c in stream if c.choices)
 
     def responses():
-        stream = client.responses.create(
-            model=MODEL,
-            input="Say hello.",
-            max_output_tokens=MAX_TOKENS,
-            stream=True,
-            extra_body={"nvext": {"annotations": [replay("responses")]}},
-        )
+        stream = create(client.responses, "responses")
         return "".join(e.delta for e in stream if e.type == "response.output_text.delta")
 
     for endpoint, call in (("chat", chat), ("completion", completion), ("responses", responses)):
@@ -450,7 +440,7 @@ def run_sdk(args):
         if breaks:
             report(False, what, f"streamed {text!r}, but the marker must break the SDK")
         else:
-            report(text == replies[endpoint], f"{what}: {text!r}", f"expected {replies[endpoint]!r}")
+            report_reply(text, replies[endpoint], f"{what}:")
 
 
 def run_anthropic(args):
@@ -510,11 +500,7 @@ def main():
     proxy.add_argument("--direct-url", required=True)
     proxy.add_argument("--replies", required=True)
     proxy.add_argument("--via", default="the proxy", help="what --url is, for the messages")
-    sdk = sub.add_parser("sdk")
-    sdk.add_argument("--base-url", required=True)
-    sdk.add_argument("--expect", choices=["pass", "fail"], required=True)
-    sdk.add_argument("--label", required=True)
-    sdk.add_argument("--version", required=True)
+    sdk = checks.sdk_mode(sub, ["pass", "fail"])
     sdk.add_argument("--replies", required=True)
     sdk.add_argument("--via", default="the proxy", help="what --base-url is when --expect pass")
     claude = sub.add_parser("anthropic")

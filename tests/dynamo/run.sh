@@ -258,51 +258,39 @@ fi
 CLIENT_TIMEOUT=120
 
 replies="$work/replies.json"
-run_client "raw client, direct" "$python" "$here/client.py" direct --url "$dynamo" --replies "$replies"
-for v in "${py_versions[@]}"; do
-  run_client "python openai $v, direct" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$dynamo/v1" \
-    --expect fail --label "python openai $v" --version "$v" --replies "$replies"
-done
-for v in "${node_versions[@]}"; do
-  run_client "node openai $v, direct" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$dynamo/v1" --expect fail --label "node openai $v" --version "$v" --replies "$replies"
-done
-run_client "python anthropic $ANTHROPIC_PINNED, direct" "$anthropic_py" "$here/client.py" anthropic \
-  --base-url "$dynamo" --label "python anthropic $ANTHROPIC_PINNED" \
-  --version "$ANTHROPIC_PINNED" --replies "$replies"
-
-run_client "raw client, proxy" "$python" "$here/client.py" proxy --url "$proxy" --direct-url "$dynamo" \
-  --replies "$replies"
-for v in "${py_versions[@]}"; do
-  run_client "python openai $v, proxy" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$proxy/v1" \
-    --expect pass --label "python openai $v" --version "$v" --replies "$replies"
-done
-for v in "${node_versions[@]}"; do
-  run_client "node openai $v, proxy" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-    --base-url "$proxy/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies"
-done
-run_client "python anthropic $ANTHROPIC_PINNED, proxy" "$anthropic_py" "$here/client.py" anthropic \
-  --base-url "$proxy" --via "the proxy" --label "python anthropic $ANTHROPIC_PINNED" \
-  --version "$ANTHROPIC_PINNED" --replies "$replies"
-
+# The clients through one door to Dynamo at $1 (a URL): the raw client, the openai SDKs (python and
+# node, each version installed) and Anthropic's python SDK. $2 names the door in the clients'
+# names; $3 is what their lines call it (--via), or empty for Dynamo itself: there the raw client
+# is the control (the marker arrives) and the openai SDKs must fail on it.
+run_clients() {
+  local url="$1" name="$2" raw expect=pass via=() v
+  if [[ -n "$3" ]]; then
+    raw=(proxy --url "$url" --direct-url "$dynamo")
+    via=(--via "$3")
+  else
+    raw=(direct --url "$url")
+    expect=fail
+  fi
+  run_client "raw client, $name" "$python" "$here/client.py" "${raw[@]}" --replies "$replies" "${via[@]}"
+  for v in "${py_versions[@]}"; do
+    run_client "python openai $v, $name" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$url/v1" \
+      --expect "$expect" --label "python openai $v" --version "$v" --replies "$replies" "${via[@]}"
+  done
+  for v in "${node_versions[@]}"; do
+    run_client "node openai $v, $name" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
+      --base-url "$url/v1" --expect "$expect" --label "node openai $v" --version "$v" --replies "$replies" \
+      "${via[@]}"
+  done
+  run_client "python anthropic $ANTHROPIC_PINNED, $name" "$anthropic_py" "$here/client.py" anthropic \
+    --base-url "$url" --label "python anthropic $ANTHROPIC_PINNED" \
+    --version "$ANTHROPIC_PINNED" --replies "$replies" "${via[@]}"
+}
+run_clients "$dynamo" direct ""
+run_clients "$proxy" proxy "the proxy"
 if [[ -n "$envoy" ]]; then
   for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module" \
     "$envoy_wasm|Envoy with the proxy-wasm plugin"; do
-    url="${front%%|*}"
-    via="${front#*|}"
-    run_client "raw client, $via" "$python" "$here/client.py" proxy --url "$url" --direct-url "$dynamo" \
-      --replies "$replies" --via "$via"
-    for v in "${py_versions[@]}"; do
-      run_client "python openai $v, $via" "${py_bin[$v]}" "$here/client.py" sdk --base-url "$url/v1" \
-        --expect pass --label "python openai $v" --version "$v" --replies "$replies" --via "$via"
-    done
-    for v in "${node_versions[@]}"; do
-      run_client "node openai $v, $via" "${node_bin[$v]}" "$here/client.mjs" --sdk-dir "${node_dir[$v]}" \
-        --base-url "$url/v1" --expect pass --label "node openai $v" --version "$v" --replies "$replies" --via "$via"
-    done
-    run_client "python anthropic $ANTHROPIC_PINNED, $via" "$anthropic_py" "$here/client.py" anthropic \
-      --base-url "$url" --label "python anthropic $ANTHROPIC_PINNED" \
-      --version "$ANTHROPIC_PINNED" --replies "$replies" --via "$via"
+    run_clients "${front%%|*}" "${front#*|}" "${front#*|}"
   done
 fi
 

@@ -67,6 +67,7 @@ Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -120,13 +121,7 @@ async def request(url, path, body=None, headers=None, method=None, on_data=None,
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
         # The answer may come before the whole body is sent (a 413): read while writing.
         state["sending"] = asyncio.ensure_future(writer.drain())
-        status_head = await reader.readuntil(b"\r\n\r\n")
-        lines = status_head.decode("latin-1").split("\r\n")
-        res.status = int(lines[0].split(" ")[1])
-        for line in lines[1:]:
-            if line:
-                k, _, v = line.partition(":")
-                res.headers[k.strip().lower()] = v.strip()
+        res.status, res.headers = script.response_head(await reader.readuntil(b"\r\n\r\n"))
         if method == "HEAD" or res.status in (204, 304):
             res.clean_end = True
         elif res.headers.get("transfer-encoding", "").lower() == "chunked":
@@ -579,10 +574,23 @@ async def stop_process(pid):
     raise RuntimeError(f"process {pid} did not stop within 2 s of SIGSTOP")
 
 
+@contextlib.asynccontextmanager
+async def stalled(args, what):
+    """The processor (`args.pid`), stopped with SIGSTOP before the body or in it, is continued
+    (SIGCONT) on the way out whatever happened there, so that no check leaves it stopped; then,
+    unless the body raised, the next stream through Envoy must be served (`served_after`, its line
+    starting with `what`)."""
+    try:
+        yield
+    finally:
+        os.kill(args.pid, signal.SIGCONT)
+    await served_after(args, what)
+
+
 async def run_stall(args):
     ids = Ids("stall")
     await stop_process(args.pid)
-    try:
+    async with stalled(args, "processor continued"):
         test_id = ids()
         res = await request(args.envoy, "/v1/chat/completions", chat(True, test={"kind": "paced", "events": 3, "interval_ms": 1}),
                             headers={"x-test-id": test_id}, timeout=args.timeout + 20)
@@ -594,9 +602,6 @@ async def run_stall(args):
             f"(message timeout {args.timeout} s), the upstream never saw it",
             f"status {res.status}, after {res.elapsed:.1f} s, body {show(res.body)}, upstream saw it: {entry is not None}",
         )
-    finally:
-        os.kill(args.pid, signal.SIGCONT)
-    await served_after(args, "processor continued")
 
     # In the middle of a stream. Envoy forwards nothing more, but it re-arms the message timeout
     # with every chunk it sends the processor (Envoy 1.40.0), so the stream breaks a message
@@ -616,7 +621,7 @@ async def run_stall(args):
         stalled_at.append(res.body.count(b"data:"))
         stalled_at.append(max(1, written - stalled_at[0]))
 
-    try:
+    async with stalled(args, "processor continued after a mid-stream stall"):
         res, _ = await broken_stream(args, "processor stopped mid-stream", stop, events=events,
                                      interval_ms=interval_ms, timeout=args.timeout + 20)
         upstream_time = events * interval_ms / 1000
@@ -630,9 +635,6 @@ async def run_stall(args):
             f"{upstream_time:.0f} s, then Envoy's message timeout of {args.timeout} s)",
             f"stopped after {stalled_at} events, {after} more arrived, broken after {res.elapsed:.1f} s",
         )
-    finally:
-        os.kill(args.pid, signal.SIGCONT)
-    await served_after(args, "processor continued after a mid-stream stall")
 
 
 async def run_disconnect(args):

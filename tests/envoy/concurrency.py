@@ -27,6 +27,7 @@ import sys
 import time
 
 import client as http
+import script
 
 MARKER = b"event: x-bypass-remote-prefill\n: true\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -90,13 +91,7 @@ async def serve(args):
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=args.streams + 128)
-    print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
-    async with server:
-        try:
-            await asyncio.wait_for(server.serve_forever(), args.lifetime)
-        except asyncio.TimeoutError:
-            print("--lifetime elapsed: stopping", file=sys.stderr)
+    await script.serve(handle, args.lifetime, backlog=args.streams + 128)
 
 
 async def run_client(args):

@@ -35,15 +35,14 @@ set -euo pipefail
 SUITE="envoy concurrency" LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
-streams="${CONCURRENCY_STREAMS:-5000}"
 events="${CONCURRENCY_EVENTS:-100}"
 interval="${CONCURRENCY_INTERVAL_MS:-20}"
 front="${CONCURRENCY_FRONT:-module}"
 [[ "$front" == module || "$front" == ext-proc ]] || die "CONCURRENCY_FRONT: module or ext-proc, not $front"
-raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
 
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
+concurrent_streams "${CONCURRENCY_STREAMS:-5000}"
 
 started=$SECONDS
 install_envoy || die "cannot install Envoy $ENVOY_VERSION"

@@ -49,29 +49,20 @@ set -euo pipefail
 SUITE=envoy LIFETIME=900
 # shellcheck source=tests/support/preamble.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
-streams="${ENVOY_STREAMS:-1000}"
+# shellcheck source=tests/envoy/servers.sh
+source "$here/servers.sh"
+concurrent_streams "${ENVOY_STREAMS:-1000}"
 # Envoy's message timeout here: short, so the stalled-processor checks are quick, but long enough
 # that the processor's answer to a 32 MiB body (10 to 50 ms on an idle machine) comes within it on
 # a loaded one: at 1 s a chunked 32 MiB body got Envoy's 504 on a 2-core machine at load 12.
 MESSAGE_TIMEOUT=5
-# Envoy holds two descriptors per concurrent stream (client, upstream), the clients and the
-# upstream one each.
-raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
-
-# shellcheck source=tests/envoy/servers.sh
-source "$here/servers.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Installs and builds
 
 started=$SECONDS
-install_envoy || die "cannot install Envoy $ENVOY_VERSION"
+install_envoys_and_sdks "$ENVOY_VERSION"
 log "$("$envoy_bin" --version | tr -s ' \n' ' ')at $envoy_bin"
-
-# shellcheck source=tests/sdk/sdks.sh
-source "$root/tests/sdk/sdks.sh"
-install_sdks
-log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
 
 build_bypass_marker
 if ! "$bin" ext-proc --help >"$work/ext-proc-help" 2>&1; then
@@ -107,19 +98,8 @@ processor_pid="$(cat "/proc/$processor_group/task/$processor_group/children" 2>/
 # Starts an Envoy named $1 from the shipped bootstrap with upstream port $2 and processor port $3
 # (and any further NAME=VALUE for the bootstrap's templates); sets `url` to its listener.
 start_envoy() {
-  local name="$1" upstream_port="$2" processor_port="$3" listen admin
-  shift 3
-  listen="$(free_port)"
-  admin="$(free_port)"
-  render_bootstrap "$root/examples/envoy/ext-proc.yaml" LISTEN_PORT="$listen" ADMIN_PORT="$admin" \
-    UPSTREAM_PORT="$upstream_port" EXT_PROC_PORT="$processor_port" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" \
-    "$@" >"$work/$name.yaml" ||
-    die "cannot render the bootstrap"
-  start "$name" "$envoy_bin" --disable-hot-restart --concurrency 1 --log-level warning \
-    -c "$work/$name.yaml"
-  wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
-  url="http://127.0.0.1:$listen"
-  admin_url="http://127.0.0.1:$admin"
+  start_envoy_from "$1" "$ENVOY_VERSION" warning "$root/examples/envoy/ext-proc.yaml" UPSTREAM_PORT="$2" \
+    EXT_PROC_PORT="$3" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" "${@:4}"
 }
 # Whether Envoy's admin $1 reports the processor's health flags as $2 (its gRPC health check).
 processor_health() {

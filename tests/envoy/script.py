@@ -5,9 +5,15 @@ the processor with the Dynamo preset (`bypass-marker ext-proc --preset dynamo`):
   in, and stripped from requests in every form (so an upstream never sees them);
 - opt-in request_id, formatted_prompt, token_ids: removed unless the client opted in;
 - never-forwarded llm_metrics, payload_usage: always removed.
+
+And the HTTP/1.1 the suites' own clients and upstreams share: how the upstreams that send these
+streams (upstream.py, concurrency.py's) listen, and how a client (client.py, tests/soak/driver.py)
+reads a response's head.
 """
 
+import asyncio
 import random
+import sys
 
 MARKER = b"event: x-bypass-remote-prefill\n: true\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -99,3 +105,30 @@ def forces(body):
     return any(
         isinstance(n, str) and n.strip().lower().startswith(ROUTER_OWNED) for n in names
     )
+
+
+async def serve(handle, lifetime, **options):
+    """Serves connections with `handle` (asyncio.start_server's callback; `options` go to
+    start_server) on 127.0.0.1, at a port the system picks, until `lifetime` seconds have passed.
+    Prints `listening on http://127.0.0.1:PORT` first: the line the suites wait for and take the
+    URL from (tests/support/procs.sh's `listening`)."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, **options)
+    print(f"listening on http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        try:
+            await asyncio.wait_for(server.serve_forever(), lifetime)
+        except asyncio.TimeoutError:
+            print("--lifetime elapsed: stopping", file=sys.stderr)
+
+
+def response_head(head):
+    """(status, headers) of an HTTP/1.1 response head, its bytes up to and with the blank line:
+    the headers' names lower-cased and their values stripped, the last of a repeated name kept."""
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return status, headers

@@ -1,6 +1,7 @@
 # What the suites that run Envoy share (tests/envoy/*.sh, tests/soak/run.sh, tests/images/run.sh):
-# Envoy's install (install.sh) and the bootstraps' rendering (render.sh), sourced here; the
-# upstreams they put behind Envoy. Source tests/support/preamble.sh first.
+# Envoy's install (install.sh) and the bootstraps' rendering (render.sh), sourced here; the SDKs'
+# install beside Envoy's, an Envoy started from a bootstrap, the upstreams they put behind Envoy,
+# and the checks the module and the plugin pass alike. Source tests/support/preamble.sh first.
 
 envoy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/envoy/install.sh
@@ -16,6 +17,72 @@ install_envoys() {
     ENVOY_VERSION="$version" install_envoy || die "cannot install Envoy $version"
     envoys[$version]="$envoy_bin"
   done
+}
+
+# Sets `streams` to $1, the concurrent streams a suite sends through Envoy, and raises the limit
+# of open files for them: Envoy holds two descriptors per concurrent stream (client, upstream), the
+# clients and the upstream one each.
+concurrent_streams() {
+  streams="$1"
+  raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
+}
+
+# For the suites that stream the OpenAI SDKs through Envoy (run.sh, module.sh, wasm.sh): installs
+# Envoy at each version "$@" (install_envoys; `envoy_bin` is the last one's), then the SDKs
+# (tests/sdk/sdks.sh's install_sdks; sdks.sh also defines run_sdk_clients).
+install_envoys_and_sdks() {
+  install_envoys "$@"
+  # shellcheck source=tests/sdk/sdks.sh
+  source "$envoy_tests/../sdk/sdks.sh"
+  install_sdks
+  log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+}
+
+# Starts an Envoy named $1 at version $2 (installed by install_envoys), logging at level $3, from
+# bootstrap $4 rendered (render.sh) with a free listener port, a free admin port and any further
+# NAME=VALUE; waits until its admin says it is ready. Sets `url` to its listener and `admin_url`
+# to its admin. For a dynamic module, run it with ENVOY_DYNAMIC_MODULES_SEARCH_PATH=DIR: Envoy
+# inherits it.
+start_envoy_from() {
+  local name="$1" version="$2" level="$3" bootstrap="$4" listen admin
+  shift 4
+  listen="$(free_port)"
+  admin="$(free_port)"
+  render_bootstrap "$bootstrap" LISTEN_PORT="$listen" ADMIN_PORT="$admin" "$@" >"$work/$name.yaml" ||
+    die "cannot render the bootstrap $bootstrap for $name"
+  start "$name" "${envoys[$version]}" --disable-hot-restart --concurrency 1 --log-level "$level" \
+    -c "$work/$name.yaml"
+  wait_for "$last_group" 300 envoy_ready "$admin" ||
+    die "Envoy $version ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
+  url="http://127.0.0.1:$listen"
+  admin_url="http://127.0.0.1:$admin"
+}
+
+# client.py's checks that the dynamic module and the proxy-wasm plugin pass alike (module.sh,
+# wasm.sh), with `--front $1` (module or wasm) through the Envoy at $2 with upstream.py behind it:
+# the request side, streams in 1-9 byte pieces, $streams concurrent streams, a client that goes
+# away, an upstream that resets, and an upstream that gzips an event stream although the filter
+# asked for identity (issue 27, item 2: a 502 before any byte, the filter's local reply). Then
+# that Envoy's log, $4, must hold the encoded stream at error and a refusal at info (logged at
+# most once a minute), each through the filter's own logger. $3 starts each check's name.
+filter_checks() {
+  local front="$1" name="$3" envoy_log="$4" logger=wasm ok
+  local client=("$python" "$envoy_tests/client.py") to=(--front "$1" --envoy "$2" --upstream "$upstream")
+  [[ "$front" == module ]] && logger=dynamic_modules
+  run_client "${name}request side, pass-through, opt-ins" "${client[@]}" checks "${to[@]}"
+  run_client "${name}streams in 1-9 byte pieces" "${client[@]}" pieces "${to[@]}" --streams 8
+  run_client "$name$streams concurrent streams" "${client[@]}" concurrent "${to[@]}" --streams "$streams"
+  run_client "${name}client disconnect" "${client[@]}" disconnect "${to[@]}"
+  run_client "${name}upstream reset" "${client[@]}" reset "${to[@]}"
+  run_client "${name}an encoded event stream" "${client[@]}" encoded "${to[@]}"
+  ok=0
+  grep -Eq "\[error\]\[$logger\].*bypass_marker: answered an encoded event stream \(gzip\) with 502" \
+    "$envoy_log" && ok=1
+  count $ok "${name}an encoded event stream is logged through Envoy's logger at error"
+  ok=0
+  grep -Eq "\[info\]\[$logger\].*bypass_marker: refused a request with (400|413).*logged at most once a minute" \
+    "$envoy_log" && ok=1
+  count $ok "${name}a refusal is logged through Envoy's logger at info (at most once a minute)"
 }
 
 # The counters the module and the plugin both keep, checked once a suite's other checks have run:

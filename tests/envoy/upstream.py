@@ -52,7 +52,6 @@ import asyncio
 import json
 import socket
 import struct
-import sys
 import zlib
 from collections import OrderedDict
 from urllib.parse import parse_qs, urlsplit
@@ -317,14 +316,7 @@ async def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lifetime", type=float, default=600)
     args = parser.parse_args()
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096, limit=1 << 26)
-    port = server.sockets[0].getsockname()[1]
-    print(f"listening on http://127.0.0.1:{port}", flush=True)
-    async with server:
-        try:
-            await asyncio.wait_for(server.serve_forever(), args.lifetime)
-        except asyncio.TimeoutError:
-            print("--lifetime elapsed: stopping", file=sys.stderr)
+    await script.serve(handle, args.lifetime, backlog=4096, limit=1 << 26)
 
 
 if __name__ == "__main__":

@@ -47,24 +47,17 @@ set -euo pipefail
 SUITE="envoy wasm" LIFETIME=1800
 # shellcheck source=tests/support/preamble.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../support/preamble.sh"
-streams="${ENVOY_STREAMS:-1000}"
-versions="${WASM_ENVOYS:-$ENVOY_LATEST $ENVOY_WASM_OLDER}"
-raise_open_files "$((2 * streams + 200))" "$streams concurrent streams"
-
 # shellcheck source=tests/envoy/servers.sh
 source "$here/servers.sh"
+concurrent_streams "${ENVOY_STREAMS:-1000}"
+versions="${WASM_ENVOYS:-$ENVOY_LATEST $ENVOY_WASM_OLDER}"
 
 # ---------------------------------------------------------------------------------------------
 # Installs and builds
 
 started=$SECONDS
 # shellcheck disable=SC2086 # a list of versions
-install_envoys $versions
-
-# shellcheck source=tests/sdk/sdks.sh
-source "$root/tests/sdk/sdks.sh"
-install_sdks
-log "SDKs ready: python openai ${py_versions[*]}, node openai ${node_versions[*]}"
+install_envoys_and_sdks $versions
 
 log "building the plugin (bash bypass-marker-wasm/build.sh)"
 plugin="$(bash "$root/bypass-marker-wasm/build.sh")" || die "cannot build the plugin"
@@ -82,17 +75,7 @@ variant() { "$python" "$here/variant.py" "$1" "$2"; }
 
 # Starts an Envoy named $1 (version $2) from bootstrap $3 with upstream port $4 and plugin $5;
 # sets `url` to its listener and `admin_url` to its admin.
-start_envoy() {
-  local name="$1" version="$2" listen admin
-  listen="$(free_port)"
-  admin="$(free_port)"
-  render_bootstrap "$3" LISTEN_PORT="$listen" ADMIN_PORT="$admin" UPSTREAM_PORT="$4" WASM_FILE="$5" \
-    >"$work/$name.yaml" || die "cannot render the bootstrap"
-  start "$name" "${envoys[$version]}" --disable-hot-restart --concurrency 1 --log-level info -c "$work/$name.yaml"
-  wait_for "$last_group" 300 envoy_ready "$admin" || die "Envoy $version ($name) did not get ready: $(tail -n 20 "$work/$name.log")"
-  url="http://127.0.0.1:$listen"
-  admin_url="http://127.0.0.1:$admin"
-}
+start_envoy() { start_envoy_from "$1" "$2" info "$3" UPSTREAM_PORT="$4" WASM_FILE="$5"; }
 # Stops the process groups $@ (default: the last one started), so that the Envoys of one version
 # do not all run at once.
 stop_last() {
@@ -151,27 +134,10 @@ for version in $versions; do
     only_loopback
   fi
 
-  run_client "$v: request side, pass-through, opt-ins" "${client[@]}" checks --front wasm \
-    --envoy "$envoy_url" --upstream "$upstream"
-  run_client "$v: streams in 1-9 byte pieces" "${client[@]}" pieces --front wasm --envoy "$envoy_url" \
-    --upstream "$upstream" --streams 8
-  run_client "$v: $streams concurrent streams" "${client[@]}" concurrent --front wasm --envoy "$envoy_url" \
-    --upstream "$upstream" --streams "$streams"
+  filter_checks wasm "$envoy_url" "$v: " "$work/envoy-$version.log"
   run_client "$v: curl over HTTP/1.1 and HTTP/2" "${client[@]}" curl --front wasm --envoy "$envoy_url" \
     --upstream "$upstream" --streams 8
   run_sdk_clients "$envoy_router" "$router_direct" "$v + wasm"
-  run_client "$v: client disconnect" "${client[@]}" disconnect --front wasm --envoy "$envoy_url" --upstream "$upstream"
-  run_client "$v: upstream reset" "${client[@]}" reset --front wasm --envoy "$envoy_url" --upstream "$upstream"
-  run_client "$v: an encoded event stream" "${client[@]}" encoded --front wasm --envoy "$envoy_url" \
-    --upstream "$upstream"
-
-  ok=0
-  grep -Eq '\[error\]\[wasm\].*bypass_marker: answered an encoded event stream \(gzip\) with 502' \
-    "$work/envoy-$version.log" && ok=1
-  count $ok "$v: an encoded event stream is logged through Envoy's logger at error"
-  ok=0
-  grep -Eq '\[info\]\[wasm\].*bypass_marker: refused a request with (400|413).*logged at most once a minute' "$work/envoy-$version.log" && ok=1
-  count $ok "$v: a refusal is logged through Envoy's logger at info (at most once a minute)"
 
   # The counters, after the checks above: the module's names, their label from Envoy's tag
   # extraction (the bootstrap's stats_tags).

@@ -53,14 +53,9 @@ def echo_text(prompt, max_tokens=MAX_TOKENS):
 
 
 def run_sdk(args):
-    import openai
-
-    if openai.__version__ != args.version:
-        report(False, args.label, f"expected openai {args.version}, imported {openai.__version__}")
+    client = checks.openai_client(args, api_key="sk-simulated", timeout=20)
+    if client is None:
         return
-    client = openai.OpenAI(
-        base_url=args.base_url, api_key="sk-simulated", max_retries=0, timeout=20
-    )
     model = "sim-llm"
 
     def chat(prompt, extra_body):
@@ -231,11 +226,7 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="mode", required=True)
-    sdk = sub.add_parser("sdk")
-    sdk.add_argument("--base-url", required=True)
-    sdk.add_argument("--expect", choices=["pass", "fail-every-stream"], required=True)
-    sdk.add_argument("--label", required=True)
-    sdk.add_argument("--version", required=True)
+    checks.sdk_mode(sub, ["pass", "fail-every-stream"])
     raw = sub.add_parser("raw")
     raw.add_argument("--layer-url", required=True)
     raw.add_argument("--no-layer-url", required=True)

@@ -27,11 +27,13 @@ newest_npm() {
 
 # The highest version cached under "$sdk_cache/$1-*", or "".
 newest_cached() {
-  local dir versions=()
+  # (not `versions`: shellcheck takes every variable of that name, tests/envoy/wasm.sh's list
+  # among them, for this array)
+  local dir found=()
   for dir in "$sdk_cache/$1"-*; do
-    [[ -d "$dir" && "$dir" != *.tmp* ]] && versions+=("${dir##*/"$1"-}")
+    [[ -d "$dir" && "$dir" != *.tmp* ]] && found+=("${dir##*/"$1"-}")
   done
-  ((${#versions[@]})) && printf '%s\n' "${versions[@]}" | sort -V | tail -n 1
+  ((${#found[@]})) && printf '%s\n' "${found[@]}" | sort -V | tail -n 1
   return 0
 }
 

@@ -195,12 +195,7 @@ async def post(door, body, *, rcvbuf=None, pause=0.0, stop_at=None, content_type
             reply.error = f"no response head ({len(err.partial)} bytes)"
             return reply
         reply.head = head
-        lines = head.decode("latin-1").split("\r\n")
-        reply.status = int(lines[0].split(" ")[1])
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                reply.headers[name.strip().lower()] = value.strip()
+        reply.status, reply.headers = script.response_head(head)
         read = 0
 
         async def take(n):
