@@ -29,12 +29,18 @@ pin_project! {
     ///
     /// The body is filtered when the response can have content (not a `1xx`, `204` or `304`
     /// response, nor the response to a `HEAD` request), its media type is `text/event-stream`, it has
-    /// no `content-encoding` other than `identity`, and at least one configured name is to be removed
-    /// for this request (or SDK-safe mode is on). Every other response (JSON, gRPC, responses without
-    /// content) passes through untouched, headers included, with the inner body's `size_hint` and
-    /// `is_end_stream`. A filtered response loses its `content-length` header. An event stream with a
-    /// `content-encoding` other than `identity` is not read at all: see [Encoded
+    /// no `content-encoding` other than `identity` and no `transfer-encoding` other than `chunked`,
+    /// and at least one configured name is to be removed for this request (or SDK-safe mode is on).
+    /// Every other response (JSON, gRPC) passes through untouched, headers included, with the inner
+    /// body's `size_hint` and `is_end_stream`. A filtered response loses its `content-length`
+    /// header. An event stream with another coding is not read at all: see [Encoded
     /// bodies](#encoded-bodies) below.
+    ///
+    /// A response with an event-stream media type that has no content (a `1xx`, `204` or `304`, or
+    /// the response to a `HEAD` request) keeps its headers and loses whatever body the inner
+    /// service gave it, which is never polled. HTTP says such a response has no body, and an
+    /// HTTP/1.1 server sends none; but hyper's HTTP/2 server sends the DATA frames of a 204 or 304
+    /// whose body has any, so without this they would reach the client unfiltered.
     ///
     /// Headers are read as bytes, as a browser reads them:
     ///
@@ -88,8 +94,11 @@ pin_project! {
     /// # Encoded bodies
     ///
     /// The filter reads event-stream bytes; it cannot read a gzip or brotli stream, and cutting bytes
-    /// out of one would break it. An event stream whose `content-encoding` is not `identity` has one
-    /// of two causes: an upstream that compresses (although a proxy asked it for
+    /// out of one would break it. The same holds for a `transfer-encoding` other than `chunked`
+    /// (`gzip, chunked`, which a client may ask for with `TE: gzip`; the layer does not forward a
+    /// client's `TE` but for `trailers` when it asks for identity): it is refused as below, with
+    /// the message `the event stream has transfer-encoding gzip, which cannot be filtered: ...`. An
+    /// event stream whose `content-encoding` is not `identity` has one of two causes: an upstream that compresses (although a proxy asked it for
     /// `accept-encoding: identity`), or a compression layer inside this one that ignores the
     /// `accept-encoding: identity` the layer asks it for (see [where to put
     /// it](crate#where-to-put-it)). Such a stream is never passed through to a client it would have to
@@ -137,6 +146,9 @@ enum Mode {
     /// The layer's own error body (what is left of it), sent in place of an encoded event stream
     /// that it cannot read; the inner body is never polled.
     Refused(Option<Bytes>),
+    /// No body, in place of the body of an event-stream response that has no content (a `204`,
+    /// a `304`, the response to `HEAD`); the inner body is never polled.
+    Empty,
 }
 
 /// The state of a body that is being filtered.
@@ -168,6 +180,14 @@ impl<B> BypassMarkerBody<B> {
                 filter,
                 end: End::Open,
             }),
+        }
+    }
+
+    /// No body in place of `inner`, which is kept (and dropped with this body) but never polled.
+    pub(crate) fn emptied(inner: B) -> Self {
+        Self {
+            inner,
+            mode: Mode::Empty,
         }
     }
 
@@ -244,6 +264,7 @@ where
             }
             Mode::Filter(filter) => filter,
             Mode::Refused(json) => return refused_frame(json),
+            Mode::Empty => return Poll::Ready(None),
         };
         #[cfg(feature = "tracing")]
         {
@@ -265,6 +286,7 @@ where
             Mode::Pass => self.inner.is_end_stream(),
             Mode::Filter(f) => f.is_end_stream(&self.inner),
             Mode::Refused(json) => json.is_none(),
+            Mode::Empty => true,
         }
     }
 
@@ -275,6 +297,7 @@ where
             Mode::Refused(json) => {
                 return SizeHint::with_exact(json.as_ref().map_or(0, |j| j.len() as u64))
             }
+            Mode::Empty => return SizeHint::with_exact(0),
         };
         let inner = self.inner.size_hint();
         // Frames may be removed, so only an upper bound holds. An inner bound of `u64::MAX` (or

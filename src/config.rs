@@ -286,6 +286,30 @@ pub(crate) fn entry_name(entry: &str) -> &str {
     entry.split(':').next().unwrap_or(entry).trim()
 }
 
+/// For an entry holding a character that a lenient upstream may fold away or into ASCII: the part
+/// of the entry before the first such character, without leading whitespace; `None` for an entry
+/// of printable ASCII only.
+///
+/// Those characters are the control characters (C0, DEL, C1: Python's `str.strip` removes U+001C
+/// to U+001F and U+0085, and a C string ends at NUL) and every character outside ASCII (Unicode
+/// case folding maps U+212A KELVIN SIGN to `k` and U+017F LONG S to `s`, NFKC maps the fullwidth
+/// forms U+FF01 to U+FF5E, `：` included, to ASCII, and either may expand one character into
+/// several). From that character on, the rest of the entry could become any text, so an entry
+/// whose part before it begins a router-owned name (in any ASCII case) could become that name, or
+/// `name:value`, in such an upstream: the guard strips it. An entry that differs from every
+/// router-owned name in plain ASCII before any such character cannot, and is kept.
+pub(crate) fn near_miss_prefix(entry: &str) -> Option<&str> {
+    let entry = entry.trim_start_matches([' ', '\t']);
+    let at = entry.find(|c: char| !c.is_ascii() || c.is_ascii_control())?;
+    Some(&entry[..at])
+}
+
+/// `name` begins with `prefix` in any ASCII case.
+fn starts_with_ignore_case(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len()
+        && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
 impl Config {
     /// The default configuration: [`BYPASS_REMOTE_PREFILL`], router-owned and opt-in.
     pub(crate) fn new() -> Self {
@@ -383,8 +407,10 @@ impl Config {
     /// The guard's rule for one entry of a client's annotations, shared by every guard.
     ///
     /// The entry is stripped when it names a router-owned name in any form: `name` or
-    /// `name:value`, any ASCII case, surrounding whitespace (see [`entry_name`]). It grants the
-    /// configured name it is exactly, unless that name is never-forwarded.
+    /// `name:value`, any ASCII case, surrounding whitespace (see [`entry_name`]), or when a
+    /// control or non-ASCII character could make it one in a lenient upstream (see
+    /// [`near_miss_prefix`]). It grants the configured name it is exactly, unless that name is
+    /// never-forwarded.
     pub(crate) fn guard_entry(&self, entry: &str) -> GuardEntry<'_> {
         let grant = self
             .names
@@ -392,10 +418,12 @@ impl Config {
             .find(|n| *n.name == *entry && n.kind != Kind::NeverForward)
             .map(|n| &*n.name);
         let name = entry_name(entry);
-        let strip = self
-            .names
-            .iter()
-            .any(|n| n.router_owned && n.name.eq_ignore_ascii_case(name));
+        let near = near_miss_prefix(entry);
+        let strip = self.names.iter().any(|n| {
+            n.router_owned
+                && (n.name.eq_ignore_ascii_case(name)
+                    || near.is_some_and(|prefix| starts_with_ignore_case(&n.name, prefix)))
+        });
         GuardEntry { strip, grant }
     }
 

@@ -421,6 +421,11 @@ impl ChunkEdit {
         Self::default()
     }
 
+    /// An edit that forwards nothing of `chunk`.
+    pub(crate) fn remove_all(&mut self, chunk: &[&[u8]]) {
+        self.len += chunk.iter().map(|slice| slice.len()).sum::<usize>();
+    }
+
     /// Forgets the last chunk, keeping the allocation.
     pub fn clear(&mut self) {
         self.len = 0;

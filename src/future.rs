@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
@@ -70,6 +70,9 @@ where
 
         let body = match head_kind(*this.head, parts.status, &parts.headers) {
             HeadKind::Other => BypassMarkerBody::passthrough(body),
+            // No content, whatever the inner body holds: an HTTP/1.1 server sends none, but
+            // hyper's HTTP/2 server sends DATA frames for a 204 or 304 whose body has them.
+            HeadKind::NoContent => BypassMarkerBody::emptied(body),
             kind => {
                 let requested = *this.requested
                     | parts
@@ -147,16 +150,21 @@ pub(crate) fn keep_safe_headers(headers: &mut HeaderMap) {
 /// What a response head announces, for the layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeadKind {
-    /// No content, or content that is not an event stream: passed through.
+    /// Content that is not an event stream: passed through.
     Other,
+    /// An event-stream head on a response that has no content (a `1xx`, `204` or `304`, or the
+    /// response to a `HEAD` request): whatever body it comes with is dropped, headers kept.
+    NoContent,
     /// An unencoded event stream: filtered.
     Plain,
-    /// An event stream with a content coding other than `identity`: it cannot be read.
+    /// An event stream with a content coding other than `identity`, or a transfer coding other
+    /// than `chunked`: it cannot be read.
     Encoded,
 }
 
 /// What a response with this head carries: content (not a `1xx`, `204` or `304`, nor the
-/// response to a `HEAD` request) that is an event stream, unencoded or encoded, or anything else.
+/// response to a `HEAD` request) that is an event stream, unencoded or encoded; an event-stream
+/// head without content; or anything else.
 pub(crate) fn head_kind(head_request: bool, status: StatusCode, headers: &HeaderMap) -> HeadKind {
     // A response without content keeps every header, `content-length` included (it states the
     // length of the content a GET would have had, or of the cached one for a 304).
@@ -164,19 +172,30 @@ pub(crate) fn head_kind(head_request: bool, status: StatusCode, headers: &Header
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    if no_content || !is_event_stream(headers) {
+    if !is_event_stream(headers) {
         HeadKind::Other
-    } else if is_identity(headers) {
+    } else if no_content {
+        HeadKind::NoContent
+    } else if is_identity(headers) && transfer_codings(headers).is_empty() {
         HeadKind::Plain
     } else {
         HeadKind::Encoded
     }
 }
 
-/// The message of the error that replaces an encoded event stream. It names both causes: an
-/// upstream that compressed the stream, and a compression layer placed inside the filter (in axum,
-/// `.layer(compression).layer(bypass)`: the last `.layer` is the outermost).
+/// The message of the error that replaces an encoded event stream. For a content coding it names
+/// both causes: an upstream that compressed the stream, and a compression layer placed inside the
+/// filter (in axum, `.layer(compression).layer(bypass)`: the last `.layer` is the outermost). For a
+/// transfer coding (`coding` is `transfer-encoding gzip`, as [`codings`] writes it) it names the
+/// upstream's.
 pub(crate) fn encoded_message(coding: &str) -> String {
+    if coding.starts_with(TRANSFER_PREFIX) {
+        return format!(
+            "the event stream has {coding}, which cannot be filtered: the upstream applied a \
+             transfer coding other than chunked (it must answer with chunked or a content-length; \
+             a client's TE header is not forwarded to it)"
+        );
+    }
     format!(
         "the event stream has content-encoding {coding}, which cannot be filtered: either the \
          upstream compressed it (it must answer with content-encoding identity) or compression \
@@ -241,9 +260,20 @@ pub(crate) fn encoded_event_stream(
     (head_kind(head_request, status, headers) == HeadKind::Encoded).then(|| codings(headers))
 }
 
-/// The content codings other than `identity`, as the response lists them, joined by `, `, at most
-/// 64 bytes (for a message).
+/// How [`codings`] names transfer codings: `transfer-encoding gzip`, never a content coding (a
+/// token has no space).
+const TRANSFER_PREFIX: &str = "transfer-encoding ";
+
+/// The codings that keep the filter from reading the body, for a message, at most 64 bytes: the
+/// transfer codings other than `chunked` and `identity` after [`TRANSFER_PREFIX`] when there are
+/// any (`transfer-encoding gzip`), else the content codings other than `identity`, as the response
+/// lists them, joined by `, ` (`gzip`).
 fn codings(headers: &HeaderMap) -> String {
+    let mut transfer = transfer_codings(headers);
+    if !transfer.is_empty() {
+        transfer.truncate(64 - TRANSFER_PREFIX.len());
+        return format!("{TRANSFER_PREFIX}{}", String::from_utf8_lossy(&transfer));
+    }
     let mut codings = Vec::new();
     for value in headers.get_all(CONTENT_ENCODING) {
         for coding in value.as_bytes().split(|&b| b == b',').map(trim_ows) {
@@ -271,7 +301,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 /// (`x="\xE9"`) do not matter.
 #[cfg(test)]
 fn is_plain_event_stream(headers: &HeaderMap) -> bool {
-    is_event_stream(headers) && is_identity(headers)
+    head_kind(false, StatusCode::OK, headers) == HeadKind::Plain
 }
 
 /// The media type of the response (type and subtype) as a browser reads it, the way Fetch's
@@ -339,6 +369,29 @@ fn is_identity(headers: &HeaderMap) -> bool {
             .map(trim_ows)
             .all(|coding| coding.is_empty() || coding.eq_ignore_ascii_case(b"identity"))
     })
+}
+
+/// The transfer codings other than `chunked` and `identity` (any case; empty list elements
+/// ignored), joined by `, `: empty when the body's bytes are the content as it is. `chunked`
+/// framing is undone by the HTTP/1.1 client that read the response; any other transfer coding
+/// (`gzip, chunked`) leaves the content encoded, and a client that asked for it with `TE` decodes
+/// it.
+fn transfer_codings(headers: &HeaderMap) -> Vec<u8> {
+    let mut codings = Vec::new();
+    for value in headers.get_all(TRANSFER_ENCODING) {
+        for coding in value.as_bytes().split(|&b| b == b',').map(trim_ows) {
+            if !coding.is_empty()
+                && !coding.eq_ignore_ascii_case(b"chunked")
+                && !coding.eq_ignore_ascii_case(b"identity")
+            {
+                if !codings.is_empty() {
+                    codings.extend_from_slice(b", ");
+                }
+                codings.extend_from_slice(coding);
+            }
+        }
+    }
+    codings
 }
 
 fn is_ows(b: &u8) -> bool {

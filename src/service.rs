@@ -1,8 +1,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::header::ACCEPT_ENCODING;
-use http::{HeaderValue, Method, Request, Response};
+use http::header::{ACCEPT_ENCODING, TE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use tower_service::Service;
 
 use crate::annotations::RequestedAnnotations;
@@ -87,11 +87,14 @@ where
 
 /// Asks the services below for an unencoded response: a request that may be answered with an event
 /// stream to filter gets `accept-encoding: identity` in place of the client's codings, so that a
-/// compression layer inside this one (or an upstream that compresses) leaves the stream readable.
-/// The layers outside this one read the client's header before they call it, and compress what it
-/// forwards. See [where to put it](crate#where-to-put-it).
+/// compression layer inside this one (or an upstream that compresses) leaves the stream readable,
+/// and loses the transfer codings of its `TE` header (all but `trailers`, which gRPC needs), so
+/// that an upstream does not answer with `transfer-encoding: gzip, chunked`. The layers outside
+/// this one read the client's headers before they call it, and compress what it forwards. See
+/// [where to put it](crate#where-to-put-it).
 fn ask_for_identity<B>(req: &mut Request<B>) {
     let headers = req.headers_mut();
+    only_trailers_in_te(headers);
     let mut values = headers.get_all(ACCEPT_ENCODING).iter();
     match (values.next(), values.next()) {
         (None, _) => return,
@@ -105,4 +108,27 @@ fn ask_for_identity<B>(req: &mut Request<B>) {
          bypass-marker layer is given up for this request, layers outside it still compress"
     );
     headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+}
+
+/// Removes from `TE` every transfer coding the client would accept (`gzip`, `deflate`, any other),
+/// keeping `trailers` (any case) if it is listed, and the header not at all otherwise.
+fn only_trailers_in_te(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(TE).iter();
+    let Some(first) = values.next() else {
+        return;
+    };
+    if values.next().is_none() && first.as_bytes().eq_ignore_ascii_case(b"trailers") {
+        return;
+    }
+    let trailers = headers.get_all(TE).iter().any(|value| {
+        value.as_bytes().split(|&b| b == b',').any(|element| {
+            // `trailers` takes no parameters; `trailers;q=1` is not it.
+            element.trim_ascii().eq_ignore_ascii_case(b"trailers")
+        })
+    });
+    if trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    } else {
+        headers.remove(TE);
+    }
 }

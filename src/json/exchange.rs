@@ -8,6 +8,7 @@ use http::{header, HeaderMap, Method, StatusCode};
 
 use super::guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
 use crate::filter::{ChunkEdit, EventStreamFilter};
+use crate::future::{head_kind, HeadKind};
 use crate::{BypassMarkerLayer, FrameTooLarge, RequestedAnnotations};
 
 /// One HTTP request and its response, as a gateway's filter sees them: the JSON guard on the
@@ -128,7 +129,9 @@ pub enum BodyStep {
 pub enum ResponseStep {
     /// Pass the response through untouched: there is nothing to remove from it.
     Pass,
-    /// Filter the body: call [`GatewayExchange::response_body`] for every chunk.
+    /// Filter the body: call [`GatewayExchange::response_body`] for every chunk. Also the answer
+    /// to an event-stream head on a response that has no content (a `204` or `304`, the response
+    /// to `HEAD`) that does not end the stream: whatever body follows is removed whole.
     #[non_exhaustive]
     Filter {
         /// The response has a `content-length`, which no longer holds: remove it.
@@ -196,6 +199,9 @@ enum ResponseState {
     Start,
     /// The body goes through this filter.
     Filter(EventStreamFilter),
+    /// The body of an event-stream response that has no content (a `204`, a `304`, the response
+    /// to `HEAD`): every byte of it is removed.
+    Discard,
     /// Passed through, or its body has ended.
     Done,
 }
@@ -339,6 +345,14 @@ impl GatewayExchange {
         if end_of_stream {
             return Ok(ResponseStep::Pass);
         }
+        if head_kind(self.method == Method::HEAD, status, headers) == HeadKind::NoContent {
+            // Its headers stay (`content-length` included: it states another representation's
+            // length); an HTTP/2 upstream may still send DATA frames, which never pass.
+            self.response = ResponseState::Discard;
+            return Ok(ResponseStep::Filter {
+                remove_content_length: false,
+            });
+        }
         if let Some(coding) =
             self.layer
                 .refuses_encoded(&self.method, status, headers, &self.granted)
@@ -362,7 +376,10 @@ impl GatewayExchange {
     /// The response body is being filtered: [`response_body`](Self::response_body) has work to
     /// do. False before the response's head, for a response passed through, and after the end.
     pub fn filters_response(&self) -> bool {
-        matches!(self.response, ResponseState::Filter(_))
+        matches!(
+            self.response,
+            ResponseState::Filter(_) | ResponseState::Discard
+        )
     }
 
     /// One chunk of the response body (as one or more slices), the last one with
@@ -382,6 +399,13 @@ impl GatewayExchange {
         edit.clear();
         let filter = match &mut self.response {
             ResponseState::Filter(filter) => filter,
+            ResponseState::Discard => {
+                edit.remove_all(chunk);
+                if end_of_stream {
+                    self.response = ResponseState::Done;
+                }
+                return Ok(());
+            }
             ResponseState::Done => return Ok(()),
             ResponseState::Start => {
                 return Err(ExchangeError::Order(
@@ -491,16 +515,72 @@ mod tests {
     }
 
     #[test]
+    fn a_transfer_coding_other_than_chunked_is_refused_like_a_content_coding() {
+        let layer = BypassMarkerLayer::dynamo();
+        for (value, named) in [
+            ("gzip, chunked", "transfer-encoding gzip"),
+            ("Deflate,Chunked", "transfer-encoding Deflate"),
+            ("chunked, br", "transfer-encoding br"),
+        ] {
+            let mut exchange = after_request(&layer, Method::POST, "[]");
+            let mut headers = sse("");
+            headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static(value));
+            let step = exchange.response_headers(StatusCode::OK, &headers, false);
+            let Ok(ResponseStep::Refuse(refusal)) = step else {
+                panic!("{value}: {step:?}");
+            };
+            assert_eq!(refusal.status(), 502);
+            assert_eq!(refusal.code(), "encoded_event_stream");
+            assert!(
+                refusal
+                    .message()
+                    .starts_with(&format!("the event stream has {named}, which")),
+                "{}",
+                refusal.message()
+            );
+            assert!(!exchange.filters_response());
+        }
+        // `chunked` alone (any case, empty elements ignored) is read and filtered.
+        for value in ["chunked", "CHUNKED", " , chunked"] {
+            let mut exchange = after_request(&layer, Method::POST, "[]");
+            let mut headers = sse("");
+            headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static(value));
+            let step = exchange.response_headers(StatusCode::OK, &headers, false);
+            assert!(matches!(step, Ok(ResponseStep::Filter { .. })), "{value}");
+        }
+    }
+
+    #[test]
     fn responses_without_content_and_plain_streams_are_not_refused() {
         let layer = BypassMarkerLayer::dynamo();
-        for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
-            let mut exchange = after_request(&layer, Method::POST, "[]");
-            let step = exchange.response_headers(status, &sse("gzip"), false);
-            assert_eq!(step.unwrap(), ResponseStep::Pass, "{status}");
+        // No content: not refused, whatever the coding, and no byte of a body passes.
+        let no_content = [
+            (Method::POST, StatusCode::NO_CONTENT),
+            (Method::POST, StatusCode::NOT_MODIFIED),
+            (Method::HEAD, StatusCode::OK),
+        ];
+        for (method, status) in no_content {
+            for coding in ["gzip", "identity"] {
+                let mut exchange = after_request(&layer, method.clone(), "[]");
+                let step = exchange.response_headers(status, &sse(coding), false);
+                let expected = ResponseStep::Filter {
+                    remove_content_length: false,
+                };
+                assert_eq!(step.unwrap(), expected, "{method} {status} {coding}");
+                let mut edit = ChunkEdit::new();
+                let frame: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+                exchange
+                    .response_body(&[frame, b"data: 1\n\n"], false, &mut edit)
+                    .unwrap();
+                assert_eq!(edit.output_len(), 0, "{method} {status}");
+                assert_eq!(edit.skip_front(), Some(frame.len() + 9));
+                exchange
+                    .response_body(&[b"data: 2"], true, &mut edit)
+                    .unwrap();
+                assert_eq!(edit.output_len(), 0);
+                assert!(!exchange.filters_response());
+            }
         }
-        let mut exchange = after_request(&layer, Method::HEAD, "[]");
-        let step = exchange.response_headers(StatusCode::OK, &sse("gzip"), false);
-        assert_eq!(step.unwrap(), ResponseStep::Pass);
         // No body at all.
         let mut exchange = after_request(&layer, Method::POST, "[]");
         let step = exchange.response_headers(StatusCode::OK, &sse("gzip"), true);
