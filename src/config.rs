@@ -164,6 +164,31 @@ pub enum Overflow {
     Error,
 }
 
+/// What the JSON guard (feature `json`) does with a request body whose `content-type` is not JSON
+/// (`text/plain`, `multipart/form-data`: anything but `application/json`, `application/*+json`,
+/// an empty value or none): see
+/// [`BypassMarkerLayer::non_json_bodies`](crate::BypassMarkerLayer::non_json_bodies).
+///
+/// A body *looks like JSON* when its first byte that is not a space, tab, CR, LF, NUL or a byte of
+/// a byte-order mark (EF BB BF, FE FF) is `{`: that covers what Python's `json.loads` takes from
+/// bytes (it detects UTF-8 with a BOM, UTF-16 and UTF-32), so an upstream that parses any body as
+/// JSON (Starlette's `request.json()`) can only find an `nvext` in a body that looks like JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum NonJsonBodies {
+    /// Forward them unread, without buffering (the default, and the Dynamo preset's): an
+    /// upstream that parses only JSON content types never reads their `nvext`.
+    #[default]
+    Forward,
+    /// Read them too (buffered up to the guard's body cap, refused when encoded, as JSON bodies
+    /// are); one that looks like JSON is judged as a JSON body (router-owned names stripped, the
+    /// opt-in granted, refused when it is not RFC 8259 JSON), any other is forwarded as it came.
+    Judge,
+    /// Read them too (as for `Judge`); one that looks like JSON is refused with 415
+    /// `unsupported_media_type`, any other is forwarded as it came.
+    Refuse,
+}
+
 /// What a response does with frames of a configured annotation name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -206,6 +231,8 @@ pub(crate) struct Config {
     pub(crate) max_frame_bytes: usize,
     pub(crate) on_overflow: Overflow,
     pub(crate) sdk_safe: bool,
+    /// What the JSON guard does with bodies of another content type.
+    pub(crate) non_json: NonJsonBodies,
     /// Finds `event:`, built once per layer rather than once per chunk.
     pub(crate) event_finder: memchr::memmem::Finder<'static>,
     /// How many bytes of a line the scanner needs to tell whether it is an `event` field naming a
@@ -318,6 +345,7 @@ impl Config {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             on_overflow: Overflow::default(),
             sdk_safe: false,
+            non_json: NonJsonBodies::Forward,
             event_finder: memchr::memmem::Finder::new(EVENT_FIELD).into_owned(),
             line_cap: 0,
             observer: None,
@@ -454,7 +482,8 @@ impl Config {
             .field("never_forward", &names(|n| n.kind == Kind::NeverForward))
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("on_overflow", &self.on_overflow)
-            .field("sdk_safe", &self.sdk_safe);
+            .field("sdk_safe", &self.sdk_safe)
+            .field("non_json_bodies", &self.non_json);
     }
 }
 

@@ -5,7 +5,9 @@ use http::{HeaderMap, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::annotations::RequestedAnnotations;
-use crate::config::{Config, ErrorBodyFn, ErrorParts, Grant, InvalidName, Kind, Overflow, Role};
+use crate::config::{
+    Config, ErrorBodyFn, ErrorParts, Grant, InvalidName, Kind, NonJsonBodies, Overflow, Role,
+};
 #[cfg(doc)]
 use crate::config::{BYPASS_REMOTE_PREFILL, MAX_NAMES, MAX_NAME_LEN};
 use crate::filter::EventStreamFilter;
@@ -160,6 +162,17 @@ impl BypassMarkerLayer {
     /// `error` events are not annotations: Dynamo turns them into a stream error the client must
     /// see, so the preset leaves them alone.
     ///
+    /// The preset's guard forwards bodies with a non-JSON content type unread
+    /// ([`NonJsonBodies::Forward`]): Dynamo's handlers take the request with axum's `Json`
+    /// extractor (ai-dynamo/dynamo, `lib/llm/src/http/service/openai.rs`), which answers 415 to
+    /// any content type but `application/json` and `application/*+json` before it reads a byte
+    /// (tokio-rs/axum, `axum/src/json.rs`, `json_content_type`; `tests/dynamo/run.sh` sends
+    /// Dynamo 1.6.1 a forged marker as `text/plain` and gets that 415). So such a body never
+    /// reaches Dynamo's annotations, and reading it would only cost the guard memory (an upload
+    /// of any size would be buffered). In front of an upstream that parses any body as JSON
+    /// (Starlette's `request.json()`), choose [`NonJsonBodies::Refuse`] or
+    /// [`NonJsonBodies::Judge`].
+    ///
     /// ```
     /// use tower_bypass_marker::BypassMarkerLayer;
     ///
@@ -175,6 +188,7 @@ impl BypassMarkerLayer {
     /// ```
     pub fn dynamo() -> Self {
         Self::new()
+            .non_json_bodies(NonJsonBodies::Forward)
             .router_owned("x-prefill-continue")
             .opt_in("request_id")
             .opt_in("formatted_prompt")
@@ -291,6 +305,27 @@ impl BypassMarkerLayer {
     #[must_use]
     pub fn sdk_safe(self, enabled: bool) -> Self {
         self.with(|c| c.sdk_safe = enabled)
+    }
+
+    /// What the JSON guard (feature `json`) does with request bodies whose `content-type` is not
+    /// JSON: forward them unread ([`NonJsonBodies::Forward`], the default), judge those that look
+    /// like JSON as JSON ([`NonJsonBodies::Judge`]), or refuse those with 415
+    /// ([`NonJsonBodies::Refuse`]); the [Dynamo preset](Self::dynamo) says why it forwards.
+    ///
+    /// Under `Judge` and `Refuse` the guard buffers every body with a non-JSON content type (up to
+    /// its body cap: a larger one gets 413), so use them in front of upstreams that take JSON
+    /// only, as Dynamo does; in front of one that takes large uploads (`multipart/form-data`),
+    /// keep `Forward`, which is safe as long as that upstream does not parse such bodies as JSON.
+    ///
+    /// ```
+    /// use tower_bypass_marker::{BypassMarkerLayer, NonJsonBodies};
+    ///
+    /// let layer = BypassMarkerLayer::new().non_json_bodies(NonJsonBodies::Judge);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn non_json_bodies(self, bodies: NonJsonBodies) -> Self {
+        self.with(|c| c.non_json = bodies)
     }
 
     /// Calls `observer` for every annotation frame a body, filter or processor made from this layer

@@ -239,7 +239,7 @@ struct ReadmeDoctests;
 pub use annotations::RequestedAnnotations;
 pub use body::BypassMarkerBody;
 pub use config::{
-    ErrorParts, InvalidName, InvalidNameKind, Overflow, Role, BYPASS_REMOTE_PREFILL,
+    ErrorParts, InvalidName, InvalidNameKind, NonJsonBodies, Overflow, Role, BYPASS_REMOTE_PREFILL,
     DEFAULT_MAX_FRAME_BYTES, MAX_NAMES, MAX_NAME_LEN,
 };
 pub use filter::FrameTooLarge;

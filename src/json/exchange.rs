@@ -6,7 +6,9 @@ use std::fmt;
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, StatusCode};
 
-use super::guard::{BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced};
+use super::guard::{
+    reads_content_type, BodyDecision, HeadDecision, Refusal, RequestGuard, Spliced,
+};
 use crate::filter::{ChunkEdit, EventStreamFilter};
 use crate::future::{head_kind, HeadKind};
 use crate::{BypassMarkerLayer, FrameTooLarge, RequestedAnnotations};
@@ -184,8 +186,9 @@ impl From<FrameTooLarge> for ExchangeError {
 enum RequestState {
     /// No request headers yet.
     Start,
-    /// The guard reads the body: the next body is all of it.
-    ReadBody { has_length: bool },
+    /// The guard reads the body: the next body is all of it. `json`: its content type is JSON
+    /// (or absent).
+    ReadBody { has_length: bool, json: bool },
     /// The request went on (forwarded, spliced or refused).
     Done,
 }
@@ -254,6 +257,7 @@ impl GatewayExchange {
             HeadDecision::Read => {
                 self.request = RequestState::ReadBody {
                     has_length: headers.contains_key(header::CONTENT_LENGTH),
+                    json: reads_content_type(headers),
                 };
                 RequestStep::ReadBody
             }
@@ -273,9 +277,13 @@ impl GatewayExchange {
         end_of_stream: bool,
     ) -> Result<BodyStep, ExchangeError> {
         match self.request {
-            RequestState::ReadBody { has_length } if end_of_stream => {
+            RequestState::ReadBody { has_length, json } if end_of_stream => {
                 self.request = RequestState::Done;
-                Ok(self.judge(body, has_length))
+                if json {
+                    Ok(self.judge(body, has_length))
+                } else {
+                    Ok(self.judge_decision(self.guard.check_other_body(body), has_length))
+                }
             }
             RequestState::ReadBody { .. } => Err(ExchangeError::Order(
                 "a request body that is not the whole body: the guard judges whole bodies \
@@ -289,7 +297,12 @@ impl GatewayExchange {
     }
 
     fn judge(&mut self, body: Bytes, has_length: bool) -> BodyStep {
-        match self.guard.check_body(body) {
+        let decision = self.guard.check_body(body);
+        self.judge_decision(decision, has_length)
+    }
+
+    fn judge_decision(&mut self, decision: BodyDecision, has_length: bool) -> BodyStep {
+        match decision {
             BodyDecision::Forward { granted } => {
                 self.granted = granted;
                 BodyStep::Forward

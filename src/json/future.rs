@@ -206,7 +206,7 @@ impl<S> Collected<S> {
                 granted: None,
             };
         }
-        let (chunks, granted) = match self.guard.check_body(body.clone()) {
+        let (chunks, granted) = match self.guard.check_body_for(&parts.headers, body.clone()) {
             BodyDecision::Forward { granted } => (vec![body], granted),
             BodyDecision::Splice { body, granted } => {
                 if parts.headers.contains_key(CONTENT_LENGTH) {

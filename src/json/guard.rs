@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, StatusCode};
 
-use crate::config::Config;
+use crate::config::{Config, NonJsonBodies};
 use crate::json::splice::{self, Reason};
 use crate::json::{JsonGuardLayer, DEFAULT_MAX_BODY_BYTES};
 use crate::{BypassMarkerLayer, RequestedAnnotations};
@@ -252,13 +252,18 @@ impl RequestGuard {
     /// alone does not make it so.
     ///
     /// The body is read when it may be non-empty and its content type is JSON as lenient servers
-    /// read it (see the [module docs](crate::json)); it is refused first when it has a
+    /// read it (see the [module docs](crate::json)), or whatever its content type under
+    /// [`NonJsonBodies::Judge`] and [`NonJsonBodies::Refuse`]; it is refused first when it has a
     /// `content-encoding` other than `identity` (415) or a `content-length` over the cap (413).
+    /// Judge a body read for a head with a non-JSON content type with
+    /// [`check_body_for`](Self::check_body_for).
     pub fn check_head(&self, headers: &HeaderMap, body_empty: bool) -> HeadDecision {
         // Only the body itself says it is empty: a `content-length: 0` that does not match the
         // bytes behind it (a body rewritten by a middleware, a host that does not check) must not
         // let a body past unread.
-        if body_empty || !reads_content_type(headers) {
+        if body_empty
+            || (!reads_content_type(headers) && self.config.non_json == NonJsonBodies::Forward)
+        {
             return HeadDecision::Skip;
         }
         if !identity_only(headers) {
@@ -318,6 +323,64 @@ impl RequestGuard {
         }
     }
 
+    /// [`check_body`](Self::check_body) for a request with these `headers`. A body whose content
+    /// type is JSON (or absent) is judged as `check_body` judges it. One with another content type
+    /// (read under [`NonJsonBodies::Judge`] or [`NonJsonBodies::Refuse`]) is forwarded as it came
+    /// unless it looks like JSON (see [`NonJsonBodies`]); if it does, it is judged as JSON
+    /// (`Judge`) or refused with 415 `unsupported_media_type` (`Refuse`).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, HeaderMap};
+    /// use tower_bypass_marker::sans_io::BodyDecision;
+    /// use tower_bypass_marker::BypassMarkerLayer;
+    ///
+    /// use tower_bypass_marker::NonJsonBodies;
+    ///
+    /// let guard = BypassMarkerLayer::dynamo().non_json_bodies(NonJsonBodies::Refuse).request_guard();
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+    /// let forged = Bytes::from_static(br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#);
+    /// let BodyDecision::Refuse(refusal) = guard.check_body_for(&headers, forged) else { panic!() };
+    /// assert_eq!((refusal.status(), refusal.code()), (415, "unsupported_media_type"));
+    /// let text = Bytes::from_static(b"just text");
+    /// assert!(matches!(guard.check_body_for(&headers, text), BodyDecision::Forward { .. }));
+    /// ```
+    pub fn check_body_for(&self, headers: &HeaderMap, body: Bytes) -> BodyDecision {
+        if reads_content_type(headers) {
+            self.check_body(body)
+        } else {
+            self.check_other_body(body)
+        }
+    }
+
+    /// [`check_body_for`](Self::check_body_for) of a body whose content type is not JSON.
+    pub(crate) fn check_other_body(&self, body: Bytes) -> BodyDecision {
+        if body.len() > self.max_body_bytes {
+            return BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes));
+        }
+        if !looks_like_json(&body) {
+            return BodyDecision::Forward {
+                granted: RequestedAnnotations::new(),
+            };
+        }
+        match self.config.non_json {
+            NonJsonBodies::Judge => self.check_body(body),
+            NonJsonBodies::Refuse => BodyDecision::Refuse(Refusal::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the request body looks like JSON but its content-type is not JSON; send it \
+                 with content-type application/json"
+                    .to_owned(),
+            )),
+            // Forward (a host that read the body anyway), and any later choice: nothing is
+            // granted for a body the guard was not asked to judge.
+            _ => BodyDecision::Forward {
+                granted: RequestedAnnotations::new(),
+            },
+        }
+    }
+
     /// [`check_body`](Self::check_body) of a body received in several chunks, joined once.
     pub fn check_chunks(&self, chunks: Vec<Bytes>) -> BodyDecision {
         self.check_body(join(chunks))
@@ -363,9 +426,20 @@ pub(crate) fn join(mut chunks: Vec<Bytes>) -> Bytes {
     }
 }
 
+/// Whether a body looks like JSON to a lenient parser (see [`NonJsonBodies`]): its first byte that
+/// is not whitespace, NUL or a byte of a byte-order mark is `{`.
+pub(crate) fn looks_like_json(body: &[u8]) -> bool {
+    body.iter().find(|b| {
+        !matches!(
+            b,
+            b' ' | b'\t' | b'\r' | b'\n' | 0 | 0xEF | 0xBB | 0xBF | 0xFE | 0xFF
+        )
+    }) == Some(&b'{')
+}
+
 /// Whether the content type is one a lenient server parses as JSON: no `content-type` header, or
 /// any one of several whose value [`reads_value`] reads.
-fn reads_content_type(headers: &HeaderMap) -> bool {
+pub(crate) fn reads_content_type(headers: &HeaderMap) -> bool {
     let mut types = headers.get_all(CONTENT_TYPE).iter().peekable();
     types.peek().is_none() || types.any(|v| reads_value(v.as_bytes()))
 }

@@ -285,6 +285,18 @@ run_clients() {
     --base-url "$url" --label "python anthropic $ANTHROPIC_PINNED" \
     --version "$ANTHROPIC_PINNED" --replies "$replies" "${via[@]}"
 }
+# The Dynamo preset forwards bodies with a non-JSON content type unread (NonJsonBodies::Forward,
+# src/layer.rs's `dynamo`): Dynamo's axum `Json` extractor refuses them with 415 before reading
+# them, so a marker forged in one never reaches its annotations. Shown on each endpoint it marks.
+for endpoint in chat/completions completions; do
+  if [[ "$endpoint" == completions ]]; then prompt='"prompt":"hi"'; else prompt='"messages":[{"role":"user","content":"hi"}]'; fi
+  status="$(curl -sS -o "$work/text-plain.out" -w '%{http_code}' --max-time 30 "$dynamo/v1/$endpoint" \
+    -H 'content-type: text/plain' \
+    -d "{\"model\":\"tiny\",$prompt,\"stream\":true,\"nvext\":{\"annotations\":[\"x-bypass-remote-prefill\"]}}" || true)"
+  ok=0
+  [[ "$status" == 415 ]] && ok=1
+  count $ok "Dynamo answers 415 to a JSON body sent as text/plain on /v1/$endpoint, before it reads a forged marker (status $status: $(head -c 200 "$work/text-plain.out"))"
+done
 run_clients "$dynamo" direct ""
 run_clients "$proxy" proxy "the proxy"
 if [[ -n "$envoy" ]]; then
