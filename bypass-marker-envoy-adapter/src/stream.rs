@@ -108,14 +108,19 @@ pub fn append_header_values<'v>(
     true
 }
 
-/// The headers a head is judged by (type, coding, length), read from the host; `None` if one of
-/// them has a value that is not a valid header value.
+/// The headers a head is judged by (type, codings, length), read from the host; `None` if one of
+/// them has a value that is not a valid header value. `transfer-encoding` is among them: a
+/// response whose transfer codings go beyond `chunked` (`gzip, chunked`) carries its content
+/// encoded, and is refused like a content coding. (Envoy's HTTP/1.1 codec refuses such a
+/// response before any filter sees it, and HTTP/2 has no transfer codings; a host that passed
+/// one on would otherwise have it filtered as if it were plain.)
 fn judged_headers(host: &impl Host, headers: Headers) -> Option<HeaderMap> {
     let mut into = HeaderMap::new();
     [
         header::CONTENT_TYPE,
         header::CONTENT_ENCODING,
         header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
     ]
     .iter()
     .all(|name| host.headers(headers, name, &mut into))
@@ -516,11 +521,19 @@ impl StreamFilter {
     /// the first time in the process (every one would be a log line per stream).
     fn refuse_response(&mut self, host: &mut impl Host, headers: &HeaderMap, refusal: &Refusal) {
         self.response_refused = true;
+        // Counted by the first coding in the way: a content coding, else a transfer coding
+        // other than `chunked` (`gzip, chunked` counts as gzip).
+        let transfer = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+            .filter(|coding| !coding.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         let coding = metrics::encoded_refused(
             headers
                 .get_all(header::CONTENT_ENCODING)
                 .iter()
-                .map(|value| value.as_bytes()),
+                .map(|value| value.as_bytes())
+                .chain(transfer),
         );
         if !ENCODED_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             host.log(

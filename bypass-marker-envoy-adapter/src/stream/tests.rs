@@ -216,11 +216,9 @@ fn json_responses_and_responses_without_a_body_pass_untouched() {
             &[(":status", "200"), ("content-type", "text/event-stream")][..],
             true,
         ),
-        (
-            &[(":status", "204"), ("content-type", "text/event-stream")][..],
-            false,
-        ),
-        // (An encoded event stream no longer passes: it gets a 502, issue 27 item 2.)
+        // (An encoded event stream no longer passes: it gets a 502, issue 27 item 2; nor does the
+        // body of an event-stream 204, 304 or response to HEAD: every byte of it is removed,
+        // issue 48.)
     ] {
         let mut d = Driver::dynamo();
         let _ = d.request("GET", &[], true);
@@ -578,5 +576,160 @@ fn an_encoded_event_stream_with_something_to_remove_gets_a_502_before_any_byte()
         );
         assert_eq!(d.response_chunk(&[&body], true), BodyStatus::Continue);
         assert_eq!(d.fake.client, body);
+    }
+}
+
+/// Issue 48: a transfer coding other than `chunked` (`gzip, chunked`) leaves the content encoded,
+/// as a content coding does: the same 502 before any byte, counted by that coding. Envoy's
+/// HTTP/1.1 codec refuses such a response itself (tests/envoy/client.py `nocontent`); the
+/// filter must not rely on it.
+#[test]
+fn an_event_stream_with_a_transfer_coding_other_than_chunked_gets_the_502_before_any_byte() {
+    for (coding, label) in [
+        ("gzip, chunked", "gzip"),
+        ("Deflate,Chunked", "deflate"),
+        ("chunked, x-foo", "other"),
+    ] {
+        let mut d = Driver::dynamo();
+        assert_eq!(d.request("GET", &[], true), HeadersStatus::Continue);
+        let status = d.response(
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+                ("transfer-encoding", coding),
+            ],
+            false,
+        );
+        assert_eq!(status, HeadersStatus::StopIteration, "{coding}");
+        let body = local_reply(&d, 502, "encoded_event_stream");
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("the event stream has transfer-encoding "),
+            "{coding}: {message}"
+        );
+        assert_eq!(
+            d.fake.count(Counter::EncodedStreamsRefused, label),
+            1,
+            "{coding}"
+        );
+        // No byte of the upstream's stream, the marker included, goes out.
+        assert_response_stopped(&mut d, &stream_body(), false);
+        assert!(d.fake.reset.is_none());
+    }
+    // `chunked` alone is only framing: filtered as usual.
+    for coding in ["chunked", "CHUNKED"] {
+        let mut d = Driver::dynamo();
+        let _ = d.request("GET", &[], true);
+        let status = d.response(
+            &[
+                (":status", "200"),
+                ("content-type", "text/event-stream"),
+                ("transfer-encoding", coding),
+            ],
+            false,
+        );
+        assert_eq!(status, HeadersStatus::Continue, "{coding}");
+        assert_eq!(
+            d.response_chunk(&[MARKER, DATA], true),
+            BodyStatus::Continue
+        );
+        assert_eq!(d.fake.client, DATA, "{coding}");
+        assert!(d.fake.sent.is_none());
+    }
+}
+
+/// Issue 48: an event-stream head on a response without content (a 204, a 304, the response to
+/// HEAD) that does not end the stream keeps every header, `content-length` included, and no
+/// byte of whatever body follows reaches the client: each chunk is drained where it lies (the
+/// host is called for it and forwards an empty chunk), and nothing is appended at the trailers
+/// or at the end. Whatever the client opted in to, and whatever coding the head names.
+#[test]
+fn the_body_of_an_event_stream_head_without_content_is_dropped_whole_headers_kept() {
+    let opted_in = br#"{"nvext":{"annotations":["x-bypass-remote-prefill","request_id"]}}"#;
+    for (method, status) in [("POST", "204"), ("POST", "304"), ("HEAD", "200")] {
+        for coding in ["identity", "gzip"] {
+            for body in [&b"{}"[..], opted_in] {
+                let mut d = Driver::dynamo();
+                if method == "HEAD" {
+                    assert_eq!(d.request("HEAD", &[], true), HeadersStatus::Continue);
+                } else {
+                    let length = body.len().to_string();
+                    let head = [
+                        ("content-type", "application/json"),
+                        ("content-length", length.as_str()),
+                    ];
+                    assert_eq!(
+                        d.request(method, &head, false),
+                        HeadersStatus::StopIteration
+                    );
+                    assert_eq!(d.request_chunk(body, true), BodyStatus::Continue);
+                }
+                let what = format!(
+                    "{method} {status} {coding} {}",
+                    String::from_utf8_lossy(body)
+                );
+                let head = [
+                    (":status", status),
+                    ("content-type", "text/event-stream"),
+                    ("content-encoding", coding),
+                    ("content-length", "1234"),
+                    ("etag", "\"e\""),
+                ];
+                assert_eq!(d.response(&head, false), HeadersStatus::Continue, "{what}");
+                assert!(d.fake.sent.is_none(), "{what}");
+                for (name, value) in &head[1..] {
+                    assert_eq!(
+                        d.fake.header(Headers::Response, name),
+                        Some(value.as_bytes()),
+                        "{what}: {name}"
+                    );
+                }
+                // Frames cut anywhere, the marker among them, in several slices and chunks.
+                let stream = stream_body();
+                let (a, b) = stream.split_at(7);
+                assert_eq!(d.response_chunk(&[a, MARKER], false), BodyStatus::Continue);
+                assert_eq!(d.response_chunk(&[b], false), BodyStatus::Continue);
+                // The end: a last chunk, or trailers (a frame left open goes nowhere either).
+                if coding == "gzip" {
+                    assert_eq!(d.response_chunk(&[b"data: 1"], false), BodyStatus::Continue);
+                    assert_eq!(d.response_trailers(), TrailersStatus::Continue);
+                } else {
+                    assert_eq!(d.response_chunk(&[DATA], true), BodyStatus::Continue);
+                }
+                assert!(d.fake.client.is_empty(), "{what}: {:?}", d.fake.client);
+                assert!(d.fake.reset.is_none(), "{what}");
+                d.complete();
+                assert_eq!(
+                    d.fake
+                        .count(Counter::FramesForwarded, "x-bypass-remote-prefill"),
+                    0,
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+/// The same heads that end the stream (how Envoy's HTTP/1.1 codec delivers a 204, a 304 and the
+/// response to HEAD, whatever bytes follow them): passed as they are, nothing to filter.
+#[test]
+fn an_event_stream_head_without_content_that_ends_the_stream_passes_untouched() {
+    for (method, status) in [("GET", "204"), ("GET", "304"), ("HEAD", "200")] {
+        let mut d = Driver::dynamo();
+        let _ = d.request(method, &[], true);
+        let before = d.fake.mutations;
+        let head = [
+            (":status", status),
+            ("content-type", "text/event-stream"),
+            ("content-length", "1234"),
+        ];
+        assert_eq!(d.response(&head, true), HeadersStatus::Continue);
+        assert_eq!(d.fake.mutations, before, "{method} {status}");
+        assert_eq!(
+            d.fake.header(Headers::Response, "content-length"),
+            Some(&b"1234"[..])
+        );
+        assert!(d.fake.sent.is_none() && d.fake.reset.is_none());
     }
 }

@@ -594,3 +594,198 @@ fn status(err: ExchangeError) -> Status {
         err => Status::failed_precondition(err.to_string()),
     }
 }
+
+/// Issue 48 at the processor: a response the upstream framed with a transfer coding other than
+/// `chunked`, and an event-stream head on a response without content followed by a body, played
+/// message by message as Envoy sends them, and the answers applied as Envoy applies them.
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap as ProtoHeaderMap, HeaderValue};
+    use envoy_types::pb::envoy::service::ext_proc::v3::{
+        body_mutation::Mutation, HeadersResponse, ProtocolConfiguration,
+    };
+
+    use super::*;
+    use crate::budget::BodyBudget;
+
+    const MARKER: &[u8] = b"event: x-bypass-remote-prefill\n: true\n\n";
+    const DATA: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+
+    fn exchange() -> ExtProcExchange {
+        let layer = BypassMarkerLayer::dynamo();
+        ExtProcExchange::new(
+            &layer,
+            layer.request_guard(),
+            BodyBudget::unlimited().charge(),
+        )
+    }
+
+    fn headers(entries: &[(&str, &str)], end_of_stream: bool) -> HttpHeaders {
+        HttpHeaders {
+            headers: Some(ProtoHeaderMap {
+                headers: entries
+                    .iter()
+                    .map(|(key, value)| HeaderValue {
+                        key: (*key).to_owned(),
+                        value: String::new(),
+                        raw_value: value.as_bytes().to_vec(),
+                    })
+                    .collect(),
+            }),
+            end_of_stream,
+            ..HttpHeaders::default()
+        }
+    }
+
+    fn message(request: Request, duplex: bool) -> ProcessingRequest {
+        ProcessingRequest {
+            request: Some(request),
+            protocol_config: duplex.then(|| ProtocolConfiguration {
+                request_body_mode: proto::BODY_FULL_DUPLEX,
+                response_body_mode: proto::BODY_FULL_DUPLEX,
+                ..ProtocolConfiguration::default()
+            }),
+            ..ProcessingRequest::default()
+        }
+    }
+
+    fn answer(x: &mut ExtProcExchange, request: Request, duplex: bool) -> ProcessingResponse {
+        x.answer(message(request, duplex))
+            .expect("an answer, not a failed stream")
+            .expect("an answer to a message with an HTTP part")
+    }
+
+    /// The request side, passed: a POST naming `annotations` (the body read whole), or a HEAD.
+    fn request(x: &mut ExtProcExchange, method: &str, annotations: &str, duplex: bool) {
+        if method == "HEAD" {
+            let h = headers(&[(":method", "HEAD"), (":path", "/v1/models")], true);
+            answer(x, Request::RequestHeaders(h), duplex);
+            return;
+        }
+        let body = format!(r#"{{"stream":true,"nvext":{{"annotations":{annotations}}}}}"#);
+        let length = body.len().to_string();
+        let h = headers(
+            &[
+                (":method", method),
+                (":path", "/v1/chat/completions"),
+                ("content-type", "application/json"),
+                ("content-length", &length),
+            ],
+            false,
+        );
+        answer(x, Request::RequestHeaders(h), duplex);
+        let b = HttpBody {
+            body: body.into_bytes(),
+            end_of_stream: true,
+            ..HttpBody::default()
+        };
+        let a = answer(x, Request::RequestBody(b), duplex);
+        assert!(
+            matches!(a.response, Some(Response::RequestBody(_))),
+            "{a:?}"
+        );
+    }
+
+    /// What Envoy forwards of a response chunk, given the processor's answer to it.
+    fn forwarded(input: &[u8], a: &ProcessingResponse) -> Vec<u8> {
+        let Some(Response::ResponseBody(body)) = &a.response else {
+            panic!("not a body answer: {a:?}");
+        };
+        let Some(common) = &body.response else {
+            return input.to_vec();
+        };
+        match common
+            .body_mutation
+            .as_ref()
+            .and_then(|m| m.mutation.as_ref())
+        {
+            None => input.to_vec(),
+            Some(Mutation::Body(bytes)) => bytes.clone(),
+            Some(Mutation::StreamedResponse(streamed)) => streamed.body.clone(),
+            Some(other) => panic!("a body mutation Envoy would not forward: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_event_stream_with_a_transfer_coding_other_than_chunked_gets_the_502_before_any_byte() {
+        for duplex in [false, true] {
+            for annotations in ["[]", r#"["x-bypass-remote-prefill","request_id"]"#] {
+                let mut x = exchange();
+                request(&mut x, "POST", annotations, duplex);
+                let h = headers(
+                    &[
+                        (":status", "200"),
+                        ("content-type", "text/event-stream"),
+                        ("transfer-encoding", "gzip, chunked"),
+                    ],
+                    false,
+                );
+                let a = answer(&mut x, Request::ResponseHeaders(h), duplex);
+                let Some(Response::ImmediateResponse(reply)) = &a.response else {
+                    panic!("{duplex} {annotations}: not a local reply: {a:?}");
+                };
+                assert_eq!(reply.status.as_ref().map(|s| s.code), Some(502));
+                let error: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+                assert_eq!(error["error"]["code"], "encoded_event_stream");
+                let message = error["error"]["message"].as_str().unwrap();
+                assert!(
+                    message.starts_with(
+                        "the event stream has transfer-encoding gzip, which cannot be filtered"
+                    ),
+                    "{message}"
+                );
+                // Envoy sends the local reply instead: no byte of the stream goes out, and
+                // nothing is left to filter.
+                assert!(!x.exchange.filters_response());
+            }
+        }
+    }
+
+    #[test]
+    fn the_body_of_an_event_stream_head_without_content_is_dropped_whole_headers_kept() {
+        let cases = [("POST", "204"), ("POST", "304"), ("HEAD", "200")];
+        for duplex in [false, true] {
+            for (method, status) in cases {
+                for annotations in ["[]", r#"["x-bypass-remote-prefill","request_id"]"#] {
+                    let what = format!("{method} {status} {annotations} duplex {duplex}");
+                    let mut x = exchange();
+                    request(&mut x, method, annotations, duplex);
+                    let h = headers(
+                        &[
+                            (":status", status),
+                            ("content-type", "text/event-stream"),
+                            ("content-length", "1234"),
+                        ],
+                        false,
+                    );
+                    let a = answer(&mut x, Request::ResponseHeaders(h), duplex);
+                    // Headers kept, content-length included: no mutation at all.
+                    assert_eq!(
+                        a.response,
+                        Some(Response::ResponseHeaders(HeadersResponse {
+                            response: None
+                        })),
+                        "{what}"
+                    );
+                    // The body still comes to the processor, chunk by chunk.
+                    if !duplex {
+                        let mode = a.mode_override.as_ref().expect("a mode override");
+                        assert_eq!(mode.response_body_mode, proto::BODY_STREAMED, "{what}");
+                    }
+                    let chunks: [&[u8]; 3] = [&[MARKER, DATA].concat(), MARKER, b"data: [DONE]"];
+                    let mut client = Vec::new();
+                    for (i, chunk) in chunks.iter().enumerate() {
+                        let b = HttpBody {
+                            body: chunk.to_vec(),
+                            end_of_stream: i == chunks.len() - 1,
+                            ..HttpBody::default()
+                        };
+                        let a = answer(&mut x, Request::ResponseBody(b), duplex);
+                        client.extend(forwarded(chunk, &a));
+                    }
+                    assert!(client.is_empty(), "{what}: {client:?}");
+                }
+            }
+        }
+    }
+}
