@@ -61,6 +61,17 @@ clean end of a response from a broken one.
   client.py encoded --envoy URL --upstream URL
       an upstream that gzips an event stream whatever the request asked for: a 502 before any
       byte (the stream has a marker to remove), and the next stream is served
+  client.py h2 --envoy URL --upstream URL --h2-python PYTHON
+      (an Envoy whose upstream cluster speaks HTTP/2 to tests/envoy/h2_upstream.py) a 204 and a
+      304 HEADERS without END_STREAM, then DATA holding the marker frame: over HTTP/1.1 and over
+      HTTP/2 (h2_upstream.py fetch, run with PYTHON, which has the h2 package) the client gets
+      one of the two outcomes H2_RESET_BODY's comment gives, never a byte of the DATA
+  client.py nocontent --envoy URL --upstream URL
+      (issue 48) an event stream with `transfer-encoding: gzip, chunked`, a 204 and a 304 with
+      `content-type: text/event-stream` and body bytes after the head, an event-stream answer to
+      HEAD with body bytes after the head: the exact outcome Envoy's HTTP/1.1 codec gives each
+      (see NO_CONTENT_CASES), never a byte of the marker anywhere in what the client reads until
+      Envoy closes the connection, and the next stream is served
 
 Prints `PASS <what>` or `FAIL <what>: <why>` per check; exits 1 if any failed.
 """
@@ -695,6 +706,179 @@ async def run_encoded(args):
     await served_after(args, "after an encoded stream")
 
 
+async def raw_exchange(url, method, path, body=None, headers=None, timeout=15):
+    """One request with `connection: close`, and every byte that comes back until Envoy closes
+    the connection (or `timeout`): what a client reads, whatever framing it believes in."""
+    parts = urlsplit(url)
+    data = b"" if body is None else json.dumps(body).encode()
+    head = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close"]
+    if body is not None:
+        head += ["content-type: application/json", f"content-length: {len(data)}"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    got = b""
+    try:
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        await writer.drain()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                more = await asyncio.wait_for(reader.read(1 << 16), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                break
+            if not more:
+                break
+            got += more
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    return got
+
+
+# Issue 48: what Envoy 1.40.0's HTTP/1.1 codec makes of each upstream response, observed, and the
+# exact outcome each front door's client gets (the filter never sees a byte of these bodies):
+#   - `transfer-encoding: gzip, chunked`: the codec refuses any transfer coding other than
+#     chunked (source/common/http/http1/codec_impl.cc, ConnectionImpl::onHeadersCompleteBase:
+#     "Envoy should reject transfer-codings it does not understand", a CodecProtocolException
+#     "http/1.1 protocol error: unsupported transfer encoding"; with the balsa parser,
+#     BalsaFrameEnums::UNKNOWN_TRANSFER_ENCODING), so the router resets the upstream request
+#     before headers and answers with its own local reply, `TE_STATUS`, body "upstream connect
+#     error or disconnect/reset before headers. reset reason: protocol error"; the filter's 502
+#     encoded_event_stream (bypass-marker-envoy-adapter's and the processor's unit tests) is for
+#     a host that would pass such a head on;
+#   - a 204 or 304, or the answer to HEAD: the codec takes the response as ended at its head
+#     (ClientConnectionImpl::cannotHaveBody: a HEAD request, 204, 304), so the filter sees a head
+#     that ends the stream (passed, headers kept) and the bytes after it are never a body: the
+#     client gets the status, the head's headers and nothing after the blank line. The 304's and
+#     HEAD's content-length is kept through the module and the plugin (and through Envoy with no
+#     filter); through ext_proc Envoy drops it, as from every response when response_body_mode is
+#     STREAMED or FULL_DUPLEX_STREAMED (the processor answers these heads unchanged), and its
+#     HTTP/1.1 encoder then marks the answer to HEAD `transfer-encoding: chunked`, still with no
+#     body.
+TE_STATUS = 502
+# An HTTP/2 upstream's 204 or 304 whose HEADERS do not end the stream, then DATA (run_h2): Envoy's
+# HTTP/2 codec (oghttp2, quiche's http2/adapter/oghttp2_session.cc, OgHttp2Session::
+# OnDataFrameHeader: `if (!iter->second.can_receive_body && length > 0)` it sends RST_STREAM
+# PROTOCOL_ERROR) resets the upstream stream at the DATA frame's header, so no filter is ever
+# called with its bytes. What the client gets depends on whether the head had gone downstream by
+# then, a race observed both ways in Envoy 1.40.0 (the processor's ext_proc, which holds the head
+# until the processor answers, loses it most often):
+#   - the head first: the status and the head's headers, then the stream reset (an HTTP/2 client:
+#     RST_STREAM INTERNAL_ERROR, 2, never a clean end; an HTTP/1.1 client: the head alone, a 204
+#     and 304 having no body);
+#   - the reset first: Envoy's own 502, `H2_RESET_BODY`, a clean end.
+H2_RESET_BODY = b"upstream connect error or disconnect/reset before headers. reset reason: protocol error"
+NO_CONTENT_CASES = [
+    # (what, method, test, status)
+    ("a 204 event-stream head followed by body bytes", "POST", {"kind": "nocontent", "status": 204}, 204),
+    ("a 304 event-stream head (content-length) followed by body bytes", "POST",
+     {"kind": "nocontent", "status": 304}, 304),
+    ("an event-stream answer to HEAD (content-length) followed by body bytes", "HEAD", None, 200),
+]
+
+
+def leaks(raw):
+    """What of the marker a client's bytes hold: the frame, or its name anywhere."""
+    found = []
+    if script.MARKER in raw:
+        found.append("the marker frame")
+    if b"x-bypass-remote-prefill" in raw.lower():
+        found.append("x-bypass-remote-prefill")
+    return found
+
+
+async def run_nocontent(args):
+    """Issue 48 through Envoy: a transfer coding other than chunked, and body bytes after the
+    head of a response that has none. See NO_CONTENT_CASES for what Envoy does with each."""
+    ids = Ids("nocontent")
+    # `transfer-encoding: gzip, chunked`: Envoy's own 502 for the upstream's protocol error.
+    for what, names in (("a client that asked for nothing", []),
+                        ("a client that opted in to the marker", ["x-bypass-remote-prefill"])):
+        test_id = ids()
+        raw = await raw_exchange(args.envoy, "POST", "/v1/chat/completions",
+                                 chat(True, names, {"kind": "te-gzip"}), {"x-test-id": test_id})
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status, headers = script.response_head(head + b"\r\n\r\n") if head.startswith(b"HTTP/1.1 ") else (None, {})
+        entry = await seen(args.upstream, test_id)
+        report(
+            status == TE_STATUS and b"protocol error" in body and not leaks(raw) and b"data:" not in body
+            and entry is not None,
+            f"an event stream with transfer-encoding gzip, chunked, to {what}: Envoy's codec refuses "
+            f"it, the client gets Envoy's {status} ({body[:90]!r}), no byte of the stream",
+            f"status {status}, headers {headers}, leaks {leaks(raw)}, raw {show(raw)}, upstream saw it: "
+            f"{entry is not None}",
+        )
+    for what, method, test, want in NO_CONTENT_CASES:
+        for names in ([], ["x-bypass-remote-prefill"]):
+            test_id = ids()
+            body = None if method == "HEAD" else chat(True, names, test)
+            raw = await raw_exchange(args.envoy, method, "/v1/chat/completions", body, {"x-test-id": test_id})
+            head, sep, rest = raw.partition(b"\r\n\r\n")
+            status, headers = script.response_head(head + sep) if sep else (None, {})
+            entry = await seen(args.upstream, test_id)
+            length = str(len(b"".join(script.paced(3))))
+            # The head's own headers kept: content-type, etag, and the content-length the 304 and
+            # the answer to HEAD carry (a 204 carries none; ext_proc drops it, see above).
+            ext_proc = args.front in ("processor", "duplex")
+            kept = (headers.get("content-type") == "text/event-stream" and headers.get("etag") == '"sse"'
+                    and headers.get("content-length") == (None if want == 204 or ext_proc else length))
+            report(
+                status == want and kept and rest == b"" and not leaks(raw) and entry is not None,
+                f"{what}, to a client that {'opted in' if names else 'asked for nothing'}: the client gets "
+                f"{status}, its headers kept (content-length {headers.get('content-length')}), and not a "
+                "byte after the head",
+                f"status {status}, headers {headers}, after the head {show(rest)}, leaks {leaks(raw)}, "
+                f"upstream saw it: {entry is not None}",
+            )
+    await served_after(args, "after a transfer coding and bodies without content")
+
+
+async def run_h2(args):
+    """Issue 48 with an HTTP/2 upstream: a 204 or 304 whose HEADERS do not end the stream, then a
+    DATA frame with the marker frame in it (h2_upstream.py serve). The filter is called with that
+    DATA if Envoy passes it on (the head did not end the stream) and must forward none of it;
+    Envoy 1.40.0 does not (H2_RESET_BODY says what happens instead)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for status in ("204", "304"):
+        for names in ([], ["x-bypass-remote-prefill"]):
+            who = "a client that opted in" if names else "a client that asked for nothing"
+            body = chat(True, names)
+            raw = await raw_exchange(args.envoy, "POST", "/v1/chat/completions", body, {"x-status": status})
+            head, sep, rest = raw.partition(b"\r\n\r\n")
+            got, _ = script.response_head(head + sep) if sep else (None, {})
+            head_first = got == int(status) and rest == b""
+            reset_first = got == 502 and rest == H2_RESET_BODY
+            report(
+                (head_first or reset_first) and not leaks(raw),
+                f"HTTP/2 upstream, {status} HEADERS without END_STREAM then DATA with the marker, to {who}, "
+                f"over HTTP/1.1: the client gets {got}, "
+                + ("the head alone" if head_first else "Envoy's 502 for the upstream's protocol error"),
+                f"status {got}, after the head {show(rest)}, leaks {leaks(raw)}, raw {show(raw)}",
+            )
+            proc = await asyncio.create_subprocess_exec(
+                args.h2_python, os.path.join(here, "h2_upstream.py"), "fetch", args.envoy, status,
+                json.dumps(body), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            try:
+                res = json.loads(out)
+            except ValueError:
+                res = {"error": f"h2_upstream.py fetch: {proc.returncode} {err.decode(errors='replace')[-300:]}"}
+            data = res.get("data", "").encode("latin-1")
+            seen_bytes = data + json.dumps(res.get("headers", {})).encode()
+            outcome = ("a clean end" if res.get("ended") else f"RST_STREAM {res.get('reset')}"
+                       if res.get("reset") is not None else f"error {res.get('error')}")
+            head_first = res.get("status") == int(status) and data == b"" and res.get("reset") == 2
+            reset_first = res.get("status") == 502 and data == H2_RESET_BODY and res.get("ended")
+            report(
+                (head_first or reset_first) and not leaks(seen_bytes),
+                f"HTTP/2 upstream, {status} HEADERS without END_STREAM then DATA with the marker, to {who}, "
+                f"over HTTP/2: the client gets {res.get('status')}, "
+                + ("no byte of the DATA" if head_first else "Envoy's body") + f", then {outcome}",
+                f"{res}",
+            )
+
+
 async def run_pieces(args):
     bad = []
     total = 0
@@ -1040,7 +1224,7 @@ async def run_unread(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["checks", "concurrent", "down", "kill", "stall", "disconnect", "reset",
-                                         "pieces", "panic", "panic_inflight", "chain", "encoded", "trailers",
+                                         "pieces", "panic", "panic_inflight", "chain", "encoded", "nocontent", "h2", "trailers",
                                          "curl", "budget", "unread", "unheld"])
     # duplex: the processor with FULL_DUPLEX_STREAMED bodies.
     # wasm: the proxy-wasm plugin (tests/envoy/wasm.sh).
@@ -1052,6 +1236,7 @@ def main():
     parser.add_argument("--envoy", required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--h2-python", help="h2: a python with the h2 package")
     parser.add_argument("--pid", type=int)
     parser.add_argument("--timeout", type=float, default=1.0)
     args = parser.parse_args()

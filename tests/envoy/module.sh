@@ -25,6 +25,11 @@
 #     stream_complete from inside reset_stream);
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged
 #     (the 502 in 1.38.3 and 1.39.3 too);
+#   - issue 48: an event stream with transfer-encoding gzip, chunked (Envoy's codec refuses it:
+#     Envoy's own 502, no byte of the stream); a 204, a 304 and an answer to HEAD with an
+#     event-stream head and body bytes after it (the head alone, headers kept, no marker); an
+#     HTTP/2 upstream (tests/envoy/h2_upstream.py, the h2 package) whose 204 and 304 HEADERS do
+#     not end the stream, then DATA with the marker: no byte of it reaches the client;
 #   - two content-type headers (text/plain, application/json), which Envoy joins with a comma,
 #     over HTTP/1.1 and HTTP/2 (curl): the router-owned name is stripped all the same;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the module, in 1.40.0,
@@ -100,6 +105,12 @@ grep -q 'Dynamic module ABI version v0.2.0 matched' "$work/envoy-upstream.log" &
 count $ok "Envoy $ENVOY_LATEST loads the module: \"Dynamic module ABI version v0.2.0 matched\""
 
 filter_checks module "$envoy_upstream" "" "$work/envoy-upstream.log"
+# An HTTP/2 upstream's 204 and 304 whose HEADERS do not end the stream, then DATA with the marker.
+start_h2_upstream
+h2_bootstrap "$root/examples/envoy/dynamic-module.yaml" module-h2
+ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$modules" start_envoy_from envoy-h2 "$ENVOY_LATEST" info "$work/module-h2.yaml" \
+  UPSTREAM_PORT="${h2_upstream##*:}"
+h2_checks module "$url" ""
 run_sdk_clients "$envoy_router" "$router_direct" "Envoy + module"
 
 client=("$python" "$here/client.py")

@@ -35,6 +35,11 @@
 #     a 500; without allow_mode_override a 1.9 MB upload the guard does not read passes;
 #   - an upstream that gzips its event stream anyway: a 502 encoded_event_stream before any byte,
 #     in both modes, logged once each by the processor;
+#   - issue 48, in both modes: an event stream with transfer-encoding gzip, chunked (Envoy's codec
+#     refuses it: Envoy's own 502, no byte of the stream); a 204, a 304 and an answer to HEAD with
+#     an event-stream head and body bytes after it (the head alone, headers kept, no marker); an
+#     HTTP/2 upstream (tests/envoy/h2_upstream.py, the h2 package) whose 204 and 304 HEADERS do
+#     not end the stream, then DATA with the marker: no byte of it reaches the client;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -174,6 +179,23 @@ encoded_logged=$(($(grep -c 'encoded_event_stream' "$work/processor.log" || true
 ok=0
 ((encoded_logged == 4)) && ok=1
 count $ok "the processor logged each of the 4 encoded streams it refused once ($encoded_logged lines)"
+# Issue 48: a transfer coding other than chunked (Envoy's codec refuses it: Envoy's own 502), and
+# body bytes after a 204's, a 304's and a HEAD answer's event-stream head (the head alone reaches
+# the client), in both modes.
+run_client "a transfer coding, bodies after heads without content" "${client[@]}" nocontent \
+  --envoy "$envoy_upstream" --upstream "$upstream"
+run_client "a transfer coding, bodies after heads without content, full duplex" "${client[@]}" nocontent \
+  --front duplex --envoy "$envoy_duplex" --upstream "$upstream"
+# An HTTP/2 upstream's 204 and 304 whose HEADERS do not end the stream, then DATA with the marker
+# (tests/envoy/h2_upstream.py), through two more Envoys whose upstream cluster speaks HTTP/2.
+start_h2_upstream
+h2_bootstrap "$root/examples/envoy/ext-proc.yaml" ext-proc-h2
+start_envoy_from envoy-h2 "$ENVOY_VERSION" warning "$work/ext-proc-h2.yaml" UPSTREAM_PORT="${h2_upstream##*:}" \
+  EXT_PROC_PORT="$ext_proc_port" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s"
+h2_checks processor "$url" ""
+start_envoy_from envoy-h2-duplex "$ENVOY_VERSION" warning "$work/ext-proc-h2.yaml" \
+  UPSTREAM_PORT="${h2_upstream##*:}" EXT_PROC_PORT="$ext_proc_port" MESSAGE_TIMEOUT="${MESSAGE_TIMEOUT}s" "${duplex[@]}"
+h2_checks duplex "$url" "full duplex: "
 
 # The processor's budget charges the bytes it holds: head-only clients cannot keep others' bodies
 # out, refusals are 503s with Retry-After, unread bodies pass uncharged.

@@ -62,7 +62,9 @@ start_envoy_from() {
 # wasm.sh), with `--front $1` (module or wasm) through the Envoy at $2 with upstream.py behind it:
 # the request side, streams in 1-9 byte pieces, $streams concurrent streams, a client that goes
 # away, an upstream that resets, and an upstream that gzips an event stream although the filter
-# asked for identity (issue 27, item 2: a 502 before any byte, the filter's local reply). Then
+# asked for identity (issue 27, item 2: a 502 before any byte, the filter's local reply), and
+# issue 48's upstreams (a transfer coding other than chunked: Envoy's own 502; a 204, a 304 and
+# the answer to HEAD with body bytes after the head: the head alone). Then
 # that Envoy's log, $4, must hold the encoded stream at error and a refusal at info (logged at
 # most once a minute), each through the filter's own logger. $3 starts each check's name.
 filter_checks() {
@@ -75,6 +77,7 @@ filter_checks() {
   run_client "${name}client disconnect" "${client[@]}" disconnect "${to[@]}"
   run_client "${name}upstream reset" "${client[@]}" reset "${to[@]}"
   run_client "${name}an encoded event stream" "${client[@]}" encoded "${to[@]}"
+  run_client "${name}a transfer coding, bodies after heads without content" "${client[@]}" nocontent "${to[@]}"
   ok=0
   grep -Eq "\[error\]\[$logger\].*bypass_marker: answered an encoded event stream \(gzip\) with 502" \
     "$envoy_log" && ok=1
@@ -83,6 +86,40 @@ filter_checks() {
   grep -Eq "\[info\]\[$logger\].*bypass_marker: refused a request with (400|413).*logged at most once a minute" \
     "$envoy_log" && ok=1
   count $ok "${name}a refusal is logged through Envoy's logger at info (at most once a minute)"
+}
+
+# Issue 48's HTTP/2 upstream (tests/envoy/h2_upstream.py): installs the `h2` package, pinned,
+# into a venv beside Envoy's (kept across runs), and starts the upstream with it. Sets `h2_python`
+# and `h2_upstream`.
+H2_VERSION=4.3.0
+start_h2_upstream() {
+  local venv="${ENVOY_CACHE:-$HOME/.cache/tower-bypass-marker-envoy}/venv-h2-$H2_VERSION"
+  h2_python="$venv/bin/python"
+  if ! "$h2_python" -c "import h2, sys; sys.exit(h2.__version__ != '$H2_VERSION')" 2>/dev/null; then
+    log "installing h2 $H2_VERSION from PyPI into $venv"
+    rm -rf "$venv" "$venv.tmp"
+    "$python" -m venv "$venv.tmp" >&2 || die "cannot make a venv at $venv.tmp"
+    "$venv.tmp/bin/python" -m pip install --quiet --disable-pip-version-check "h2==$H2_VERSION" >&2 ||
+      die "cannot install h2 $H2_VERSION"
+    mv "$venv.tmp" "$venv"
+    # A venv's python is a link to the interpreter, not a script: it works from its new place.
+    "$h2_python" -c 'import h2' || die "h2 does not import from $venv"
+  fi
+  start h2-upstream "$h2_python" "$envoy_tests/h2_upstream.py" serve --lifetime "$LIFETIME"
+  wait_for "$last_group" 100 listening h2-upstream || die "h2_upstream.py did not start: $(cat "$work/h2-upstream.log")"
+  h2_upstream="$url"
+}
+
+# Bootstrap $1 with its upstream cluster on HTTP/2 (h2_upstream.py bootstrap), into $work/$2.yaml.
+h2_bootstrap() {
+  "$python" "$envoy_tests/h2_upstream.py" bootstrap "$1" >"$work/$2.yaml" || die "cannot write $work/$2.yaml"
+}
+
+# client.py's HTTP/2 upstream checks through the Envoy at $2 (`--front $1`), in front of
+# h2_upstream.py; $3 starts each check's name.
+h2_checks() {
+  run_client "${3}an HTTP/2 upstream's 204 and 304 followed by DATA" "$python" "$envoy_tests/client.py" h2 \
+    --front "$1" --envoy "$2" --upstream "$h2_upstream" --h2-python "$h2_python"
 }
 
 # The counters the module and the plugin both keep, checked once a suite's other checks have run:

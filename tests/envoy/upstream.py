@@ -21,6 +21,15 @@
                                    each its own chunk, then `data: [DONE]`
          {"kind": "gzip"}         the paced stream of 3, gzip-compressed whatever the request's
                                    accept-encoding says
+         {"kind": "te-gzip"}      the paced stream of 3 with `transfer-encoding: gzip, chunked`
+                                   (gzip-compressed, then chunked; no content-encoding): a
+                                   transfer coding other than chunked (issue 48)
+         {"kind": "nocontent", "status": 204 | 304}
+                                   a 204 or 304 head with `content-type: text/event-stream`
+                                   (the 304 with a content-length of the bytes that follow, the
+                                   204 without one), then the paced stream of 3 (markers included)
+                                   written right after it as if it were the body, then the
+                                   connection closed (issue 48)
          {"kind": "reset", "events": N, "after_ms": MS}
                                    N data frames (with markers) 50 ms apart, then after MS
                                    (default 200) a TCP reset (no end chunk)
@@ -28,6 +37,10 @@
                                    N data frames (with markers) 50 ms apart, then nothing (no end
                                    chunk) until the client side closes the connection (at most
                                    120 s): a stream that a client leaves mid-stream
+  HEAD (any path)               an event-stream head (`content-type: text/event-stream`, a
+                                content-length of the bytes that follow), then the paced stream
+                                of 3 (markers included) as if it were the body, then the
+                                connection closed (issue 48); recorded under x-test-id
   GET  /counts                  {"requests": POSTs received, "forced": how many of them named a
                                 router-owned marker in nvext.annotations, in any form}
   GET  /head?test_id=X          200 if a request head with header `x-test-id: X` arrived, whether
@@ -211,6 +224,50 @@ async def send_stream(
     return True
 
 
+async def send_te_gzip(writer, entry):
+    """The paced stream of 3 with `transfer-encoding: gzip, chunked`: gzip-compressed as a
+    transfer coding (no content-encoding), then chunked."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+        b"transfer-encoding: gzip, chunked\r\n\r\n"
+    )
+    packer = zlib.compressobj(wbits=31)
+    chunks = [packer.compress(c) + packer.flush(zlib.Z_SYNC_FLUSH) for c in script.paced(3)]
+    chunks.append(packer.flush())
+    try:
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    except ConnectionError:
+        if entry:
+            entry["outcome"] = "cancelled"
+        return
+    if entry:
+        entry["outcome"] = "complete"
+
+
+async def send_without_content(writer, entry, status, length):
+    """An event-stream head of a response that has no content (a 204, a 304, the answer to a
+    HEAD), then the bytes of the paced stream of 3, markers included, as if they were its body;
+    `length`: a content-length of as many bytes in the head. The connection is closed after."""
+    body = b"".join(script.paced(3))
+    reason = {200: "OK", 204: "No Content", 304: "Not Modified"}[status]
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/event-stream\r\n"
+        f"cache-control: no-cache\r\netag: \"sse\"\r\n".encode()
+        + (b"content-length: %d\r\n" % len(body) if length else b"")
+        + b"\r\n" + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+    if entry:
+        entry["outcome"] = "complete"
+
+
 def barrier_for(k):
     """The barrier event of a group of k streams, counting this stream in."""
     state = barriers.setdefault(k, [0, asyncio.Event()])
@@ -233,6 +290,13 @@ async def handle(reader, writer):
             test_id = headers.get("x-test-id")
             if method == "GET" and url.path == "/v1/models":
                 writer.write(simple(200, "application/json", MODELS))
+            elif method == "HEAD":
+                # Recorded, not counted (`requests` counts POSTs).
+                entry = None
+                if test_id is not None:
+                    entry = seen[test_id] = {"body": {"head": url.path}, "outcome": "open"}
+                await send_without_content(writer, entry, 200, length=True)
+                return
             elif method == "GET" and url.path == "/counts":
                 writer.write(simple(200, "application/json", json.dumps(counts).encode()))
             elif method == "GET" and url.path == "/head":
@@ -288,6 +352,13 @@ async def handle(reader, writer):
                 elif test.get("kind") == "gzip":
                     if not await send_stream(writer, script.paced(3), entry, gzip=True):
                         return
+                elif test.get("kind") == "te-gzip":
+                    await send_te_gzip(writer, entry)
+                    return
+                elif test.get("kind") == "nocontent":
+                    status = test.get("status", 204)
+                    await send_without_content(writer, entry, status, length=status == 304)
+                    return
                 elif test.get("kind") == "reset":
                     # Paced, and a pause before the reset, so that everything sent before it has
                     # been read (a reset discards what the peer has not read yet).

@@ -25,6 +25,11 @@
 #     503 until its reload backoff has passed, however long the machine takes); a stream in
 #     flight on the trapped VM breaks too, never going on unfiltered;
 #   - an upstream that gzips an event stream anyway: a 502 before any byte, counted and logged;
+#   - issue 48: an event stream with transfer-encoding gzip, chunked (Envoy's codec refuses it:
+#     Envoy's own 502, no byte of the stream); a 204, a 304 and an answer to HEAD with an
+#     event-stream head and body bytes after it (the head alone, headers kept, no marker); an
+#     HTTP/2 upstream (tests/envoy/h2_upstream.py, the h2 package) whose 204 and 304 HEADERS do
+#     not end the stream, then DATA with the marker: no byte of it reaches the client;
 #   - envoy.filters.http.buffer, then a Lua filter calling body(), before the plugin (max-body
 #     100): each body reaches the upstream once, as sent (the marker stripped);
 #   - a bad configuration (max-body over 512 MiB, a build key in the release build): Envoy refuses
@@ -104,6 +109,8 @@ variant "$shipped" 'config={"preset": "dynamo", "build": "test-panic"}' >"$work/
 
 suite=$SECONDS
 start_upstreams
+start_h2_upstream
+h2_bootstrap "$shipped" wasm-h2
 client=("$python" "$here/client.py")
 
 # Fresh routers for each Envoy after the first: the raw client's cold requests must be cold (the
@@ -135,6 +142,10 @@ for version in $versions; do
   fi
 
   filter_checks wasm "$envoy_url" "$v: " "$work/envoy-$version.log"
+  # An HTTP/2 upstream's 204 and 304 whose HEADERS do not end the stream, then DATA with the marker.
+  start_envoy "h2-$version" "$version" "$work/wasm-h2.yaml" "${h2_upstream##*:}" "$plugin"
+  h2_checks wasm "$url" "$v: "
+  stop_last
   run_client "$v: curl over HTTP/1.1 and HTTP/2" "${client[@]}" curl --front wasm --envoy "$envoy_url" \
     --upstream "$upstream" --streams 8
   run_sdk_clients "$envoy_router" "$router_direct" "$v + wasm"
