@@ -13,7 +13,7 @@ use http_body::Body;
 use tower::{service_fn, Layer, Service};
 use tower_bypass_marker::{BoxError, FrameTooLarge};
 
-use super::case::{Case, CONTENT_TYPES};
+use super::case::{Case, CONTENT_TYPES, TRANSFER_CODINGS};
 use super::oracle::{self, esc};
 use crate::body::{Item, Items};
 
@@ -92,8 +92,15 @@ pub fn ready<F: Future>(f: F) -> F::Output {
 /// Runs `case` through the layer and checks everything the body yields against the oracle.
 pub fn check_body(case: &Case) {
     let items = script(case);
-    let (content_type, encoding, event_stream) = CONTENT_TYPES[case.body.content_type];
-    let filtering = event_stream && (case.sdk_safe || !case.removed_names().is_empty());
+    let (content_type, encoding, _) = CONTENT_TYPES[case.body.content_type];
+    let head = case.body.head;
+    let transfer = TRANSFER_CODINGS[case.body.transfer];
+    let event_stream = case.body.event_stream();
+    // An event-stream head without content (204, 304, HEAD): no body byte, whatever the codings.
+    let emptied = event_stream && head.no_content();
+    let encoded = case.body.encoded();
+    let filtering =
+        event_stream && !emptied && !encoded && (case.sdk_safe || !case.removed_names().is_empty());
 
     // The opt-in, put where the plan says.
     let requested = case.requested();
@@ -117,6 +124,7 @@ pub fn check_body(case: &Case) {
     }
 
     let mut res = Response::builder()
+        .status(head.status())
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CONTENT_LENGTH, case.input.len())
         .body(Items::new(items.iter().cloned()))
@@ -124,6 +132,12 @@ pub fn check_body(case: &Case) {
     if let Some(encoding) = encoding {
         res.headers_mut()
             .insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    if let Some(transfer) = transfer {
+        res.headers_mut().insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static(transfer),
+        );
     }
     if let Some(r) = on_response {
         res.extensions_mut().insert(r);
@@ -133,6 +147,7 @@ pub fn check_body(case: &Case) {
         std::future::ready(Ok::<_, Infallible>(res.take().expect("called once")))
     }));
     let mut req = Request::new(());
+    *req.method_mut() = head.method();
     if let Some(r) = on_request {
         req.extensions_mut().insert(r);
     }
@@ -140,7 +155,8 @@ pub fn check_body(case: &Case) {
     let res = ready(svc.call(req)).unwrap();
     // An encoded event stream the layer would have to filter is refused: a 502 in place of the
     // stream, whose body is never polled (the `Items` body's items are left unread).
-    let refused = encoding.is_some_and(|e| e != "identity") && !case.removed_names().is_empty();
+    // A transfer coding other than `chunked` is refused the same way.
+    let refused = event_stream && !emptied && encoded && !case.removed_names().is_empty();
     assert_eq!(res.body().is_refused(), refused, "encoded stream refused");
     if refused {
         assert_eq!(res.status(), http::StatusCode::BAD_GATEWAY);
@@ -149,6 +165,49 @@ pub fn check_body(case: &Case) {
             "application/json"
         );
         assert!(!res.headers().contains_key(header::CONTENT_ENCODING));
+        assert!(!res.headers().contains_key(header::TRANSFER_ENCODING));
+        let json = collect(res.into_body());
+        let json: serde_json::Value = serde_json::from_slice(&json).expect("a JSON error");
+        assert_eq!(json["error"]["code"], "encoded_event_stream", "{json}");
+        let named = if case.body.transfer == 2 {
+            "transfer-encoding gzip,"
+        } else {
+            "content-encoding gzip,"
+        };
+        let message = json["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("the event stream has {named}")),
+            "{message}"
+        );
+        return;
+    }
+    assert_eq!(res.status(), head.status(), "the status passes");
+    if emptied {
+        // Headers kept (`content-length` too: it states another representation's length), no
+        // body: the inner one is never polled.
+        assert_eq!(
+            res.headers().get(header::CONTENT_TYPE).unwrap(),
+            content_type
+        );
+        assert!(res.headers().contains_key(header::CONTENT_LENGTH));
+        let body = res.into_body();
+        assert!(!body.is_filtering() && !body.is_refused());
+        assert!(body.is_end_stream(), "an emptied body is at its end");
+        assert_eq!(body.size_hint().exact(), Some(0));
+        let mut body = pin!(body);
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(None) => {}
+            Poll::Ready(Some(Ok(frame))) => panic!(
+                "a body byte or trailers of a response without content: {:?}",
+                frame.data_ref().map(|d| esc(d))
+            ),
+            other => panic!(
+                "an emptied body failed or waited (pending: {})",
+                other.is_pending()
+            ),
+        }
         return;
     }
     assert_eq!(
@@ -249,6 +308,28 @@ pub fn check_body(case: &Case) {
         check_filtered(case, &events);
     } else {
         check_passthrough(&items, &events);
+    }
+}
+
+/// Every data byte of a body that never waits nor fails (the layer's own 502).
+fn collect<B: Body<Data = Bytes>>(body: B) -> Vec<u8>
+where
+    B::Error: std::fmt::Debug,
+{
+    let mut body = pin!(body);
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    loop {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(None) => return out,
+            Poll::Ready(Some(frame)) => {
+                if let Ok(data) = frame.expect("the refusal never fails").into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+            Poll::Pending => panic!("the refusal body waited"),
+        }
     }
 }
 

@@ -89,6 +89,78 @@ pub struct BodyPlan {
     /// Where the opt-in goes: 0 request extensions, 1 response extensions, 2 split between the
     /// two, 3 both.
     pub opt_in_at: u8,
+    /// The response's status and the request's method (byte 4 bit 7, then the head byte).
+    pub head: HeadPlan,
+    /// Index into [`TRANSFER_CODINGS`]: the response's `transfer-encoding`.
+    pub transfer: usize,
+}
+
+/// The response's status and the request's method: a `200` to a `GET` (the default), a `204`, a
+/// `304`, or a `200` to `HEAD`. The last three have no content: an event-stream head among them
+/// gets no body byte through, whatever its codings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeadPlan {
+    /// `200` to a `GET`.
+    #[default]
+    Ok,
+    /// `204 No Content`.
+    NoContent,
+    /// `304 Not Modified`.
+    NotModified,
+    /// `200` to a `HEAD` request.
+    Head,
+}
+
+impl HeadPlan {
+    /// The response's status.
+    pub fn status(self) -> http::StatusCode {
+        match self {
+            Self::Ok | Self::Head => http::StatusCode::OK,
+            Self::NoContent => http::StatusCode::NO_CONTENT,
+            Self::NotModified => http::StatusCode::NOT_MODIFIED,
+        }
+    }
+
+    /// The request's method.
+    pub fn method(self) -> http::Method {
+        match self {
+            Self::Head => http::Method::HEAD,
+            _ => http::Method::GET,
+        }
+    }
+
+    /// The response has no content (a `204`, a `304`, the response to `HEAD`).
+    pub fn no_content(self) -> bool {
+        self != Self::Ok
+    }
+}
+
+/// The `transfer-encoding` values the head byte picks from: none, `chunked` (the framing an HTTP/1.1
+/// client undid: the content as it is), `gzip, chunked` (the content still gzip-encoded: unreadable,
+/// refused like a content coding when something would be removed), `identity, chunked` (readable:
+/// `identity` is no coding).
+pub const TRANSFER_CODINGS: [Option<&str>; 4] = [
+    None,
+    Some("chunked"),
+    Some("gzip, chunked"),
+    Some("identity, chunked"),
+];
+
+impl BodyPlan {
+    /// The response's codings leave its content unreadable: a `content-encoding` other than
+    /// `identity`, or a transfer coding other than `chunked`.
+    pub fn encoded(&self) -> bool {
+        let (_, encoding, _) = CONTENT_TYPES[self.content_type];
+        encoding.is_some_and(|e| e != "identity") || self.transfer == 2
+    }
+
+    /// The response's media type is an event stream (whatever its codings and status).
+    pub fn event_stream(&self) -> bool {
+        CONTENT_TYPES[self.content_type]
+            .0
+            .to_ascii_lowercase()
+            .starts_with("text/event-stream")
+    }
 }
 
 /// Response heads the `body` target picks from: (content-type, content-encoding, filtered).
@@ -165,6 +237,9 @@ impl Case {
         let extra = r.byte();
         let plan = r.byte();
         let error_at = r.byte();
+        // The head byte is there only when byte 4 has bit 7 set, so inputs from before it decode
+        // as they did.
+        let head = if plan & 0x80 != 0 { r.byte() } else { 0 };
 
         let mut calls = Vec::new();
         if opt_in & 0x10 != 0 {
@@ -262,6 +337,13 @@ impl Case {
             empty_chunks: plan & 0x08 != 0,
             content_type: usize::from(plan >> 4) % CONTENT_TYPES.len(),
             opt_in_at: (opt_in >> 5) & 3,
+            head: match head & 3 {
+                0 => HeadPlan::Ok,
+                1 => HeadPlan::NoContent,
+                2 => HeadPlan::NotModified,
+                _ => HeadPlan::Head,
+            },
+            transfer: usize::from(head >> 2) % TRANSFER_CODINGS.len(),
         };
 
         Case {
