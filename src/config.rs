@@ -314,7 +314,8 @@ pub(crate) fn entry_name(entry: &str) -> &str {
 }
 
 /// For an entry holding a character that a lenient upstream may fold away or into ASCII: the part
-/// of the entry before the first such character, without leading whitespace; `None` for an entry
+/// of the entry before the first such character, without leading (Unicode) whitespace, which
+/// [`entry_name`] trims too; `None` for an entry
 /// of printable ASCII only.
 ///
 /// Those characters are the control characters (C0, DEL, C1: Python's `str.strip` removes U+001C
@@ -326,7 +327,7 @@ pub(crate) fn entry_name(entry: &str) -> &str {
 /// `name:value`, in such an upstream: the guard strips it. An entry that differs from every
 /// router-owned name in plain ASCII before any such character cannot, and is kept.
 pub(crate) fn near_miss_prefix(entry: &str) -> Option<&str> {
-    let entry = entry.trim_start_matches([' ', '\t']);
+    let entry = entry.trim_start();
     let at = entry.find(|c: char| !c.is_ascii() || c.is_ascii_control())?;
     Some(&entry[..at])
 }

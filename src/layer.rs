@@ -81,36 +81,24 @@ use crate::service::BypassMarker;
 ///
 /// # Security model
 ///
-/// The upstream router is trusted; the client is not.
+/// The upstream router is trusted; the client is not. What each side judges, what it refuses,
+/// and why:
 ///
-/// - **Clients cannot force the bypass.** [`guard_annotations`](Self::guard_annotations) strips
-///   every router-owned name from the client's `nvext.annotations` before the request reaches the
-///   router, in every form: `name`, `name:value`, any ASCII case, surrounding spaces. Names this
-///   rule could not match (with `:`, control characters or surrounding whitespace, or over 256
-///   bytes) are refused when the layer is configured, so it holds for every configured name.
-/// - **Nor behind the JSON guard's back.** `JsonGuardLayer` (feature `json`) applies the same rule
-///   to the body, after JSON unescaping, and refuses (400) what a parser could read differently
-///   from it: duplicate `nvext` or `annotations` keys however spelled (`"nv\u0065xt"`), which
-///   parsers resolve differently; input that is not RFC 8259 JSON (`NaN` and `Infinity`, which
-///   Python accepts; trailing data; truncated bodies; nesting past serde_json's limit); an `nvext`
-///   that is not an object or `null` and an `annotations` that is not an array or `null` (a Python
-///   `in` test on a string or an object would find a name the guard never saw as an entry). A JSON
-///   body it cannot read (encoded) is refused with 415, one over its limit with 413. Its validator
-///   is held to serde_json's verdict by property tests and a fuzz target.
-/// - **Clients cannot read never-forwarded annotations**, even when they ask: `never_forward` names
-///   are removed whatever [`RequestedAnnotations`] says.
-/// - **Clients cannot opt in through anything but what the application grants.** The layer reads
-///   the opt-in only from [`RequestedAnnotations`] in the request or response extensions, which
-///   only application code can put there; no header or query parameter is consulted. A value form
-///   such as `x-bypass-remote-prefill:true` is stripped and is not an opt-in.
+/// | what arrives | what happens | why |
+/// | --- | --- | --- |
+/// | a router-owned name in the client's `nvext.annotations`: `name`, `name:value`, any ASCII case, surrounding whitespace | stripped ([`guard_annotations`](Self::guard_annotations), and the JSON guard after JSON unescaping) | clients cannot force the bypass |
+/// | an entry with a control or non-ASCII character whose part before it begins a router-owned name (`\u{1c}x-bypass-remote-prefill`, `ｘ-bypass-remote-prefill`, `x-bypaſs-remote-prefill`, `x-bypass-remote-prefill：true`) | stripped | Python's `str.strip` removes U+001C to U+001F and U+0085, Unicode case folding and NFKC map characters such as `ſ`, `K` (Kelvin) and the fullwidth forms to ASCII: from such a character on the entry could become the name in a lenient upstream. Stripped rather than refused, as every other form of the name is; Dynamo matches names exactly and its names are ASCII, so it loses nothing it would act on |
+/// | (JSON guard) duplicate `nvext` or `annotations` keys however spelled, input that is not RFC 8259 JSON, an `nvext` that is not an object or `null`, an `annotations` that is not an array or `null` | 400 | parsers read these differently from the guard (which key wins, `NaN`, a Python `in` test on a string) |
+/// | (JSON guard) an encoded JSON body; one over its limit | 415; 413 | it cannot be read; memory stays bounded |
+/// | (JSON guard) a body with a non-JSON content type (`text/plain`, forms) | as [`non_json_bodies`](Self::non_json_bodies) says: forwarded unread (the default and the Dynamo preset's), judged as JSON, or refused with 415 when it looks like JSON | an upstream that parses only JSON content types (Dynamo: axum's `Json` answers 415) never reads it; one that parses any body (Starlette's `request.json()`) needs `Judge` or `Refuse` |
+/// | a `never_forward` name the client asks for | its frames removed | never-forwarded annotations are the router's |
+/// | an opt-in | granted only from [`RequestedAnnotations`] in the request or response extensions or [`opt_in_from`](Self::opt_in_from)'s closure, which only application code sets; no header or query parameter is read | a value form such as `x-bypass-remote-prefill:true` is stripped, not an opt-in |
+/// | an event stream with a `content-encoding` other than `identity`, or a `transfer-encoding` other than `chunked` (`gzip, chunked`), with something to remove | 502 `encoded_event_stream` in its place, before any byte ([Encoded bodies](crate::BypassMarkerBody#encoded-bodies)) | the filter cannot read it, and passing it would hand a decoding client the frames |
+/// | a client's `Accept-Encoding` and `TE` on a request whose response may be filtered | replaced by `identity`; `TE` cut down to `trailers` | so that the services below answer readably (layers outside still compress) |
+/// | an event-stream `204` or `304`, or the response to `HEAD`, with a body | headers kept, body dropped unread | HTTP says it has no content; hyper's HTTP/2 server would send it |
 ///
 /// What the layer does not protect:
 ///
-/// - **Encoded bodies** cannot be filtered: an encoded event stream is refused with a 502 when
-///   something is to be removed from it ([Encoded bodies](crate::BypassMarkerBody#encoded-bodies)),
-///   so such a route fails until the upstream stops compressing. (A compression layer inside
-///   this one does not compress: the layer asks it for `accept-encoding: identity`; see [where to
-///   put it](crate#where-to-put-it).)
 /// - **Oversized frames under [`Overflow::Forward`].** A frame that outgrows `max_frame_bytes`
 ///   (1 MiB by default) is forwarded unfiltered, even one that starts with
 ///   `event: x-bypass-remote-prefill`; memory stays bounded either way. Use [`Overflow::Error`] if
@@ -118,11 +106,14 @@ use crate::service::BypassMarker;
 ///   opt-in `formatted_prompt` and `token_ids` frames grow with the prompt, so size the cap for them
 ///   if clients ask for them.
 /// - **Non-event-stream responses.** JSON and gRPC bodies are never inspected.
-/// - **Requests the JSON guard does not read.** It reads bodies with a JSON content type, an empty
-///   one or none; an upstream that parses bodies of other content types (`text/plain`, forms) as
-///   JSON, as a Starlette handler calling `request.json()` does, can be sent annotations the guard
-///   never saw. A valid JSON body whose top level is not an object is forwarded unchanged (an
-///   upstream reads `nvext` only as a member of the top-level object).
+/// - **Requests the JSON guard does not read** under [`NonJsonBodies::Forward`]: see the table. A
+///   valid JSON body whose top level is not an object is forwarded unchanged (an upstream reads
+///   `nvext` only as a member of the top-level object).
+///
+/// The names this rule could not match (with `:`, control characters or surrounding whitespace,
+/// or over 256 bytes) are refused when the layer is configured, so it holds for every configured
+/// name. The guard's validator is held to serde_json's verdict by property tests and a fuzz
+/// target; `tests/no_leak.rs` runs the table's rows over HTTP/1.1 and h2c.
 #[derive(Clone)]
 pub struct BypassMarkerLayer {
     pub(crate) config: Arc<Config>,
@@ -557,7 +548,10 @@ impl BypassMarkerLayer {
     ///
     /// Removes from `annotations` every entry that names a router-owned marker (such as
     /// [`BYPASS_REMOTE_PREFILL`]) in any form (`name` or `name:value`, any ASCII case, surrounding
-    /// spaces), so a client cannot make the router take a path it reserves for itself. Returns the
+    /// spaces), so a client cannot make the router take a path it reserves for itself, and every
+    /// near miss that a lenient upstream could fold into one: an entry with a control or non-ASCII
+    /// character whose part before that character begins a router-owned name (see the [security
+    /// model](Self#security-model)). Returns the
     /// opt-in the client is allowed: each configured opt-in or router-owned name it listed exactly
     /// (bare, as written), never a never-forwarded one. Entries the layer does not know stay in the
     /// list and are not part of the opt-in.

@@ -195,9 +195,20 @@ fn forms(name: &str, value: &str, mask: &[bool]) -> Vec<String> {
     ]
 }
 
+/// The near-miss rule (the security model's table): `entry`, without leading whitespace, holds a
+/// control or non-ASCII character, and what comes before the first one begins `name` in some
+/// ASCII case.
+fn near_miss(entry: &str, name: &str) -> bool {
+    let entry = entry.trim_start();
+    let Some(at) = entry.find(|c: char| !c.is_ascii() || c.is_ascii_control()) else {
+        return false;
+    };
+    name.len() >= at && name.as_bytes()[..at].eq_ignore_ascii_case(&entry.as_bytes()[..at])
+}
+
 /// Checks the guard's rule for router-owned `owned` exactly: every form of `owned` is stripped,
-/// every form of `other` is stripped only when `other` is `owned` in another ASCII case, and only
-/// the exact bare `owned` is granted.
+/// every form of `other` is stripped only when `other` is `owned` in another ASCII case or the
+/// form is a near miss of it, and only the exact bare `owned` is granted.
 fn check_rule(owned: &str, other: &str, value: &str, mask: &[bool]) -> Result<(), TestCaseError> {
     let layer = BypassMarkerLayer::new()
         .try_router_owned(owned)
@@ -213,9 +224,11 @@ fn check_rule(owned: &str, other: &str, value: &str, mask: &[bool]) -> Result<()
     for form in forms(other, value, mask) {
         let mut annotations = vec![form.clone()];
         layer.guard_annotations(&mut annotations);
+        let near =
+            near_miss(&form, owned) || near_miss(&form, tower_bypass_marker::BYPASS_REMOTE_PREFILL);
         prop_assert_eq!(
             annotations.is_empty(),
-            same,
+            same || near,
             "{:?} (a form of {:?}) with {:?} router-owned",
             form,
             other,

@@ -6,18 +6,19 @@ use std::fmt;
 use serde_json::{Map, Value};
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
 use tower_bypass_marker::sans_io::RequestGuard;
-use tower_bypass_marker::{BypassMarkerLayer, Overflow};
+use tower_bypass_marker::{BypassMarkerLayer, NonJsonBodies, Overflow};
 
 use crate::log_limit::LogLimit;
 use crate::metrics::Tally;
 
 /// The keys a configuration may have: the naming flags of `bypass-marker ext-proc`.
-const KEYS: [&str; 6] = [
+const KEYS: [&str; 7] = [
     "preset",
     "opt-in",
     "router-owned",
     "never-forward",
     "sdk-safe",
+    "non-json-bodies",
     "max-body",
 ];
 
@@ -127,6 +128,17 @@ impl FilterConfig {
             Some(Value::Bool(on)) => *on,
             Some(_) => return Err(ConfigError::field("sdk-safe", "must be true or false")),
         };
+        let non_json = match object.get("non-json-bodies").map(Value::as_str) {
+            None | Some(Some("forward")) => NonJsonBodies::Forward,
+            Some(Some("judge")) => NonJsonBodies::Judge,
+            Some(Some("refuse")) => NonJsonBodies::Refuse,
+            Some(_) => {
+                return Err(ConfigError::field(
+                    "non-json-bodies",
+                    "must be \"forward\", \"judge\" or \"refuse\"",
+                ))
+            }
+        };
         let max_body = match object.get("max-body") {
             None => DEFAULT_MAX_BODY_BYTES,
             Some(value) => {
@@ -146,7 +158,10 @@ impl FilterConfig {
         };
         // Memory per stream is bounded by the layer's frame limit; past it the stream is reset
         // rather than the frame forwarded unfiltered.
-        let layer = layer.sdk_safe(sdk_safe).on_overflow(Overflow::Error);
+        let layer = layer
+            .sdk_safe(sdk_safe)
+            .non_json_bodies(non_json)
+            .on_overflow(Overflow::Error);
         Ok(Self::new(layer, max_body))
     }
 
@@ -196,6 +211,7 @@ fn names<'a>(object: &'a Map<String, Value>, key: &str) -> Result<Vec<&'a str>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_bypass_marker::sans_io::HeadDecision;
 
     #[test]
     fn empty_and_empty_object_are_the_dynamo_preset() {
@@ -215,9 +231,16 @@ mod tests {
     fn every_key_is_read() {
         let config = FilterConfig::parse(
             br#"{"preset":"none","opt-in":["a"],"router-owned":["b"],"never-forward":["c"],
-                 "sdk-safe":true,"max-body":1024}"#,
+                 "sdk-safe":true,"non-json-bodies":"refuse","max-body":1024}"#,
         )
         .unwrap();
+        let mut text = http::HeaderMap::new();
+        text.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        let read = config.guard().check_head(&text, false);
+        assert!(matches!(read, HeadDecision::Read), "{read:?}");
+        let default = FilterConfig::parse(b"{}").unwrap();
+        let skip = default.guard().check_head(&text, false);
+        assert!(matches!(skip, HeadDecision::Skip), "{skip:?}");
         let names: Vec<_> = config.layer().names().collect();
         for name in ["x-bypass-remote-prefill", "a", "b", "c"] {
             assert!(names.contains(&name), "{name} in {names:?}");
@@ -237,6 +260,8 @@ mod tests {
             (r#"{"router-owned":["bad:name"]}"#, Some("router-owned")),
             (r#"{"never-forward":[""]}"#, Some("never-forward")),
             (r#"{"sdk-safe":"yes"}"#, Some("sdk-safe")),
+            (r#"{"non-json-bodies":"deny"}"#, Some("non-json-bodies")),
+            (r#"{"non-json-bodies":true}"#, Some("non-json-bodies")),
             (r#"{"max-body":-1}"#, Some("max-body")),
             (r#"{"max-body":1.5}"#, Some("max-body")),
             (r#"["dynamo"]"#, None),

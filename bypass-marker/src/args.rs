@@ -21,7 +21,7 @@ use http::uri::Authority;
 use http::{HeaderValue, Uri};
 
 use tower_bypass_marker::json::DEFAULT_MAX_BODY_BYTES;
-use tower_bypass_marker::{BypassMarkerLayer, InvalidName, Role};
+use tower_bypass_marker::{BypassMarkerLayer, InvalidName, NonJsonBodies, Role};
 
 /// `bypass-marker`: removes router-internal annotation frames (such as Dynamo's
 /// `event: x-bypass-remote-prefill`) from event streams unless the client opted in.
@@ -189,6 +189,30 @@ pub enum Preset {
     None,
 }
 
+/// What the guard does with a request body whose content type is not JSON
+/// ([`NonJsonBodies`](tower_bypass_marker::NonJsonBodies)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[non_exhaustive]
+pub enum NonJson {
+    /// Forward it unread (an upstream that parses only JSON content types, as Dynamo, never
+    /// reads it).
+    Forward,
+    /// Read it; judge one that looks like JSON as a JSON body.
+    Judge,
+    /// Read it; refuse one that looks like JSON with 415.
+    Refuse,
+}
+
+impl NonJson {
+    fn bodies(self) -> NonJsonBodies {
+        match self {
+            Self::Forward => NonJsonBodies::Forward,
+            Self::Judge => NonJsonBodies::Judge,
+            Self::Refuse => NonJsonBodies::Refuse,
+        }
+    }
+}
+
 /// The log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[non_exhaustive]
@@ -235,6 +259,10 @@ pub struct NamingArgs {
     /// 1/0, yes/no, on/off, in any case.
     #[arg(long, env = "BYPASS_MARKER_SDK_SAFE", value_parser = BoolishValueParser::new())]
     pub sdk_safe: bool,
+    /// What the guard does with a request body whose content type is not JSON: forward it unread,
+    /// or read it and judge (`judge`) or refuse with 415 (`refuse`) one that looks like JSON.
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = NonJson::Forward, env = "BYPASS_MARKER_NON_JSON_BODIES")]
+    pub non_json_bodies: NonJson,
     /// Largest JSON request body the guard reads; larger ones get a 413 (default 32 MiB: a chat
     /// request with a 20 MB image, base64-encoded, fits).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES, env = "BYPASS_MARKER_MAX_BODY")]
@@ -309,7 +337,9 @@ impl NamingArgs {
                 .try_never_forward(name)
                 .map_err(err("--never-forward", "never_forward"))?;
         }
-        Ok(layer.sdk_safe(self.sdk_safe))
+        Ok(layer
+            .sdk_safe(self.sdk_safe)
+            .non_json_bodies(self.non_json_bodies.bodies()))
     }
 
     /// The names in force, by what happens to their frames: the line the binary logs at start,

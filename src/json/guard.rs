@@ -342,7 +342,7 @@ impl RequestGuard {
     /// headers.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
     /// let forged = Bytes::from_static(br#"{"nvext":{"annotations":["x-bypass-remote-prefill"]}}"#);
     /// let BodyDecision::Refuse(refusal) = guard.check_body_for(&headers, forged) else { panic!() };
-    /// assert_eq!((refusal.status(), refusal.code()), (415, "unsupported_media_type"));
+    /// assert_eq!((refusal.status().as_u16(), refusal.code()), (415, "unsupported_media_type"));
     /// let text = Bytes::from_static(b"just text");
     /// assert!(matches!(guard.check_body_for(&headers, text), BodyDecision::Forward { .. }));
     /// ```

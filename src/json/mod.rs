@@ -10,8 +10,8 @@
 //!
 //! - from the top-level object's `nvext.annotations` array it removes every entry that names a
 //!   router-owned name, by the rule of `guard_annotations` (`name` or `name:value`, any ASCII
-//!   case, surrounding whitespace), compared after JSON unescaping (`"x\u002dbypass-remote-prefill"`
-//!   is the marker);
+//!   case, surrounding whitespace, or a near miss a lenient upstream could fold into the name),
+//!   compared after JSON unescaping (`"x\u002dbypass-remote-prefill"` is the marker);
 //! - it puts the opt-in the client is allowed (each configured name it listed exactly, never a
 //!   never-forwarded one) into the request's extensions, and into the response's, as
 //!   [`RequestedAnnotations`](crate::RequestedAnnotations), where the response layer finds it.
@@ -81,7 +81,10 @@
 //! case a quote is left open, at every comma: a comma inside a quoted parameter may make the guard
 //! read a body it could have skipped, never the other way round. Every other request (GET, gRPC,
 //! multipart, text, forms) passes through without being buffered: same body, same `size_hint`,
-//! same `is_end_stream`.
+//! same `is_end_stream`, unless [`BypassMarkerLayer::non_json_bodies`](crate::BypassMarkerLayer::non_json_bodies)
+//! asks the guard to judge ([`NonJsonBodies::Judge`](crate::NonJsonBodies::Judge)) or refuse
+//! ([`NonJsonBodies::Refuse`](crate::NonJsonBodies::Refuse), 415 `unsupported_media_type`) those
+//! bodies that look like JSON.
 //!
 //! # Limits and errors
 //!
@@ -94,6 +97,7 @@
 //! | --- | --- | --- |
 //! | 413 | `request_too_large` | `content-length` (or the body's size hint) is over the limit: refused before reading, so no `100 Continue` is sent; a body without a length: as soon as the bytes received pass the limit |
 //! | 415 | `unsupported_content_encoding` | a `content-encoding` other than `identity`: the guard cannot read an encoded body |
+//! | 415 | `unsupported_media_type` | under [`NonJsonBodies::Refuse`](crate::NonJsonBodies::Refuse): a body with a non-JSON content type that looks like JSON |
 //! | 400 | `invalid_json` | not RFC 8259 JSON: not UTF-8 (a BOM included), truncated, trailing data, `NaN`, `Infinity`, comments, nesting deeper than serde_json's recursion limit (128), an escape in a key or an annotation that does not decode (a lone surrogate) |
 //! | 400 | `duplicate_key` | `nvext` twice in the top-level object, or `annotations` twice in `nvext`, however spelled (`"nv\u0065xt"` is `nvext`): parsers disagree on which one counts, and a guard that read one while the upstream read the other would let a client force the bypass |
 //! | 400 | `invalid_nvext` | `nvext` that is not an object or `null`, or `nvext.annotations` that is not an array or `null`: an upstream that tests a string or an object for membership would find a name the guard never saw as an entry |
