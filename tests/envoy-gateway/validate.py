@@ -453,6 +453,8 @@ def envoy_gateway_cases(mutated):
         ("a CEL rule: extProc FullDuplexStreamed with failOpen", mutated("EnvoyExtensionPolicy", lambda d: processor(d).update(failOpen=True, processingMode={"request": {"body": "FullDuplexStreamed"}}), ext_proc)),
         ("an extProc body mode outside the enum", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["processingMode"]["request"].update(body="BUFFERED"), ext_proc)),
         ("a CEL rule: an extProc backend of another kind", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["backendRefs"][0].update(kind="Pod"), ext_proc)),
+        ("a string where the processor's circuit breaker's integer goes", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["backendSettings"]["circuitBreaker"].update(maxParallelRequests="16384"), ext_proc)),
+        ("the processor's circuit breaker misspelt", mutated("EnvoyExtensionPolicy", lambda d: processor(d)["backendSettings"].update(circuitBreakers=processor(d)["backendSettings"].pop("circuitBreaker")), ext_proc)),
     ]
 
 
@@ -625,6 +627,13 @@ def ext_proc_agrees(policy):
     timeout = re.search(r"^ +message_timeout: (\S+)", bootstrap, re.M)
     if not timeout or processor.get("messageTimeout") != timeout.group(1):
         problems.append(f"{where}: messageTimeout {processor.get('messageTimeout')} is not the bootstrap's message_timeout")
+    # The processor's cluster: the bootstrap's max_requests on bypass_marker, as the circuit breaker.
+    cluster = re.search(r"^  - name: bypass_marker\n(?:    .*\n|\s*#.*\n)*?        max_requests: (\d+)", bootstrap, re.M)
+    breaker = (processor.get("backendSettings") or {}).get("circuitBreaker") or {}
+    if not cluster or breaker.get("maxParallelRequests") != int(cluster.group(1)):
+        problems.append(f"{where}: backendSettings.circuitBreaker.maxParallelRequests {breaker.get('maxParallelRequests')} "
+                        f"is not the bootstrap's max_requests on the bypass_marker cluster "
+                        f"({cluster.group(1) if cluster else 'not found'})")
     mode = processor.get("processingMode", {})
     if mode != {"request": {"body": "Buffered"}, "response": {"body": "Streamed"}, "allowModeOverride": True}:
         problems.append(f"{where}: processingMode {mode} is not the bootstrap's (request BUFFERED, response STREAMED, "
@@ -716,13 +725,39 @@ def istio_agrees():
             problems.append(f"examples/envoy/wasm.yaml: the stats tag {name}'s regex {regex} is not the one Istio "
                             "generates from extraStatTags")
     for name in ("wasm-plugin.yaml", "traffic-extension.yaml"):
-        annotations = [i.get("annotations", {}) for i in infrastructures[name]]
-        asked = sorted(annotations[0].get("sidecar.istio.io/extraStatTags", "").split(",")) if annotations else []
+        infrastructure = (infrastructures[name] or [{}])[0]
+        asked = sorted(proxy_config(infrastructure).get("extraStatTags") or [])
+        problems += deprecated_istio_annotations(f"examples/istio/{name}", infrastructure)
         if not tags or asked != tags:
-            problems.append(f"examples/istio/{name}: the Gateway's sidecar.istio.io/extraStatTags {asked} are not "
+            problems.append(f"examples/istio/{name}: the Gateway's proxy.istio.io/config extraStatTags {asked} are not "
                             f"examples/envoy/wasm.yaml's stats_tags {tags}")
     problems += istio_module_agrees(module_file, infrastructures["dynamic-module.yaml"])
     return problems
+
+
+# Pod annotations istio/api marks `deprecated: true` (annotation/annotations.yaml, tag 1.30.3),
+# each with what replaces it: the examples use the proxy configuration (`proxy.istio.io/config`,
+# mesh/v1alpha1/proxy.proto's ProxyConfig), which Istio's bootstrap reads when they are absent
+# (istio/istio pkg/bootstrap/config.go, getStatsOptions).
+DEPRECATED_ISTIO_ANNOTATIONS = {
+    "sidecar.istio.io/statsInclusionPrefixes": "proxyStatsMatcher.inclusionPrefixes",
+    "sidecar.istio.io/statsInclusionSuffixes": "proxyStatsMatcher.inclusionSuffixes",
+    "sidecar.istio.io/statsInclusionRegexps": "proxyStatsMatcher.inclusionRegexps",
+    "sidecar.istio.io/extraStatTags": "extraStatTags",
+}
+
+
+def proxy_config(infrastructure):
+    """The ProxyConfig a Gateway's `proxy.istio.io/config` annotation gives its pods ({} if none)."""
+    text = infrastructure.get("annotations", {}).get("proxy.istio.io/config")
+    config = yaml.safe_load(text) if text else {}
+    return config if isinstance(config, dict) else {}
+
+
+def deprecated_istio_annotations(where, infrastructure):
+    return [f"{where}: the Gateway sets the deprecated annotation {name}: use proxy.istio.io/config's {instead}"
+            for name, instead in DEPRECATED_ISTIO_ANNOTATIONS.items()
+            if name in infrastructure.get("annotations", {})]
 
 
 def istio_module_agrees(docs, infrastructures):
@@ -751,10 +786,11 @@ def istio_module_agrees(docs, infrastructures):
     if module_filter["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "dynamo"}]:
         problems.append(f"{where}: the module's EnvoyFilter does not target the Gateway dynamo")
     (infrastructure,) = infrastructures or [{}]
-    if "dynamicmodulescustom" not in infrastructure.get("annotations", {}).get(
-            "sidecar.istio.io/statsInclusionPrefixes", "").split(","):
+    matcher = proxy_config(infrastructure).get("proxyStatsMatcher") or {}
+    if "dynamicmodulescustom" not in (matcher.get("inclusionPrefixes") or []):
         problems.append(f"{where}: the Gateway does not keep dynamicmodulescustom.* in istio-proxy's stats "
-                        "(sidecar.istio.io/statsInclusionPrefixes)")
+                        "(proxy.istio.io/config's proxyStatsMatcher.inclusionPrefixes)")
+    problems += deprecated_istio_annotations(where, infrastructure)
     reference = infrastructure.get("parametersRef", {})
     maps = [d for d in docs.get("ConfigMap", []) if d["metadata"]["name"] == reference.get("name")]
     if reference.get("kind") != "ConfigMap" or reference.get("group") != "" or len(maps) != 1:

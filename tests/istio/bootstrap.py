@@ -5,14 +5,15 @@ istio-proxy, for tests/istio/module.sh to run in the real Envoy:
 - the HTTP filter of the EnvoyFilter `bypass-marker-module`, inserted before the router as its
   patch says, taken from the file as written (its typed_config untouched);
 - the listener fields of the EnvoyFilter `bypass-marker-buffer-limit` (a MERGE into the listener),
-  and the connection manager's fields it merges (`request_timeout`);
+  and the connection manager's fields it merges (`stream_idle_timeout`, `request_timeout`);
 - the stats settings Istio 1.30 writes into istio-proxy's bootstrap (istio/istio release-1.30,
   tools/packaging/common/envoy_bootstrap.json and pkg/bootstrap/config.go): Envoy's default tags
   off, and a stats matcher that keeps only the prefixes `reporter=`, `component`, `istio`, the
   required `cluster_manager`, `listener_manager`, `server`, `cluster.xds-grpc`, `wasm`, and those
-  of the pod's `sidecar.istio.io/statsInclusionPrefixes` annotation (the Gateway's
-  `infrastructure.annotations`), plus Istio's fixed suffixes and regex. With `--istio-defaults`
-  the annotation is left out, as for a Gateway without it.
+  of the pod's proxy configuration (`proxy.istio.io/config`'s `proxyStatsMatcher.inclusionPrefixes`,
+  or the deprecated `sidecar.istio.io/statsInclusionPrefixes` annotation, which wins when set; the
+  Gateway's `infrastructure.annotations`), plus Istio's fixed suffixes and regex. With
+  `--istio-defaults` they are left out, as for a Gateway without them.
 
 The module's search path is the caller's (ENVOY_DYNAMIC_MODULES_SEARCH_PATH, as the Gateway's
 Deployment patch sets it); `--print-copy` prints what the patch's init container copies (the file
@@ -82,7 +83,7 @@ def bootstrap(docs, listen, admin, upstream, istio_defaults):
     merge = one_patch(docs, "bypass-marker-buffer-limit", "LISTENER")
     if merge["patch"]["operation"] != "MERGE":
         sys.exit("bootstrap.py: the buffer limit's patch is not a MERGE")
-    # The connection manager's fields the same EnvoyFilter merges (request_timeout).
+    # The connection manager's fields the same EnvoyFilter merges (stream_idle_timeout, request_timeout).
     hcm_merge = one_patch(docs, "bypass-marker-buffer-limit", "NETWORK_FILTER", optional=True)
     hcm_fields = {}
     if hcm_merge is not None:
@@ -91,8 +92,12 @@ def bootstrap(docs, listen, admin, upstream, istio_defaults):
             sys.exit("bootstrap.py: the network filter patch is not a MERGE into the connection manager")
         hcm_fields = {k: v for k, v in hcm_merge["patch"]["value"]["typed_config"].items() if k != "@type"}
     annotations = gateway(docs)["spec"]["infrastructure"].get("annotations", {})
-    asked = [] if istio_defaults else \
-        [p for p in annotations.get("sidecar.istio.io/statsInclusionPrefixes", "").split(",") if p]
+    # As Istio's getStatsOptions: the (deprecated) annotation's prefixes if it is set, else those of
+    # the proxy configuration's proxyStatsMatcher (`proxy.istio.io/config`).
+    proxy_config = yaml.safe_load(annotations.get("proxy.istio.io/config") or "{}") or {}
+    from_config = (proxy_config.get("proxyStatsMatcher") or {}).get("inclusionPrefixes") or []
+    from_annotation = [p for p in annotations.get("sidecar.istio.io/statsInclusionPrefixes", "").split(",") if p]
+    asked = [] if istio_defaults else (from_annotation or from_config)
     patterns = ([{"prefix": "reporter="}] + [{"prefix": p} for p in asked + ISTIO_PREFIXES[1:]]
                 + [{"suffix": s} for s in ISTIO_SUFFIXES]
                 + [{"safe_regex": {"regex": r}} for r in ISTIO_REGEXES]

@@ -61,7 +61,7 @@ def main():
         forwarded = re.search(r'^envoy_dynamicmodulescustom_bypass_marker_frames_forwarded\{annotation="x-bypass-remote-prefill"\} (\d+)$',
                               text, re.M)
         report(removed is not None and int(removed.group(1)) == 1 and forwarded is not None and int(forwarded.group(1)) == 1,
-               "with the Gateway's sidecar.istio.io/statsInclusionPrefixes, /stats/prometheus has the module's counters "
+               "with the Gateway's proxy.istio.io/config proxyStatsMatcher, /stats/prometheus has the module's counters "
                "with their labels: frames_removed{annotation=\"x-bypass-remote-prefill\"} 1, frames_forwarded 1",
                "\n".join(series) or "no dynamicmodulescustom series")
     else:

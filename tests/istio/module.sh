@@ -12,7 +12,7 @@
 #   - the simulated router (`--no-layer`, as Dynamo is) streams through it: no request_id or
 #     marker frame reaches a client that did not opt in, the opted-in frame arrives byte for byte
 #     (the same router straight: the frames are there);
-#   - with the Gateway's `sidecar.istio.io/statsInclusionPrefixes` the module's counters are in
+#   - with the Gateway's `proxy.istio.io/config` proxyStatsMatcher the module's counters are in
 #     /stats/prometheus with their labels; with Istio's default stats matcher they are not;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `istio module: N passed, M failed`; exits non-zero if anything failed.
