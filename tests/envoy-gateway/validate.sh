@@ -3,7 +3,9 @@
 # v1.8.3 and v1.9.0 and of the Gateway API releases they bundle (v1.5.1, v1.6.1), offline: the
 # schemas' structure is kept in tests/envoy-gateway/schemas/ (extract.py names each source),
 # unknown fields refused, CEL rules evaluated (validate.py says how). Then checks that broken
-# copies of the examples are refused (validate.py --self-test).
+# copies of the examples are refused (validate.py --self-test), and that every gateway example
+# (Envoy Gateway's, Istio's, agentgateway's) carries the plain-Envoy bootstraps' production
+# settings or docs/envoy.md states the gap (tests/gateway_settings.py).
 #
 #   bash tests/envoy-gateway/validate.sh [SUITE ...]
 #
@@ -35,4 +37,9 @@ export ENVOY_LATEST ENVOY_MODULE_OLDER
 for suite in "${@:-envoy-gateway}"; do
   "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite"
   "$venv/bin/python" tests/envoy-gateway/validate.py --suite "$suite" --self-test
+  # With the Envoy Gateway suite (CI's run), every gateway example against the plain-Envoy
+  # bootstraps' production settings, or the gap docs/envoy.md states (tests/gateway_settings.py).
+  if [[ "$suite" == envoy-gateway ]]; then
+    "$venv/bin/python" tests/gateway_settings.py
+  fi
 done
