@@ -18,7 +18,8 @@ ENVOY_LATEST=1.40.0
 # the ones Envoy Gateway 1.8 and 1.9 ship.
 ENVOY_MODULE_OLDER="1.38.3 1.39.3"
 # The older Envoys the proxy-wasm plugin runs in (tests/envoy/wasm.sh): PyPI builds with V8
-# (its 1.38.3 has none). 1.36.4 is the oldest whose Wasm PluginConfig has what the plugin needs.
+# (its 1.38.3 has none). 1.36.4 is the oldest *tested*; the oldest it works in, its floor, is
+# ENVOY_WASM_FLOOR below.
 ENVOY_WASM_OLDER="1.39.3 1.36.4"
 # The Envoy image examples/envoy-gateway/dynamic-module.yaml pins: Envoy Gateway 1.8's Envoy,
 # one of the releases above that load the module.
@@ -42,3 +43,37 @@ NODE_WHEEL=24.19.0
 K8S_VALIDATOR=1.37.0
 # The Kubernetes release whose schemas tests/k8s/validate.sh checks examples/k8s/ against.
 KUBERNETES_SCHEMAS=1.30.0
+
+# The floors: the oldest release each front door, and each gateway's example, works with, as
+# major.minor (Envoy, Istio) or the first tag (Envoy Gateway, agentgateway), each with the
+# upstream change that sets it. Not the oldest release *tested* (the lists above): nothing older
+# than those runs here. tests/versions_check.sh holds the docs' and the examples' "X and later"
+# (and "X+") to these, and fails on one that states another.
+#
+# The processor: Envoy's ext_proc announces its body modes in `protocol_config` from 1.34 (envoy
+# PR 38451); before it, the processor assumes them (docs/envoy.md, "Envoy before 1.34").
+ENVOY_EXT_PROC_FLOOR=1.34
+# The module: ABI v0.1.0, the first Envoy that loads it (docs/envoy.md, "Versions tested"); it
+# is bound to 1.38 to 1.40 (ENVOY_MODULE_OLDER, ENVOY_LATEST).
+ENVOY_MODULE_FLOOR=1.38
+# The plugin: the Wasm PluginConfig's allow_on_headers_stop_iteration, which the shipped bootstrap
+# sets, came in 1.35 (envoy PR 40213): 1.34 rejects it.
+ENVOY_WASM_FLOOR=1.35
+# Envoy Gateway's examples (envoyproxy/gateway api/v1alpha1 at each tag): ClientTrafficPolicy
+# timeout.http.streamIdleTimeout came in v1.5.0, which ext-proc.yaml and wasm.yaml set (extProc
+# and wasm: v1.1.0; extProc backendSettings: v1.2.0; extProc processingMode.allowModeOverride:
+# v1.3.0); dynamicModule and EnvoyProxy dynamicModules: v1.8.0 (with Envoy's image pinned, 1.8
+# and 1.9 only); EnvoyExtensionPolicy mergeType: v1.9.0.
+EG_EXT_PROC_FLOOR=v1.5.0
+EG_WASM_FLOOR=v1.5.0
+EG_MODULE_FLOOR=v1.8.0
+EG_MERGE_TYPE_FLOOR=v1.9.0
+# Istio's examples: WasmPlugin's failStrategy FAIL_RELOAD is in 1.27's CRD, not 1.23's
+# (wasm-plugin.yaml); TrafficExtension came in 1.30; istio-proxy has Envoy's dynamic-modules
+# filter from release-1.31 on (istio/proxy PR 6955; dynamic-module.yaml).
+ISTIO_WASM_PLUGIN_FLOOR=1.27
+ISTIO_TRAFFIC_EXTENSION_FLOOR=1.30
+ISTIO_MODULE_FLOOR=1.31
+# agentgateway's example: AgentgatewayPolicy traffic.extProc.processingOptions came in v1.3.0
+# (agentgateway PR 1787; absent in v1.2.0).
+AGENTGATEWAY_FLOOR=v1.3.0
