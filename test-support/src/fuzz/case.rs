@@ -372,6 +372,15 @@ impl Case {
         }
     }
 
+    /// The same case answered with a `200` to a `GET` and no transfer coding (the head byte's
+    /// default): for the drivers that send their own status and method.
+    pub fn status_200(&self) -> Case {
+        let mut case = self.clone();
+        case.body.head = HeadPlan::Ok;
+        case.body.transfer = 0;
+        case
+    }
+
     /// The layer this case configures.
     pub fn layer(&self) -> BypassMarkerLayer {
         let mut layer = BypassMarkerLayer::new()
