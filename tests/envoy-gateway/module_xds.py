@@ -8,6 +8,9 @@
       named after the policy, its filter_config the policy's config as JSON, enabled per route
   module_xds.py routes --envoy URL --upstream URL --admin URL
       the route with the per-route enable runs the module; the route without it does not
+  module_xds.py per-route --bootstrap FILE
+      prints the rendered bootstrap FILE with a real per-route config for the module (a
+      DynamicModuleFilterPerRoute in place of the empty FilterConfig), which Envoy must refuse
 
 Prints a PASS or FAIL line per check; exits non-zero if any failed.
 """
@@ -16,6 +19,7 @@ import argparse
 import http.client
 import json
 import pathlib
+import re
 import sys
 import urllib.parse
 import urllib.request
@@ -142,6 +146,23 @@ def routes(args):
           f"the route is unguarded)")
 
 
+def per_route(args):
+    text = open(args.bootstrap).read()
+    empty = (
+        '"@type": type.googleapis.com/envoy.config.route.v3.FilterConfig\n'
+        "                    config: {}\n"
+    )
+    assert text.count(empty) == 1, "the bootstrap's empty FilterConfig is not where it was"
+    module = re.search(r"filename: (\S+)", text).group(1)
+    pad = " " * 20
+    sys.stdout.write(text.replace(empty, (
+        '"@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilterPerRoute\n'
+        f"{pad}dynamic_module_config: {{module: {{local: {{filename: {module}}}}}}}\n"
+        f"{pad}filter_name: bypass_marker\n"
+        f"{pad}filter_config: {{'@type': type.googleapis.com/google.protobuf.StringValue, value: '{{}}'}}\n"
+    )))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,8 +173,10 @@ def main():
     r.add_argument("--envoy", required=True)
     r.add_argument("--upstream", required=True)
     r.add_argument("--admin", required=True)
+    p = sub.add_parser("per-route")
+    p.add_argument("--bootstrap", required=True)
     args = parser.parse_args()
-    {"bootstrap": bootstrap, "routes": routes}[args.command](args)
+    {"bootstrap": bootstrap, "routes": routes, "per-route": per_route}[args.command](args)
     sys.exit(1 if failures else 0)
 
 

@@ -17,6 +17,9 @@
 #     counts the removed frames;
 #   - on the route without it, the stream passes byte for byte (the marker included), the forged
 #     names reach the upstream as sent and the module counts nothing: the module does not run;
+#   - a real per-route config for the module (a DynamicModuleFilterPerRoute in place of the empty
+#     FilterConfig): Envoy 1.40.0 refuses it, "Failed to resolve symbol" (the module has no
+#     per-route hooks; 1.38.3 cannot load a per-route module by file at all);
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `envoy-gateway module xds: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -70,6 +73,18 @@ for version in $versions; do
   run_client "$v: the routes" "$python" "$here/module_xds.py" routes --envoy "$url" --upstream "$upstream" \
     --admin "$admin_url"
 done
+
+# A real per-route config: the module exports no per-route hooks, so Envoy refuses it.
+render_bootstrap "$bootstrap" MODULE_FILE="$module" >"$work/rendered.yaml"
+"$python" "$here/module_xds.py" per-route --bootstrap "$work/rendered.yaml" >"$work/per-route.yaml" ||
+  die "cannot write the per-route bootstrap"
+status=0
+timeout 120 "${envoys[$ENVOY_LATEST]}" --mode validate -c "$work/per-route.yaml" >"$work/per-route.log" 2>&1 ||
+  status=$?
+ok=0
+((status != 0)) && grep -q 'Failed to resolve symbol envoy_dynamic_module_on_http_filter_per_route_config_new' \
+  "$work/per-route.log" && ok=1
+count $ok "Envoy $ENVOY_LATEST: a DynamicModuleFilterPerRoute for the module is refused (status $status): \"Failed to resolve symbol envoy_dynamic_module_on_http_filter_per_route_config_new\""
 
 nothing_left
 
