@@ -9,7 +9,7 @@
 //! | `bypass_marker_frames_forwarded_total` | `annotation` | annotation frames forwarded to a client that opted in |
 //! | `bypass_marker_requests_refused_total` | `status` | requests the proxy answered itself without forwarding: the guard's refusals (400, 413, 415), a stalled request body (408), an unsupported transfer coding (501), a request body past `--max-buffered-bytes` (503) |
 //! | `bypass_marker_upstream_errors_total` | `kind` | `connect`: the upstream is unreachable (502); `timeout`: no response head within `--response-timeout` of the request's end, or the upstream took no byte of the request for as long (504); `head`: the upstream failed before its response head (502); `body`: its response body failed mid-stream |
-//! | `bypass_marker_encoded_streams_refused_total` | | event streams in a content coding other than `identity` (which cannot be filtered) answered with a 502 `encoded_event_stream` instead, because something would have been removed for their client; each is also logged at `warn` (the proxy and the processor) |
+//! | `bypass_marker_encoded_streams_refused_total` | `coding` | event streams in a content coding other than `identity` (which cannot be filtered) answered with a 502 `encoded_event_stream` instead, because something would have been removed for their client, per coding: the first coding other than `identity` (a content coding, else a transfer coding), one of `gzip`, `deflate`, `br`, `zstd`, `compress`, or `other`, as the Envoy module's and plugin's `coding` label (every one there at 0 from the start); each is also logged at `warn` (the proxy and the processor) |
 //! | `bypass_marker_write_timeouts_total` | | client connections reset because a write to them made no progress for `--write-timeout` (their upstream requests cancelled) |
 //! | `bypass_marker_upstream_idle_timeouts_total` | | upstream response bodies cut because no byte came for `--upstream-idle-timeout` (also counted as `upstream_errors_total{kind="body"}`) |
 //! | `bypass_marker_read_coalesce_waits_total` | | times a serving thread waited `--read-coalesce` before sleeping on its sockets, because an upstream had written faster than it was read |
@@ -24,6 +24,13 @@
 //! | `bypass_marker_shutdown_streams_cut_total` | | requests still in flight when `--shutdown-grace` ran out, and so cut (the process then exits with code 3) |
 //! | `bypass_marker_build_info` | `version`, `revision` | always 1: the version of the package and the commit it was built from (`BYPASS_MARKER_REVISION` at build time, else `unknown`); the proxy and the processor |
 //! | `bypass_marker_ext_proc_answer_seconds` | `message` | `bypass-marker ext-proc` only: histogram of the time the processor took to answer each message Envoy sent, from the moment the message's last bytes reached its stream to the moment the answer was handed back to HTTP/2 (see [`ExtProc::answer_times`](crate::envoy::ExtProc::answer_times)); `message` is the message's kind: `request_headers`, `request_body`, `request_trailers`, `response_headers`, `response_body`, `response_trailers`. Buckets at 0.2 s (Envoy's default `message_timeout`) and 2 s (the shipped bootstrap's) |
+//!
+//! Every series also carries the label `front_door`: `sidecar` from `bypass-marker proxy`
+//! ([`Metrics::new`]), `ext-proc` from `bypass-marker ext-proc` ([`Metrics::frames_only`]). The two
+//! serve the same names, so a query that sums over both (one dashboard for every front door,
+//! `dist/grafana/bypass-marker.json`) tells them apart by it, not by the scrape job; Envoy's
+//! dynamic module and proxy-wasm plugin have names of their own (docs/envoy.md, "Metrics and
+//! logs").
 //!
 //! The frame counts come from the layer itself ([`FrameObserver`], called as each frame is
 //! removed or forwarded), not from parsing the stream again; a series exists for every configured
@@ -66,6 +73,42 @@ struct AnnotationLabel {
 struct StatusLabel {
     status: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodingLabel {
+    coding: String,
+}
+
+/// The values of `bypass_marker_encoded_streams_refused_total`'s `coding` label, as the Envoy
+/// module's and plugin's (`bypass-marker-envoy-adapter`, `metrics::encoded_refused`): a known
+/// coding, else `other`, so that an upstream cannot grow the series.
+pub const CODINGS: [&str; 6] = ["gzip", "deflate", "br", "zstd", "compress", "other"];
+
+/// The `coding` label of an encoded event stream the layer refused, from the codings its
+/// observer reports (`gzip, br`; `transfer-encoding gzip, chunked` for a transfer coding): the
+/// first of them, if it is one of [`CODINGS`], else `other`.
+pub fn coding_label(codings: &str) -> &'static str {
+    let codings = codings
+        .strip_prefix("transfer-encoding ")
+        .unwrap_or(codings);
+    let first = codings
+        .split(',')
+        .map(str::trim)
+        .find(|c| {
+            !c.is_empty()
+                && !c.eq_ignore_ascii_case("identity")
+                && !c.eq_ignore_ascii_case("chunked")
+        })
+        .unwrap_or_default();
+    CODINGS[..5]
+        .iter()
+        .find(|known| first.eq_ignore_ascii_case(known))
+        .copied()
+        .unwrap_or("other")
+}
+
+/// The name of the `front_door` label every series carries.
+pub const FRONT_DOOR: &str = "front_door";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
@@ -164,7 +207,8 @@ pub struct Metrics {
     forwarded_family: Family<AnnotationLabel, Counter>,
     /// `annotation=""`: removed by SDK-safe mode, no configured name (listed in SDK-safe mode).
     removed_unnamed: Option<Counter>,
-    encoded_refused: Counter,
+    /// Per coding, in [`CODINGS`]' order.
+    encoded_refused: [Counter; 6],
     refused: Family<StatusLabel, Counter>,
     upstream_errors: [Counter; 4],
     write_timeouts: Counter,
@@ -215,7 +259,11 @@ impl Metrics {
     }
 
     fn build<'a>(names: impl IntoIterator<Item = &'a str>, sdk_safe: bool, proxy: bool) -> Self {
-        let mut registry = Registry::with_prefix("bypass_marker");
+        let door = if proxy { "sidecar" } else { "ext-proc" };
+        let mut registry = Registry::with_prefix_and_labels(
+            "bypass_marker",
+            [(FRONT_DOOR.into(), door.into())].into_iter(),
+        );
         let build_info = Family::<BuildLabel, Gauge>::default();
         registry.register(
             "build_info",
@@ -259,12 +307,19 @@ impl Metrics {
             .collect();
         // Only a layer in SDK-safe mode removes frames of no name.
         let removed_unnamed = sdk_safe.then(|| series(&removed_family, ""));
-        let encoded_refused = Counter::default();
+        let encoded_family = Family::<CodingLabel, Counter>::default();
         registry.register(
             "encoded_streams_refused",
-            "Event streams in a content coding other than identity answered with a 502 instead, because something would have been removed from them",
-            encoded_refused.clone(),
+            "Event streams in a content coding other than identity answered with a 502 instead, because something would have been removed from them, per coding",
+            encoded_family.clone(),
         );
+        let encoded_refused = CODINGS.map(|coding| {
+            encoded_family
+                .get_or_create(&CodingLabel {
+                    coding: coding.to_owned(),
+                })
+                .clone()
+        });
         // The proxy's own series: registered only for the proxy.
         let mut proxy_registry = Registry::default();
         let proxy_series = if proxy {
@@ -595,7 +650,14 @@ impl FrameObserver for Metrics {
     }
 
     fn encoded_stream_refused(&self, coding: &str) {
-        self.encoded_refused.inc();
+        let label = coding_label(coding);
+        if let Some(counter) = CODINGS
+            .iter()
+            .position(|known| *known == label)
+            .and_then(|i| self.encoded_refused.get(i))
+        {
+            counter.inc();
+        }
         tracing::warn!(
             coding,
             "an event stream in a content coding the filter cannot read was answered with a 502 \

@@ -491,16 +491,18 @@ async fn ext_proc_serves_health_and_metrics_and_stops_on_sigterm() {
     support::assert_ext_proc_serving(channel).await;
     let text = String::from_utf8(get(metrics).await.unwrap().to_vec()).unwrap();
     for name in ["x-bypass-remote-prefill", "request_id", "x-internal"] {
-        let series = format!("bypass_marker_frames_removed_total{{annotation=\"{name}\"}} 0");
+        let series = format!(
+            "bypass_marker_frames_removed_total{{front_door=\"ext-proc\",annotation=\"{name}\"}} 0"
+        );
         assert!(text.contains(&series), "no {series} in:\n{text}");
     }
     // The request body budget's gauges, which the soak (tests/soak/) reads back to 0.
     assert!(
-        text.contains("bypass_marker_request_bytes_held 0\n"),
+        text.contains("bypass_marker_request_bytes_held{front_door=\"ext-proc\"} 0\n"),
         "no bytes-held gauge in:\n{text}"
     );
     assert!(
-        text.contains("bypass_marker_request_bytes_budget "),
+        text.contains("bypass_marker_request_bytes_budget{front_door=\"ext-proc\"} "),
         "no budget gauge in:\n{text}"
     );
 
@@ -835,12 +837,16 @@ async fn forty_large_bodies_keep_the_peak_rss_within_the_buffered_bytes_budget()
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {name} in {scraped}")) as u64
     };
-    let held = series("bypass_marker_request_bytes_held ");
-    let refused = series("bypass_marker_requests_refused_total{status=\"503\"} ");
+    let held = series("bypass_marker_request_bytes_held{front_door=\"sidecar\"} ");
+    let refused =
+        series("bypass_marker_requests_refused_total{front_door=\"sidecar\",status=\"503\"} ");
     assert!(held <= BUDGET, "{held} bytes held");
     // Seven bodies of 30 MiB fit in seven eighths of 256 MiB; the others were refused.
     assert!(refused >= 40 - 8, "{refused} refused:\n{scraped}");
-    assert_eq!(series("bypass_marker_request_bytes_budget "), BUDGET);
+    assert_eq!(
+        series("bypass_marker_request_bytes_budget{front_door=\"sidecar\"} "),
+        BUDGET
+    );
 
     // A refused client got the 503 and its Retry-After (when its socket kept the answer).
     let mut answered = 0;

@@ -87,8 +87,19 @@ type Key = (String, String);
 /// its samples; every sample's name is its family's plus a suffix its type allows; names and
 /// label names are valid, label values quoted; values are numbers; no sample twice; histogram
 /// buckets cumulative with `+Inf` equal to `_count`; the text ends with `# EOF`. Panics with the
-/// offending line otherwise.
+/// offending line otherwise. Every sample must carry the `front_door` label, the same in the
+/// whole text (the proxy's `sidecar`, the processor's `ext-proc`: [`front_door`]); the keys leave
+/// it out.
 fn parse(text: &str) -> BTreeMap<Key, f64> {
+    parse_with_door(text).1
+}
+
+/// The `front_door` every sample of `text` carries (see [`parse`]).
+fn front_door(text: &str) -> String {
+    parse_with_door(text).0
+}
+
+fn parse_with_door(text: &str) -> (String, BTreeMap<Key, f64>) {
     fn valid_name(name: &str, colon: bool) -> bool {
         let mut chars = name.chars();
         chars
@@ -101,6 +112,7 @@ fn parse(text: &str) -> BTreeMap<Key, f64> {
     let mut helped: Vec<String> = Vec::new();
     let mut family: Option<String> = None;
     let mut samples = BTreeMap::new();
+    let mut door: Option<String> = None;
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         if *line == "# EOF" {
@@ -185,6 +197,17 @@ fn parse(text: &str) -> BTreeMap<Key, f64> {
             rest = rest.strip_prefix(',').unwrap_or(rest);
         }
         pairs.sort();
+        let doors: Vec<String> = pairs
+            .iter()
+            .filter_map(|p| p.strip_prefix("front_door=\""))
+            .map(|v| v.trim_end_matches('"').to_owned())
+            .collect();
+        assert_eq!(doors.len(), 1, "no front_door label, or two: {line}");
+        match &door {
+            None => door = Some(doors[0].clone()),
+            Some(d) => assert_eq!(d, &doors[0], "two front doors in one text: {line}"),
+        }
+        pairs.retain(|p| !p.starts_with("front_door=\""));
         let key = (name.to_owned(), pairs.join(","));
         assert!(samples.insert(key, value).is_none(), "sample twice: {line}");
     }
@@ -225,7 +248,7 @@ fn parse(text: &str) -> BTreeMap<Key, f64> {
             );
         }
     }
-    samples
+    (door.unwrap_or_default(), samples)
 }
 
 /// Scrapes `GET /metrics` and parses it.
@@ -567,7 +590,7 @@ async fn streams_in_flight_are_a_gauge_and_other_paths_are_404() {
 
 #[test]
 fn the_parser_refuses_what_prometheus_would() {
-    let good = "# HELP x_total A.\n# TYPE x counter\nx_total{a=\"1\"} 2\n# EOF\n";
+    let good = "# HELP x_total A.\n# TYPE x counter\nx_total{front_door=\"d\",a=\"1\"} 2\n# EOF\n";
     // (The family of a counter is named without _total.)
     let good = good.replace("# HELP x_total", "# HELP x");
     assert_eq!(parse(&good).len(), 1);
@@ -577,10 +600,16 @@ fn the_parser_refuses_what_prometheus_would() {
         good.replace("a=\"1\"", "a=1"),
         good.replace(" 2\n", " two\n"),
         good.replace(
-            "x_total{a=\"1\"} 2\n",
-            "x_total{a=\"1\"} 2\nx_total{a=\"1\"} 3\n",
+            "x_total{front_door=\"d\",a=\"1\"} 2\n",
+            "x_total{front_door=\"d\",a=\"1\"} 2\nx_total{front_door=\"d\",a=\"1\"} 3\n",
         ),
-        good.replace("{a=", "{1a="),
+        good.replace(",a=", ",1a="),
+        // Every sample names its front door, one per text.
+        good.replace("front_door=\"d\",", ""),
+        good.replace(
+            "x_total{front_door=\"d\",a=\"1\"} 2\n",
+            "x_total{front_door=\"d\",a=\"1\"} 2\nx_total{front_door=\"e\",a=\"2\"} 3\n",
+        ),
     ] {
         assert!(
             std::panic::catch_unwind(|| parse(&bad)).is_err(),
@@ -992,4 +1021,59 @@ async fn request_ids_are_passed_upstream_or_made() {
     made.sort();
     made.dedup();
     assert_eq!(made.len(), 3, "ids repeat: {made:?}");
+}
+
+/// Issue 49, item 5: one dashboard for every front door. The sidecar and the processor serve the
+/// same names, so every series of each carries `front_door` (`sidecar`, `ext-proc`); and
+/// `bypass_marker_encoded_streams_refused_total` has the `coding` label of the Envoy module's and
+/// plugin's counter, with the same values (a known coding, else `other`), every one at 0 from the
+/// start.
+#[test]
+fn each_front_door_labels_its_series_and_encoded_streams_are_counted_per_coding() {
+    use tower_bypass_marker::FrameObserver;
+    const ENCODED: &str = "bypass_marker_encoded_streams_refused_total";
+    for (registry, door) in [
+        (Metrics::new(["request_id"], true), "sidecar"),
+        (Metrics::frames_only(["request_id"], true), "ext-proc"),
+    ] {
+        let text = registry.encode();
+        assert_eq!(front_door(&text), door, "{text}");
+        let before = parse(&text);
+        for coding in metrics::CODINGS {
+            assert_eq!(get(&before, ENCODED, &format!("coding=\"{coding}\"")), 0.0);
+        }
+        // What the layer reports (the codings as the response lists them, or its transfer
+        // codings), and the label it is counted under.
+        for (reported, label) in [
+            ("gzip", "gzip"),
+            ("GZip, br", "gzip"),
+            ("identity, br", "br"),
+            ("zstd", "zstd"),
+            ("Deflate", "deflate"),
+            ("compress", "compress"),
+            ("x-foo", "other"),
+            ("transfer-encoding gzip, chunked", "gzip"),
+            ("transfer-encoding chunked, x-foo", "other"),
+        ] {
+            assert_eq!(metrics::coding_label(reported), label, "{reported}");
+            registry.encoded_stream_refused(reported);
+        }
+        let after = parse(&registry.encode());
+        for (coding, n) in [
+            ("gzip", 3.0),
+            ("br", 1.0),
+            ("zstd", 1.0),
+            ("deflate", 1.0),
+            ("compress", 1.0),
+            ("other", 2.0),
+        ] {
+            assert_eq!(
+                get(&after, ENCODED, &format!("coding=\"{coding}\"")),
+                n,
+                "{coding}"
+            );
+        }
+        let series = after.keys().filter(|(name, _)| name == ENCODED).count();
+        assert_eq!(series, metrics::CODINGS.len());
+    }
 }

@@ -113,7 +113,7 @@ stats="$(get "http://127.0.0.1:$admin/stats/prometheus")"
 if [[ "$front" == module ]]; then
   removed="$(grep -F 'envoy_dynamicmodulescustom_bypass_marker_frames_removed{annotation="x-bypass-remote-prefill"} ' <<<"$stats" | awk '{print $2}')"
 else
-  removed="$(get "http://127.0.0.1:$metrics_port/metrics" | grep -F 'bypass_marker_frames_removed_total{annotation="x-bypass-remote-prefill"} ' | awk '{print $2}')"
+  removed="$(get "http://127.0.0.1:$metrics_port/metrics" | grep -F 'bypass_marker_frames_removed_total{front_door="ext-proc",annotation="x-bypass-remote-prefill"} ' | awk '{print $2}')"
 fi
 ok=0
 [[ "$removed" == "$streams" ]] && ok=1
