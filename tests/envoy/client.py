@@ -765,10 +765,12 @@ TE_STATUS = 502
 # then, a race observed both ways in Envoy 1.40.0 (the processor's ext_proc, which holds the head
 # until the processor answers, loses it most often):
 #   - the head first: the status and the head's headers, then the stream reset (an HTTP/2 client:
-#     RST_STREAM INTERNAL_ERROR, 2, never a clean end; an HTTP/1.1 client: the head alone, a 204
-#     and 304 having no body);
+#     RST_STREAM, never a clean end, with INTERNAL_ERROR, 2, in Envoy 1.39.3 and 1.40.0 and
+#     NO_ERROR, 0, in 1.36.4, `H2_RESET_CODES`; an HTTP/1.1 client: the head alone, a 204 and 304
+#     having no body);
 #   - the reset first: Envoy's own 502, `H2_RESET_BODY`, a clean end.
 H2_RESET_BODY = b"upstream connect error or disconnect/reset before headers. reset reason: protocol error"
+H2_RESET_CODES = (2, 0)
 NO_CONTENT_CASES = [
     # (what, method, test, status)
     ("a 204 event-stream head followed by body bytes", "POST", {"kind": "nocontent", "status": 204}, 204),
@@ -838,7 +840,7 @@ async def run_h2(args):
     """Issue 48 with an HTTP/2 upstream: a 204 or 304 whose HEADERS do not end the stream, then a
     DATA frame with the marker frame in it (h2_upstream.py serve). The filter is called with that
     DATA if Envoy passes it on (the head did not end the stream) and must forward none of it;
-    Envoy 1.40.0 does not (H2_RESET_BODY says what happens instead)."""
+    Envoy 1.40.0 never passes it on (H2_RESET_BODY says what happens instead)."""
     here = os.path.dirname(os.path.abspath(__file__))
     for status in ("204", "304"):
         for names in ([], ["x-bypass-remote-prefill"]):
@@ -868,13 +870,14 @@ async def run_h2(args):
             seen_bytes = data + json.dumps(res.get("headers", {})).encode()
             outcome = ("a clean end" if res.get("ended") else f"RST_STREAM {res.get('reset')}"
                        if res.get("reset") is not None else f"error {res.get('error')}")
-            head_first = res.get("status") == int(status) and data == b"" and res.get("reset") == 2
+            head_first = res.get("status") == int(status) and data == b"" and res.get("reset") in H2_RESET_CODES
             reset_first = res.get("status") == 502 and data == H2_RESET_BODY and res.get("ended")
             report(
                 (head_first or reset_first) and not leaks(seen_bytes),
                 f"HTTP/2 upstream, {status} HEADERS without END_STREAM then DATA with the marker, to {who}, "
                 f"over HTTP/2: the client gets {res.get('status')}, "
-                + ("no byte of the DATA" if head_first else "Envoy's body") + f", then {outcome}",
+                + ("no byte of the DATA" if head_first else "Envoy's body" if reset_first else "?")
+                + f", then {outcome}",
                 f"{res}",
             )
 
