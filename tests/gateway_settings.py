@@ -219,6 +219,24 @@ def front_doors():
         "allow_mode_override": lambda b: (agw_processor("processingOptions", "allowModeOverride"), False.__eq__),
     })
 
+    # Istio: the EnvoyFilter bypass-marker-ext-proc's cluster and filter, as the bootstrap writes them.
+    istio_ext = load("istio", "ext-proc.yaml")
+
+    def istio_processor(apply_to, name):
+        values = [p["patch"]["value"] for d in istio_ext if d["kind"] == "EnvoyFilter"
+                  and d["metadata"]["name"] == "bypass-marker-ext-proc"
+                  for p in d["spec"]["configPatches"] if p["applyTo"] == apply_to]
+        return one(field(values, name), f"EnvoyFilter bypass-marker-ext-proc {apply_to} {name}")
+
+    istio_ext_readers = istio_common("ext-proc.yaml")
+    istio_ext_readers.update({
+        "processor max_requests": lambda b: (istio_processor("CLUSTER", "max_requests"), b.__eq__),
+        "failure_mode_allow": lambda b: (istio_processor("HTTP_FILTER", "failure_mode_allow"), b.__eq__),
+        "message_timeout": lambda b: (istio_processor("HTTP_FILTER", "message_timeout"), b.__eq__),
+        "processing_mode": lambda b: (istio_processor("HTTP_FILTER", "processing_mode"), b.__eq__),
+        "allow_mode_override": lambda b: (istio_processor("HTTP_FILTER", "allow_mode_override"), b.__eq__),
+    })
+
     module = load("envoy", "dynamic-module.yaml")
     wasm = load("envoy", "wasm.yaml")
     wasm_settings = bootstrap_common(wasm)
@@ -244,6 +262,7 @@ def front_doors():
         istio_wasm[f"istio/{name}"] = readers
     return [
         ("envoy/ext-proc.yaml", ext_settings, {"envoy-gateway/ext-proc.yaml": eg_ext_readers,
+                                               "istio/ext-proc.yaml": istio_ext_readers,
                                                "agentgateway/ext-proc.yaml": agw_readers}),
         ("envoy/dynamic-module.yaml", bootstrap_common(module), {"envoy-gateway/dynamic-module.yaml": eg_common("dynamic-module.yaml"),
                                                                  "istio/dynamic-module.yaml": istio_common("dynamic-module.yaml")}),

@@ -523,6 +523,7 @@ def istio_cases(mutated):
     extension = "TrafficExtension"
     module = lambda d: "parametersRef" in d["spec"].get("infrastructure", {})  # noqa: E731  (dynamic-module.yaml's Gateway)
     module_filter = lambda d: d["metadata"]["name"] == "bypass-marker-module"  # noqa: E731
+    ext_proc_filter = lambda d: d["metadata"]["name"] == "bypass-marker-ext-proc"  # noqa: E731
     return [
         ("an unknown field in spec", mutated("WasmPlugin", lambda d: d["spec"].update(failPolicy="FAIL_CLOSE"))),
         ("a failStrategy outside the enum", mutated("WasmPlugin", lambda d: d["spec"].update(failStrategy="FAIL_CLOSED"))),
@@ -539,6 +540,8 @@ def istio_cases(mutated):
         ("a bad metadata name", mutated("WasmPlugin", lambda d: d["metadata"].update(name="Bypass_Marker"))),
         ("a Gateway parametersRef without its name", mutated("Gateway", lambda d: d["spec"]["infrastructure"]["parametersRef"].pop("name"), module)),
         ("a module EnvoyFilter operation outside the enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0]["patch"].update(operation="INSERT_BEFORE_ROUTER"), module_filter)),
+        ("a processor EnvoyFilter cluster patch with an operation outside the enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0]["patch"].update(operation="APPEND"), ext_proc_filter)),
+        ("a processor EnvoyFilter patch without applyTo's enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][1].update(applyTo="HTTP_FILTERS"), ext_proc_filter)),
         ("a module EnvoyFilter match context outside the enum", mutated("EnvoyFilter", lambda d: d["spec"]["configPatches"][0]["match"].update(context="GATEWAYS"), module_filter)),
         ("a CEL rule: an HTTPRoute Service backend without port", mutated("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].pop("port"))),
         ("a Gateway listener port of the wrong type", mutated("Gateway", lambda d: d["spec"]["listeners"][0].update(port="80"))),
@@ -687,9 +690,11 @@ def istio_agrees():
     if shared_config(plugin["spec"].get("pluginConfig")) != module_config():
         problems.append("examples/istio/wasm-plugin.yaml: pluginConfig is not the module's config (examples/envoy-gateway/dynamic-module.yaml) "
                         "and request-head: forwarded")
-    files = {"wasm-plugin.yaml": plugin_file, "traffic-extension.yaml": extension_file, "dynamic-module.yaml": module_file}
+    ext_proc_file = documents_of("istio", "ext-proc.yaml")
+    files = {"wasm-plugin.yaml": plugin_file, "traffic-extension.yaml": extension_file, "dynamic-module.yaml": module_file,
+             "ext-proc.yaml": ext_proc_file}
     kinds = {"wasm-plugin.yaml": ["WasmPlugin"], "traffic-extension.yaml": ["TrafficExtension"],
-             "dynamic-module.yaml": ["ConfigMap"]}
+             "dynamic-module.yaml": ["ConfigMap"], "ext-proc.yaml": []}
     for name, docs in files.items():
         expected_kinds = sorted(kinds[name] + ["EnvoyFilter", "Gateway", "HTTPRoute"])
         if sorted(docs) != expected_kinds:
@@ -732,6 +737,59 @@ def istio_agrees():
             problems.append(f"examples/istio/{name}: the Gateway's proxy.istio.io/config extraStatTags {asked} are not "
                             f"examples/envoy/wasm.yaml's stats_tags {tags}")
     problems += istio_module_agrees(module_file, infrastructures["dynamic-module.yaml"])
+    problems += istio_ext_proc_agrees(ext_proc_file)
+    return problems
+
+
+def istio_ext_proc_agrees(docs):
+    """examples/istio/ext-proc.yaml: its EnvoyFilter adds the bootstrap's processor cluster
+    (examples/envoy/ext-proc.yaml's `bypass_marker`, but for its type and address: STRICT_DNS to the
+    Service of examples/k8s/ext-proc.yaml in the Gateway's namespace) and inserts the bootstrap's
+    ext_proc filter, naming that cluster, before the router, on the Gateway."""
+    where = "examples/istio/ext-proc.yaml"
+    bootstrap = yaml.safe_load((ROOT / "examples" / "envoy" / "ext-proc.yaml").read_text())
+    (expected_cluster,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "bypass_marker"]
+    (hcm,) = [f for f in bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+              if f["name"] == "envoy.filters.network.http_connection_manager"]
+    (expected_filter,) = [f for f in hcm["typed_config"]["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"]
+    filters = [d for d in docs.get("EnvoyFilter", []) if d["metadata"]["name"] == "bypass-marker-ext-proc"]
+    if len(filters) != 1:
+        return [f"{where}: {len(filters)} EnvoyFilters bypass-marker-ext-proc, not one"]
+    (envoy_filter,) = filters
+    problems = []
+    if envoy_filter["spec"].get("targetRefs") != [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "dynamo"}]:
+        problems.append(f"{where}: the processor's EnvoyFilter does not target the Gateway dynamo")
+    patches = {p["applyTo"]: p for p in envoy_filter["spec"]["configPatches"]}
+    if sorted(patches) != ["CLUSTER", "HTTP_FILTER"] or len(envoy_filter["spec"]["configPatches"]) != 2:
+        return problems + [f"{where}: the processor's EnvoyFilter has the patches {sorted(patches)}, not one CLUSTER and one HTTP_FILTER"]
+    cluster_patch, filter_patch = patches["CLUSTER"], patches["HTTP_FILTER"]
+    if cluster_patch["patch"]["operation"] != "ADD" or cluster_patch["match"].get("context") != "GATEWAY":
+        problems.append(f"{where}: the processor's cluster is not an ADD in the GATEWAY context")
+    if filter_patch["patch"]["operation"] != "INSERT_BEFORE" or filter_patch["match"].get("context") != "GATEWAY" or \
+            filter_patch["match"]["listener"]["filterChain"]["filter"].get("subFilter", {}).get("name") != "envoy.filters.http.router":
+        problems.append(f"{where}: the ext_proc filter is not inserted before the router in the GATEWAY context")
+    cluster = copy.deepcopy(cluster_patch["patch"]["value"])
+    endpoints = [e["endpoint"]["address"]["socket_address"] for group in cluster.get("load_assignment", {}).get("endpoints", [])
+                 for e in group.get("lb_endpoints", [])]
+    namespace = envoy_filter["metadata"].get("namespace")
+    services = [d for d in yaml.safe_load_all((ROOT / "examples" / "k8s" / "ext-proc.yaml").read_text())
+                if d and d.get("kind") == "Service" and d["metadata"].get("namespace") == namespace]
+    addresses = [{"address": f"{s['metadata']['name']}.{namespace}.svc.cluster.local", "port_value": port["port"]}
+                 for s in services for port in s["spec"]["ports"]]
+    if endpoints != addresses:
+        problems.append(f"{where}: the processor's cluster reaches {endpoints}, not examples/k8s/ext-proc.yaml's Service {addresses}")
+    if cluster.get("type") != "STRICT_DNS":
+        problems.append(f"{where}: the processor's cluster is of type {cluster.get('type')}, not STRICT_DNS (a Service's name)")
+    for c in (cluster, expected := copy.deepcopy(expected_cluster)):
+        c.pop("type", None)
+        c.pop("load_assignment", None)
+    if cluster != expected:
+        problems.append(f"{where}: the processor's cluster {cluster} is not examples/envoy/ext-proc.yaml's bypass_marker {expected}")
+    value = filter_patch["patch"]["value"]
+    if value != expected_filter:
+        problems.append(f"{where}: the ext_proc filter {value} is not examples/envoy/ext-proc.yaml's {expected_filter}")
+    if value.get("typed_config", {}).get("grpc_service", {}).get("envoy_grpc", {}).get("cluster_name") != cluster_patch["patch"]["value"].get("name"):
+        problems.append(f"{where}: the ext_proc filter does not name the cluster the same EnvoyFilter adds")
     return problems
 
 
