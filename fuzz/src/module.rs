@@ -81,7 +81,14 @@ pub fn check_module(case: &Case) {
     // The response.
     let head = response_head(case);
     let headers = response_headers(&head);
-    assert_eq!(stream.response(&headers, false), HeadersStatus::Continue);
+    if stream.response(&headers, false) == HeadersStatus::StopIteration {
+        // An encoded event stream with something to remove: the 502 (a local reply), never a
+        // byte of it. The tower body carries the same refusal.
+        assert_eq!(stream.fake.sent.as_ref().map(|s| s.0), Some(502));
+        assert!(want.out.contains("encoded_event_stream"), "{want:?}");
+        assert!(stream.fake.client.is_empty());
+        return;
+    }
     let ending = if case.body.trailers {
         Ending::Trailers
     } else if case.input.len() % 2 == 1 {
