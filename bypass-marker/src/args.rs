@@ -190,7 +190,7 @@ pub enum Preset {
 }
 
 /// What the guard does with a request body whose content type is not JSON
-/// ([`NonJsonBodies`](tower_bypass_marker::NonJsonBodies)).
+/// ([`NonJsonBodies`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[non_exhaustive]
 pub enum NonJson {
