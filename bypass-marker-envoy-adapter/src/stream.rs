@@ -259,6 +259,14 @@ impl StreamFilter {
         }
     }
 
+    /// Whether the request's head is held waiting for its body: the guard reads the body, the
+    /// head goes on only once it has been judged ([`RequestHead::Held`]), and the stream has been
+    /// neither answered nor reset. The proxy-wasm plugin watches such heads for the body hooks
+    /// Envoy withholds without `allow_on_headers_stop_iteration`.
+    pub fn holds_request_head(&self) -> bool {
+        self.reading && self.head == RequestHead::Held && !self.refused && !self.failed
+    }
+
     /// Fails the stream on the exchange's error, or on a step this adapter does not know.
     fn fail_on<T>(&mut self, host: &mut impl Host, step: Result<T, ExchangeError>) {
         let err = step

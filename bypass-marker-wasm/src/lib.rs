@@ -32,7 +32,8 @@
 //! `bypass-marker ext-proc` answer the same input with the same bytes. The layers:
 //! [`proxy::Proxy`] names the few proxy-wasm calls made ([`proxy::Hostcalls`] makes them on
 //! Envoy); [`host`] implements the adapter's `Host` with them; [`stream::Stream`] maps proxy-wasm's
-//! hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts. Everything but the entry
+//! hooks onto the adapter; [`plugin`] holds the proxy-wasm contexts; [`watch`] answers a held
+//! head whose body Envoy withholds (no `allow_on_headers_stop_iteration`) within 10 s. Everything but the entry
 //! point is safe Rust, and everything but [`plugin`] runs on a fake of [`proxy::Proxy`] in the
 //! tests ([`fake`]).
 //!
@@ -48,6 +49,7 @@ pub mod proxy;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+pub mod watch;
 
 // The reactor's entry point: proxy-wasm's `main!` exports `_initialize`, which runs the static
 // constructors and registers the root context.

@@ -1,7 +1,9 @@
 //! The proxy-wasm contexts: the root context reads the configuration, each HTTP context is a
 //! [`Stream`] on Envoy's host calls.
 
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, SystemTime};
 
 use bypass_marker_envoy_adapter::config::FilterConfig;
 use bypass_marker_envoy_adapter::stream::RequestHead;
@@ -11,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::proxy::{Hostcalls, Proxy};
 use crate::stream::Stream;
+use crate::watch::{HeldHeads, TICK_SECS};
 
 /// The largest `max-body` the plugin takes: 512 MiB. A request body being judged is held in the
 /// worker's VM (one copy; a rewrite is made of its pieces), and Envoy's V8 does not grow a VM to
@@ -121,10 +124,18 @@ pub fn configure(proxy: &mut impl Proxy, text: &[u8]) -> Option<PluginConfig> {
     }
 }
 
+/// Seconds of the Unix epoch.
+fn seconds(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// The root context of one plugin configuration.
 #[derive(Debug, Default)]
 pub struct Root {
     config: Option<Rc<PluginConfig>>,
+    /// The held heads of this VM's streams ([`crate::watch`]).
+    watch: Rc<RefCell<HeldHeads>>,
 }
 
 impl Context for Root {}
@@ -133,16 +144,37 @@ impl RootContext for Root {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let text = self.get_plugin_configuration().unwrap_or_default();
         self.config = configure(&mut Hostcalls, &text).map(Rc::new);
+        // Held heads are watched until a body hook proves Envoy calls them (crate::watch).
+        if self
+            .config
+            .as_ref()
+            .is_some_and(|c| c.head == RequestHead::Held)
+            && !self.watch.borrow().proven()
+        {
+            self.set_tick_period(Duration::from_secs(TICK_SECS));
+        }
         self.config.is_some()
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let now = seconds(self.get_current_time());
+        let mut watch = self.watch.borrow_mut();
+        watch.tick(now, &mut Hostcalls, |id| {
+            // The local reply goes to that stream; a refusal panics inside the crate.
+            let _ = proxy_wasm::hostcalls::set_effective_context(id);
+        });
+        if watch.proven() {
+            self.set_tick_period(Duration::ZERO);
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.as_ref()?;
-        Some(Box::new(Http(Stream::new(
-            &config.config,
-            config.head,
-            Hostcalls,
-        ))))
+        Some(Box::new(Http {
+            stream: Stream::new(&config.config, config.head, Hostcalls),
+            id: context_id,
+            watch: Rc::clone(&self.watch),
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -152,30 +184,59 @@ impl RootContext for Root {
 
 /// One HTTP stream's context.
 #[derive(Debug)]
-pub struct Http(Stream<Hostcalls>);
+pub struct Http {
+    stream: Stream<Hostcalls>,
+    /// Envoy's id of this context, which the root context's watch knows it by.
+    id: u32,
+    watch: Rc<RefCell<HeldHeads>>,
+}
+
+impl Http {
+    /// Whether the watch answered this stream: its hooks let the plugin's own reply through.
+    fn answered(&self) -> bool {
+        self.watch.borrow().answered(self.id)
+    }
+}
 
 impl Context for Http {
     fn on_done(&mut self) -> bool {
-        self.0.on_done();
+        self.watch.borrow_mut().done(self.id);
+        self.stream.on_done();
         true
     }
 }
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.0.on_request_headers(end_of_stream)
+        let action = self.stream.on_request_headers(end_of_stream);
+        if !end_of_stream && self.stream.holds_request_head() {
+            let now = seconds(self.get_current_time());
+            self.watch.borrow_mut().held(self.id, now);
+        }
+        action
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.0.on_request_body(body_size, end_of_stream)
+        self.watch.borrow_mut().body(self.id);
+        if self.answered() {
+            return Action::Pause;
+        }
+        self.stream.on_request_body(body_size, end_of_stream)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.0.on_request_trailers()
+        self.watch.borrow_mut().body(self.id);
+        if self.answered() {
+            return Action::Pause;
+        }
+        self.stream.on_request_trailers()
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.0.on_response_headers(end_of_stream)
+        if self.answered() {
+            return Action::Continue;
+        }
+        self.stream.on_response_headers(end_of_stream)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -187,10 +248,16 @@ impl HttpContext for Http {
             std::hint::black_box(chunk);
             return Action::Continue;
         }
-        self.0.on_response_body(body_size, end_of_stream)
+        if self.answered() {
+            return Action::Continue;
+        }
+        self.stream.on_response_body(body_size, end_of_stream)
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.0.on_response_trailers()
+        if self.answered() {
+            return Action::Continue;
+        }
+        self.stream.on_response_trailers()
     }
 }

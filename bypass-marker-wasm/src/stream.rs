@@ -65,6 +65,12 @@ impl<P: Proxy> Stream<P> {
         &mut self.proxy
     }
 
+    /// Whether the request's head is held waiting for its body
+    /// ([`StreamFilter::holds_request_head`]).
+    pub fn holds_request_head(&self) -> bool {
+        self.filter.holds_request_head()
+    }
+
     /// `on_http_request_headers`.
     pub fn on_request_headers(&mut self, end_of_stream: bool) -> Action {
         let mut host = WasmHost::new(&mut self.proxy, Hook::RequestHeaders);
