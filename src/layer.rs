@@ -497,10 +497,13 @@ impl BypassMarkerLayer {
     /// The filter this layer applies to a response with this head, for a client that asked for
     /// `requested`: the same decision as [`BypassMarker`]'s, for hosts that are not tower services.
     ///
-    /// `None` means the body passes through untouched: the request was `HEAD`, the response has no
-    /// content (`1xx`, `204`, `304`), is not an unencoded `text/event-stream`, or nothing is to be
-    /// removed for this client. When it is `Some`, drop the response's `content-length` (frames
-    /// may be removed) and drive the [`EventStreamFilter`] with the body's chunks.
+    /// `None` means the body passes through untouched: it is not an unencoded `text/event-stream`,
+    /// or nothing is to be removed for this client; or there is no filter to run because the
+    /// response has no content (the request was `HEAD`, or it is a `1xx`, `204` or `304`). For
+    /// those, drop whatever body comes after an event-stream head, as [`BypassMarker`] and
+    /// `sans_io::GatewayExchange` do: an HTTP/2 peer may send DATA frames after such a head. When
+    /// it is `Some`, drop the response's `content-length` (frames may be removed) and drive the
+    /// [`EventStreamFilter`] with the body's chunks.
     ///
     /// An *encoded* event stream gets `None` too: ask [`refuses_encoded`](Self::refuses_encoded)
     /// first, which says when it must not pass (the layer answers 502 instead).
