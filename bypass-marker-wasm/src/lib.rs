@@ -50,6 +50,8 @@ pub mod stream;
 #[cfg(test)]
 mod tests;
 pub mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 // The reactor's entry point: proxy-wasm's `main!` exports `_initialize`, which runs the static
 // constructors and registers the root context.
