@@ -5,8 +5,8 @@
 #
 # Installs openai-python (pinned and newest, from PyPI) and openai-node (pinned and newest, from
 # npm), each in its own directory under $SDK_CACHE (default ~/.cache/tower-bypass-marker-sdk),
-# kept across runs. Builds the router example, serves it twice on free loopback ports (with
-# BypassMarkerLayer and with --no-layer), then with each SDK streams chat and completions
+# kept across runs. Builds the router and gateway examples, serves the router on free loopback
+# ports (with BypassMarkerLayer and with --no-layer), then with each SDK streams chat and completions
 # requests until they are prefix-cache hits. The router prepends a request_id frame to every
 # stream and Dynamo's marker before it on a cache hit; neither frame has a data line.
 #   - with the layer every plain request streams the right text;
@@ -20,6 +20,10 @@
 #     streams included), one outside the layer and one inside it; every SDK, sending its own
 #     Accept-Encoding, streams the right text through both, and a raw client asking for gzip gets
 #     a gzipped, filtered stream from the first and an identity, filtered one from the second;
+#   - the gateway users write (examples/gateway.rs: axum, hyper-util's client, the layer, the
+#     guard, compression, timeouts, trace, request ids, a concurrency limit) in front of the
+#     router without the layer: every SDK streams the right text through it, and the raw client's
+#     checks pass through it as through the layer;
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `sdk: N passed, M failed`; exits non-zero if anything failed.
 #
@@ -61,10 +65,13 @@ log "SDKs ready in $((SECONDS - started)) s: python openai ${py_versions[*]}, no
 # ---------------------------------------------------------------------------------------------
 # The router
 
-log "building the router example"
-(cd "$root" && cargo build --quiet --example router)
+log "building the router and gateway examples"
+# --all-features: the gateway needs json; the build `cargo test --all-features` made is reused.
+(cd "$root" && cargo build --quiet --all-features --example router --example gateway)
 router="$target/debug/examples/router"
 [[ -x "$router" ]] || die "no router binary at $router"
+gateway_bin="$target/debug/examples/gateway"
+[[ -x "$gateway_bin" ]] || die "no gateway binary at $gateway_bin"
 
 # Starts the router with "$@" and sets `url` to its base URL once it accepts connections.
 start_router() {
@@ -83,6 +90,16 @@ compress_outside="$url"
 start_router compress-inside --compress inside
 compress_inside="$url"
 log "router with the layer: $with_layer, without: $without_layer"
+# The gateway users write (examples/gateway.rs), in front of a router without the layer; its
+# control, a third such router (the raw client's cold requests must be cold on each).
+start_router gateway-upstream --no-layer
+gateway_upstream="$url"
+start_router gateway-control --no-layer
+gateway_control="$url"
+start gateway "$gateway_bin" --upstream "$gateway_upstream" --listen 127.0.0.1:0
+wait_for "$last_group" 100 listening gateway || die "the gateway did not start: $(cat "$work/gateway.log")"
+gateway="$url"
+log "the gateway example: $gateway, in front of $gateway_upstream"
 
 # ---------------------------------------------------------------------------------------------
 # The clients
@@ -91,6 +108,7 @@ log "router with the layer: $with_layer, without: $without_layer"
 CLIENT_TIMEOUT=120
 
 run_sdk_clients "$with_layer" "$without_layer" "the layer"
+run_sdk_clients "$gateway" "$gateway_control" "the gateway example"
 
 # No ordering trap: compression outside the layer or inside it, each SDK with its own
 # Accept-Encoding (which names gzip at least), the right text either way; inside, the layer asks
