@@ -299,8 +299,8 @@ impl fmt::Debug for Grant {
 /// What a guard does with one entry of a client's `nvext.annotations`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GuardEntry<'a> {
-    /// The entry names a router-owned name: remove it from the request.
-    pub(crate) strip: bool,
+    /// The entry names a router-owned name (this index in `names`): remove it from the request.
+    pub(crate) strip: Option<u8>,
     /// The configured name the entry grants the client: the entry is exactly that name (bare, as
     /// written) and it is not never-forwarded.
     pub(crate) grant: Option<&'a str>,
@@ -448,12 +448,16 @@ impl Config {
             .map(|n| &*n.name);
         let name = entry_name(entry);
         let near = near_miss_prefix(entry);
-        let strip = self.names.iter().any(|n| {
+        let strip = self.names.iter().position(|n| {
             n.router_owned
                 && (n.name.eq_ignore_ascii_case(name)
                     || near.is_some_and(|prefix| starts_with_ignore_case(&n.name, prefix)))
         });
-        GuardEntry { strip, grant }
+        GuardEntry {
+            // At most MAX_NAMES (64) names.
+            strip: strip.map(|i| i as u8),
+            grant,
+        }
     }
 
     /// What happens to the frames of `name` (ASCII case-insensitive), if it is configured.

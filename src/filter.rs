@@ -136,7 +136,12 @@ pub(crate) struct Frames {
 }
 
 impl EventStreamFilter {
-    pub(crate) fn new(scanner: Scanner) -> Self {
+    #[cfg_attr(not(feature = "tracing"), allow(unused_mut))]
+    pub(crate) fn new(mut scanner: Scanner) -> Self {
+        #[cfg(feature = "tracing")]
+        {
+            scanner.span = tracing::Span::current();
+        }
         Self {
             chunk: Bytes::new(),
             frames: Frames {
@@ -422,6 +427,7 @@ impl ChunkEdit {
     }
 
     /// An edit that forwards nothing of `chunk`.
+    #[cfg(feature = "json")]
     pub(crate) fn remove_all(&mut self, chunk: &[&[u8]]) {
         self.len += chunk.iter().map(|slice| slice.len()).sum::<usize>();
     }
@@ -710,14 +716,17 @@ impl Frames {
     #[cold]
     fn overflow(&mut self) -> FrameTooLarge {
         let limit = self.scanner.max_frame_bytes();
+        if let Some(observer) = self.scanner.observer() {
+            observer.frame_too_large(limit, false);
+        }
         #[cfg(feature = "tracing")]
         if let Some((frames, bytes)) = self.removed.take() {
             let _span = self.span.enter();
-            tracing::debug!(
+            tracing::warn!(
                 removed_frames = frames,
                 removed_bytes = bytes,
                 limit,
-                "event stream failed: a frame outgrew max_frame_bytes"
+                "event stream failed: a frame outgrew max_frame_bytes (Overflow::Error)"
             );
         }
         self.held = BytesMut::new();

@@ -88,6 +88,11 @@ where
                         {
                             observer.0.encoded_stream_refused(&coding);
                         }
+                        #[cfg(feature = "tracing")]
+                        tracing::warn!(
+                            coding = %coding,
+                            "encoded event stream refused with a 502: it cannot be filtered"
+                        );
                         let (content_type, json) = match &config.error_body {
                             None => (
                                 HeaderValue::from_static("application/json"),

@@ -491,6 +491,11 @@ impl BypassMarkerLayer {
         if let Some(observer) = &config.observer {
             observer.0.encoded_stream_refused(&coding);
         }
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            coding = %coding,
+            "encoded event stream refused with a 502: it cannot be filtered"
+        );
         Some(coding)
     }
 
@@ -568,7 +573,7 @@ impl BypassMarkerLayer {
             if let Some(name) = rule.grant {
                 granted.insert(name);
             }
-            !rule.strip
+            rule.strip.is_none()
         });
         granted
     }

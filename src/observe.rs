@@ -3,7 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// Observes the annotation frames a layer removes or forwards, for metrics.
+/// Observes what a layer and its guard decide, for metrics: the annotation frames removed and
+/// forwarded, frames too large to judge, encoded streams refused, and the JSON guard's stripped
+/// names, grants and refusals. Every method has a default that does nothing.
 ///
 /// Set with [`BypassMarkerLayer::observe`](crate::BypassMarkerLayer::observe); every body, filter
 /// and processor made from that layer calls it. The calls are made where the frame is decided, on
@@ -57,9 +59,39 @@ pub trait FrameObserver: Send + Sync + 'static {
         let _ = coding;
     }
 
+    /// A frame that spans chunks outgrew [`max_frame_bytes`](crate::BypassMarkerLayer::max_frame_bytes)
+    /// (`limit`): `forwarded` is true under [`Overflow::Forward`](crate::Overflow::Forward) (the
+    /// frame goes out unfiltered, whatever its event type), false under
+    /// [`Overflow::Error`](crate::Overflow::Error) (the body fails with
+    /// [`FrameTooLarge`](crate::FrameTooLarge)). Once per such frame.
+    fn frame_too_large(&self, limit: usize, forwarded: bool) {
+        let _ = (limit, forwarded);
+    }
+
+    /// The JSON guard (feature `json`) stripped from a request's `nvext.annotations` at least one
+    /// entry naming the router-owned `annotation` (in any form, or a near miss of it). Once per
+    /// request and name, however many entries named it.
+    fn annotation_stripped(&self, annotation: &str) {
+        let _ = annotation;
+    }
+
+    /// The JSON guard granted a request the configured `annotation` it listed: its frames go to
+    /// that client. Once per request and name.
+    fn annotation_granted(&self, annotation: &str) {
+        let _ = annotation;
+    }
+
+    /// The JSON guard answered a request itself: `status` (400, 413, 415) and the error's `code`
+    /// (`invalid_json`, `duplicate_key`, `invalid_nvext`, `request_too_large`,
+    /// `unsupported_content_encoding`, `unsupported_media_type`, `body_read_error`; see the
+    /// [`json` module](crate::json)). Nothing of the request went on.
+    fn request_refused(&self, status: http::StatusCode, code: &str) {
+        let _ = (status, code);
+    }
+
     /// The observer for one request's frames, from its head: called by
-    /// [`BypassMarker`](crate::BypassMarker) once per request, before the service below it, so that
-    /// the calls for that request's response can be told apart (by route, tenant, request id, or
+    /// [`BypassMarker`](crate::BypassMarker) and the JSON guard once per request, before the
+    /// service below them, so that the calls for that request can be told apart (by route, tenant, request id, or
     /// anything an earlier layer put in its extensions). `None`, the default, means this observer
     /// is called. The sans-IO cores have no request head: their calls go to this observer.
     ///

@@ -99,6 +99,9 @@ pub(crate) struct Scanner {
     ///
     /// [`FrameObserver::for_request`]: crate::FrameObserver::for_request
     observer: Option<crate::observe::Observer>,
+    /// The request's span, for the event of a frame forwarded unfiltered (set by the filter).
+    #[cfg(feature = "tracing")]
+    pub(crate) span: tracing::Span,
 }
 
 /// What a driver forwards for the next bytes it would forward (see [`Scanner::lead`]).
@@ -144,6 +147,27 @@ impl Scanner {
             boundary: None,
             lead: Some(0),
             observer: None,
+            #[cfg(feature = "tracing")]
+            span: tracing::Span::none(),
+        }
+    }
+
+    /// A frame outgrew `max_frame_bytes` under [`Overflow::Forward`]: it goes out unfiltered.
+    /// Told to the observer and, with `tracing`, the request's span.
+    #[cold]
+    #[inline(never)]
+    fn note_forwarded_oversized(&self) {
+        let limit = self.config.max_frame_bytes;
+        if let Some(observer) = self.observer() {
+            observer.frame_too_large(limit, true);
+        }
+        #[cfg(feature = "tracing")]
+        {
+            let _span = self.span.enter();
+            tracing::warn!(
+                limit,
+                "a frame outgrew max_frame_bytes and is forwarded unfiltered (Overflow::Forward)"
+            );
         }
     }
 
@@ -390,6 +414,7 @@ impl Scanner {
                 match self.config.on_overflow {
                     Overflow::Error => Step::Overflow,
                     Overflow::Forward => {
+                        self.note_forwarded_oversized();
                         self.frame.unfiltered = true;
                         self.queued = Some(Step::Forward(input.len()));
                         Step::Release(0)
@@ -479,6 +504,7 @@ impl Scanner {
                         match self.config.on_overflow {
                             Overflow::Error => Step::Overflow,
                             Overflow::Forward => {
+                                self.note_forwarded_oversized();
                                 self.frame.unfiltered = true;
                                 return Step::Forward(len);
                             }

@@ -1,4 +1,6 @@
-//! The `tracing` feature: a debug event per removed frame and a summary when the body ends.
+//! The `tracing` feature: a debug event per removed frame and a summary when the body ends, and
+//! an event for each other decision (the guard's strips, grants and refusals, a frame too large,
+//! an encoded stream refused), inside the request's span.
 #![cfg(feature = "tracing")]
 
 use std::future::Future;
@@ -236,5 +238,147 @@ fn every_event_fires_inside_the_span_the_request_was_called_in() {
             line.contains("request{id=7}"),
             "outside the request's span: {line}"
         );
+    }
+}
+
+/// Each decision of the guard and the response side is an event with the fields the crate's docs
+/// list, inside the request's span.
+#[cfg(feature = "json")]
+#[tokio::test]
+async fn each_decision_is_a_tracing_event_with_its_fields() {
+    use tracing::Instrument;
+    use with_json::{guarded, ok, post, sse};
+
+    let captured = Captured::default();
+    let subscriber = captured.subscriber(tracing::Level::DEBUG);
+    let _default = tracing::subscriber::set_default(subscriber);
+    let span = tracing::info_span!("request", id = 7);
+    let layer = BypassMarkerLayer::dynamo();
+    async {
+        let body = r#"{"nvext":{"annotations":["x-bypass-remote-prefill:1","request_id"]}}"#;
+        guarded(&layer, post("application/json", body), ok()).await;
+        guarded(&layer, post("application/json", "{"), ok()).await;
+        guarded(
+            &layer,
+            post("application/json", "{}"),
+            sse(&[("content-encoding", "gzip")], "x"),
+        )
+        .await;
+    }
+    .instrument(span)
+    .await;
+    let log = captured.text();
+    let line = |needle: &str| {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {log}"))
+            .to_owned()
+    };
+    let stripped = line("router-owned annotation stripped");
+    assert!(
+        stripped.contains("INFO") && stripped.contains("request{id=7}"),
+        "{stripped}"
+    );
+    assert!(
+        stripped.contains("annotation=\"x-bypass-remote-prefill\""),
+        "{stripped}"
+    );
+    let granted = line("annotation granted to the client");
+    assert!(
+        granted.contains("DEBUG") && granted.contains("annotation=\"request_id\""),
+        "{granted}"
+    );
+    let refused = line("request refused by the guard");
+    assert!(
+        refused.contains("status=400") && refused.contains("code=\"invalid_json\""),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("reason=the request body is not valid JSON"),
+        "{refused}"
+    );
+    let encoded = line("encoded event stream refused");
+    assert!(
+        encoded.contains("WARN") && encoded.contains("coding=gzip"),
+        "{encoded}"
+    );
+}
+
+#[test]
+fn a_frame_forwarded_unfiltered_is_a_warning_with_the_limit() {
+    let captured = Captured::default();
+    tracing::subscriber::with_default(captured.subscriber(tracing::Level::DEBUG), || {
+        let layer = BypassMarkerLayer::new().max_frame_bytes(8);
+        let filter = layer
+            .event_stream_filter(&tower_bypass_marker::RequestedAnnotations::new())
+            .unwrap();
+        let out = filter
+            .filter_all([&b"data: 0123"[..], b"456789\n\n"])
+            .unwrap();
+        assert_eq!(out, &b"data: 0123456789\n\n"[..]);
+    });
+    let log = captured.text();
+    assert!(
+        log.contains("WARN") && log.contains("forwarded unfiltered") && log.contains("limit=8"),
+        "{log}"
+    );
+}
+
+/// The guard and the layer of a layer over a service that answers one response.
+#[cfg(feature = "json")]
+mod with_json {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http::{header, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_bypass_marker::json::JsonGuardBody;
+    use tower_bypass_marker::BypassMarkerLayer;
+
+    pub(crate) async fn guarded(
+        layer: &BypassMarkerLayer,
+        req: Request<Full<Bytes>>,
+        answer: Response<Full<Bytes>>,
+    ) -> StatusCode {
+        let answer = Arc::new(Mutex::new(Some(answer)));
+        let svc = ServiceBuilder::new()
+            .layer(layer.json_guard())
+            .layer(layer.clone())
+            .service(service_fn(
+                move |_req: Request<JsonGuardBody<Full<Bytes>>>| {
+                    let res = answer.lock().unwrap().take().unwrap();
+                    async move { Ok::<_, Infallible>(res) }
+                },
+            ));
+        let res = svc.oneshot(req).await.unwrap();
+        let status = res.status();
+        let _ = res.into_body().collect().await;
+        status
+    }
+
+    pub(crate) fn post(content_type: &str, body: &'static str) -> Request<Full<Bytes>> {
+        Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    pub(crate) fn ok() -> Response<Full<Bytes>> {
+        Response::new(Full::new(Bytes::from_static(b"{}")))
+    }
+
+    pub(crate) fn sse(
+        headers: &[(&'static str, &'static str)],
+        body: &'static str,
+    ) -> Response<Full<Bytes>> {
+        let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        res.headers_mut()
+            .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        for (name, value) in headers {
+            res.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        res
     }
 }

@@ -248,9 +248,12 @@ impl GatewayExchange {
         self.request = RequestState::Done;
         Ok(match self.guard.check_head(headers, end_of_stream) {
             HeadDecision::Skip => RequestStep::Forward,
-            HeadDecision::Refuse(refusal) => RequestStep::Refuse(refusal),
+            HeadDecision::Refuse(refusal) => {
+                self.guard.report_refusal(None, &refusal);
+                RequestStep::Refuse(refusal)
+            }
             // No body will come: the empty body is judged now.
-            HeadDecision::Read if end_of_stream => match self.judge(Bytes::new(), false) {
+            HeadDecision::Read if end_of_stream => match self.judge(true, Bytes::new(), false) {
                 BodyStep::Refuse(refusal) => RequestStep::Refuse(refusal),
                 BodyStep::Forward | BodyStep::Replace { .. } => RequestStep::Forward,
             },
@@ -279,11 +282,7 @@ impl GatewayExchange {
         match self.request {
             RequestState::ReadBody { has_length, json } if end_of_stream => {
                 self.request = RequestState::Done;
-                if json {
-                    Ok(self.judge(body, has_length))
-                } else {
-                    Ok(self.judge_decision(self.guard.check_other_body(body), has_length))
-                }
+                Ok(self.judge(json, body, has_length))
             }
             RequestState::ReadBody { .. } => Err(ExchangeError::Order(
                 "a request body that is not the whole body: the guard judges whole bodies \
@@ -296,12 +295,11 @@ impl GatewayExchange {
         }
     }
 
-    fn judge(&mut self, body: Bytes, has_length: bool) -> BodyStep {
-        let decision = self.guard.check_body(body);
-        self.judge_decision(decision, has_length)
-    }
-
-    fn judge_decision(&mut self, decision: BodyDecision, has_length: bool) -> BodyStep {
+    /// The guard's decision on a whole body (`json`: its content type is JSON), reported to the
+    /// layer's observer.
+    fn judge(&mut self, json: bool, body: Bytes, has_length: bool) -> BodyStep {
+        let (decision, stripped) = self.guard.judge(json, body);
+        self.guard.report(None, stripped, &decision);
         match decision {
             BodyDecision::Forward { granted } => {
                 self.granted = granted;

@@ -11,8 +11,9 @@ use tower_service::Service;
 
 use crate::config::ErrorBodyFn;
 use crate::json::guard::join;
-use crate::json::guard::{BodyDecision, Refusal, RequestGuard};
+use crate::json::guard::{reads_content_type, BodyDecision, Refusal, RequestGuard};
 use crate::json::{JsonGuardBody, ResponseBody};
+use crate::observe::Observer;
 use crate::RequestedAnnotations;
 
 pin_project! {
@@ -53,6 +54,8 @@ struct Collected<S> {
     service: Option<S>,
     parts: Option<request::Parts>,
     guard: RequestGuard,
+    /// The request's own observer, if it has one (else the guard's configuration's is told).
+    observer: Option<Observer>,
     chunks: Vec<Bytes>,
     received: usize,
     trailers: Option<HeaderMap>,
@@ -80,8 +83,13 @@ where
         }
     }
 
-    pub(crate) fn collect(req: Request<B>, service: S, guard: RequestGuard) -> Self {
-        let (parts, body) = req.into_parts();
+    pub(crate) fn collect(
+        parts: request::Parts,
+        body: B,
+        service: S,
+        guard: RequestGuard,
+        observer: Option<Observer>,
+    ) -> Self {
         Self {
             state: State::Collecting {
                 body,
@@ -89,6 +97,7 @@ where
                     service: Some(service),
                     parts: Some(parts),
                     guard,
+                    observer,
                     chunks: Vec::new(),
                     received: 0,
                     trailers: None,
@@ -133,10 +142,15 @@ where
                 StateProj::Collecting { body, collected } => match ready!(collected.read(body, cx))
                 {
                     Ok(()) => collected.finish(),
-                    Err(refusal) => State::Refused {
-                        refusal: Some(refusal),
-                        shape: collected.guard.error_body(),
-                    },
+                    Err(refusal) => {
+                        collected
+                            .guard
+                            .report_refusal(collected.observer.as_ref(), &refusal);
+                        State::Refused {
+                            refusal: Some(refusal),
+                            shape: collected.guard.error_body(),
+                        }
+                    }
                 },
                 StateProj::Calling { future, granted } => {
                     let mut res = ready!(future.poll(cx))?;
@@ -206,7 +220,11 @@ impl<S> Collected<S> {
                 granted: None,
             };
         }
-        let (chunks, granted) = match self.guard.check_body_for(&parts.headers, body.clone()) {
+        let json = reads_content_type(&parts.headers);
+        let (decision, stripped) = self.guard.judge(json, body.clone());
+        self.guard
+            .report(self.observer.as_ref(), stripped, &decision);
+        let (chunks, granted) = match decision {
             BodyDecision::Forward { granted } => (vec![body], granted),
             BodyDecision::Splice { body, granted } => {
                 if parts.headers.contains_key(CONTENT_LENGTH) {

@@ -11,6 +11,7 @@ use http::{HeaderMap, StatusCode};
 use crate::config::{Config, NonJsonBodies};
 use crate::json::splice::{self, Reason};
 use crate::json::{JsonGuardLayer, DEFAULT_MAX_BODY_BYTES};
+use crate::observe::Observer;
 use crate::{BypassMarkerLayer, RequestedAnnotations};
 
 /// What [`JsonGuard`](crate::json::JsonGuard) decides about a request, as plain functions of its
@@ -283,13 +284,21 @@ impl RequestGuard {
     /// Decides from the whole body (at most [`max_body`](Self::max_body) bytes): forward it,
     /// forward a spliced one, or refuse it. An empty body is forwarded with nothing granted.
     pub fn check_body(&self, body: Bytes) -> BodyDecision {
+        self.judge_json(body).0
+    }
+
+    /// [`check_body`](Self::check_body), with the router-owned names it stripped (bit `i` for the
+    /// configuration's name `i`).
+    fn judge_json(&self, body: Bytes) -> (BodyDecision, u64) {
         if body.len() > self.max_body_bytes {
-            return BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes));
+            return (
+                BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes)),
+                0,
+            );
         }
         if body.is_empty() {
-            return BodyDecision::Forward {
-                granted: RequestedAnnotations::new(),
-            };
+            let granted = RequestedAnnotations::new();
+            return (BodyDecision::Forward { granted }, 0);
         }
         let guarded = match splice::guard(&self.config, &body) {
             Ok(guarded) => guarded,
@@ -299,14 +308,11 @@ impl RequestGuard {
                     Reason::Duplicate => "duplicate_key",
                     Reason::Shape => "invalid_nvext",
                 };
-                return BodyDecision::Refuse(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    code,
-                    rejection.message,
-                ));
+                let refusal = Refusal::new(StatusCode::BAD_REQUEST, code, rejection.message);
+                return (BodyDecision::Refuse(refusal), 0);
             }
         };
-        match guarded.splice {
+        let decision = match guarded.splice {
             None => BodyDecision::Forward {
                 granted: guarded.granted,
             },
@@ -320,7 +326,8 @@ impl RequestGuard {
                 },
                 granted: guarded.granted,
             },
-        }
+        };
+        (decision, guarded.stripped)
     }
 
     /// [`check_body`](Self::check_body) for a request with these `headers`. A body whose content
@@ -347,38 +354,100 @@ impl RequestGuard {
     /// assert!(matches!(guard.check_body_for(&headers, text), BodyDecision::Forward { .. }));
     /// ```
     pub fn check_body_for(&self, headers: &HeaderMap, body: Bytes) -> BodyDecision {
-        if reads_content_type(headers) {
-            self.check_body(body)
-        } else {
-            self.check_other_body(body)
+        self.judge(reads_content_type(headers), body).0
+    }
+
+    /// [`check_body_for`](Self::check_body_for) of a body whose content type is JSON (`json`) or
+    /// not, with the router-owned names it stripped (bit `i` for the configuration's name `i`).
+    pub(crate) fn judge(&self, json: bool, body: Bytes) -> (BodyDecision, u64) {
+        if json {
+            return self.judge_json(body);
+        }
+        if body.len() > self.max_body_bytes {
+            return (
+                BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes)),
+                0,
+            );
+        }
+        let forward = || BodyDecision::Forward {
+            granted: RequestedAnnotations::new(),
+        };
+        if !looks_like_json(&body) {
+            return (forward(), 0);
+        }
+        match self.config.non_json {
+            NonJsonBodies::Judge => self.judge_json(body),
+            NonJsonBodies::Refuse => {
+                let refusal = Refusal::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "the request body looks like JSON but its content-type is not JSON; send it \
+                     with content-type application/json"
+                        .to_owned(),
+                );
+                (BodyDecision::Refuse(refusal), 0)
+            }
+            // Forward (a host that read the body anyway), and any later choice: nothing is
+            // granted for a body the guard was not asked to judge.
+            _ => (forward(), 0),
         }
     }
 
-    /// [`check_body_for`](Self::check_body_for) of a body whose content type is not JSON.
-    pub(crate) fn check_other_body(&self, body: Bytes) -> BodyDecision {
-        if body.len() > self.max_body_bytes {
-            return BodyDecision::Refuse(Refusal::too_large(self.max_body_bytes));
+    /// The request's own observer ([`FrameObserver::for_request`](crate::FrameObserver::for_request)
+    /// of the configuration's), if it has one.
+    pub(crate) fn observer_for(&self, parts: &http::request::Parts) -> Option<Observer> {
+        let observer = self.config.observer.as_ref()?;
+        observer.0.for_request(parts).map(Observer)
+    }
+
+    /// Tells the observer (`observer`, the request's own, else the configuration's) and, with
+    /// feature `tracing`, the request's span what the guard decided about a body: each name it
+    /// stripped (`stripped`, a mask of the configuration's names), each it granted, or the
+    /// refusal.
+    pub(crate) fn report(
+        &self,
+        observer: Option<&Observer>,
+        stripped: u64,
+        decision: &BodyDecision,
+    ) {
+        let granted = match decision {
+            BodyDecision::Forward { granted } | BodyDecision::Splice { granted, .. } => granted,
+            BodyDecision::Refuse(refusal) => return self.report_refusal(observer, refusal),
+        };
+        let observer = observer.or(self.config.observer.as_ref());
+        for (i, name) in self.config.names.iter().enumerate() {
+            if stripped & (1 << i) != 0 {
+                if let Some(observer) = observer {
+                    observer.0.annotation_stripped(&name.name);
+                }
+                #[cfg(feature = "tracing")]
+                tracing::info!(
+                    annotation = &*name.name,
+                    "router-owned annotation stripped from the request's nvext.annotations"
+                );
+            }
         }
-        if !looks_like_json(&body) {
-            return BodyDecision::Forward {
-                granted: RequestedAnnotations::new(),
-            };
+        for name in granted.iter() {
+            if let Some(observer) = observer {
+                observer.0.annotation_granted(name);
+            }
+            #[cfg(feature = "tracing")]
+            tracing::debug!(annotation = name, "annotation granted to the client");
         }
-        match self.config.non_json {
-            NonJsonBodies::Judge => self.check_body(body),
-            NonJsonBodies::Refuse => BodyDecision::Refuse(Refusal::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "the request body looks like JSON but its content-type is not JSON; send it \
-                 with content-type application/json"
-                    .to_owned(),
-            )),
-            // Forward (a host that read the body anyway), and any later choice: nothing is
-            // granted for a body the guard was not asked to judge.
-            _ => BodyDecision::Forward {
-                granted: RequestedAnnotations::new(),
-            },
+    }
+
+    /// [`report`](Self::report) of a refusal, whichever step made it.
+    pub(crate) fn report_refusal(&self, observer: Option<&Observer>, refusal: &Refusal) {
+        if let Some(observer) = observer.or(self.config.observer.as_ref()) {
+            observer.0.request_refused(refusal.status, refusal.code);
         }
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            status = refusal.status.as_u16(),
+            code = refusal.code,
+            reason = %refusal.message,
+            "request refused by the guard"
+        );
     }
 
     /// [`check_body`](Self::check_body) of a body received in several chunks, joined once.

@@ -53,20 +53,26 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let body = req.body();
         let body_empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
-        match self.guard.check_head(req.headers(), body_empty) {
+        let refusal = match self.guard.check_head(req.headers(), body_empty) {
             HeadDecision::Skip => {
                 return ResponseFuture::call(self.inner.call(req.map(JsonGuardBody::passthrough)))
             }
-            HeadDecision::Refuse(refusal) => return ResponseFuture::refused(refusal, &self.guard),
-            HeadDecision::Read => {}
-        }
-        // A body whose own size hint says it is over the cap is refused before it is read too.
-        if req.body().size_hint().lower() > self.guard.max_body() as u64 {
-            return ResponseFuture::refused(Refusal::too_large(self.guard.max_body()), &self.guard);
+            HeadDecision::Refuse(refusal) => Some(refusal),
+            // A body whose own size hint says it is over the cap is refused before it is read too.
+            HeadDecision::Read if req.body().size_hint().lower() > self.guard.max_body() as u64 => {
+                Some(Refusal::too_large(self.guard.max_body()))
+            }
+            HeadDecision::Read => None,
+        };
+        let (parts, body) = req.into_parts();
+        let observer = self.guard.observer_for(&parts);
+        if let Some(refusal) = refusal {
+            self.guard.report_refusal(observer.as_ref(), &refusal);
+            return ResponseFuture::refused(refusal, &self.guard);
         }
         // The service that was made ready goes with the request; `self` keeps a clone.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::collect(req, service, self.guard.clone())
+        ResponseFuture::collect(parts, body, service, self.guard.clone(), observer)
     }
 }

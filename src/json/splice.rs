@@ -24,6 +24,8 @@ pub(crate) struct Guarded {
     pub(crate) granted: RequestedAnnotations,
     /// `None`: forward the body as it is.
     pub(crate) splice: Option<Splice>,
+    /// The router-owned names stripped (bit `i` for the configuration's name `i`).
+    pub(crate) stripped: u64,
 }
 
 /// Replace `body[span]` (the `nvext.annotations` array, `[` to `]`) with `array`.
@@ -70,6 +72,7 @@ pub(crate) fn guard(config: &Config, body: &[u8]) -> Result<Guarded, Rejection> 
     let mut out = Guarded {
         granted: RequestedAnnotations::new(),
         splice: None,
+        stripped: 0,
     };
     walk.skip_ws();
     if walk.peek()? == b'{' {
@@ -550,8 +553,11 @@ impl<'a> Walk<'a> {
                 if let Some(name) = decision.grant {
                     out.granted.insert(name);
                 }
-                keep = !decision.strip;
-                stripped |= decision.strip;
+                if let Some(i) = decision.strip {
+                    out.stripped |= 1 << i;
+                    keep = false;
+                    stripped = true;
+                }
             } else {
                 self.value(3)?;
             }
