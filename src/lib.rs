@@ -178,9 +178,9 @@
 //!   by splicing the array (never re-serialising the body) and puts the client's opt-in in the
 //!   request's extensions; and, in [`sans_io`], the guard's core and `GatewayExchange`, a request and its response through a gateway.
 //!   See the `json` module (docs.rs builds with every feature).
-//! - `tracing`: logs every removed frame at `debug` (its event type and size), and a summary per
-//!   filtered body: removed frames and bytes when it ends, the limit when it fails with
-//!   [`FrameTooLarge`], the held bytes when it is dropped before its end.
+//! - `tracing`: an event for every decision, in the request's span: every removed frame at
+//!   `debug`, a summary per filtered body, and the guard's strips, grants and refusals, frames too
+//!   large and encoded streams refused ([the list, with their fields](FrameObserver#tracing-events)).
 //!
 //! ```toml
 //! tower-bypass-marker = { version = "0.1", features = ["json"] }

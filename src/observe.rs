@@ -35,6 +35,26 @@ use std::sync::Arc;
 /// assert_eq!(out.unwrap(), &b"data: 1\n\n"[..]);
 /// assert_eq!(removed.0.load(Ordering::Relaxed), 1);
 /// ```
+///
+/// # Tracing events
+///
+/// With feature `tracing`, each decision is also an event, emitted in the span that was current
+/// when the request reached the layer or the guard (tower-http's `TraceLayer` makes one per
+/// request), with these fields (target `tower_bypass_marker::...`):
+///
+/// | level | message | fields | observer call |
+/// | --- | --- | --- | --- |
+/// | `debug` | `removed annotation frame` | `event` (the name, or `(no data field)`), `bytes` | [`frame_removed`](Self::frame_removed) |
+/// | `debug` | `event stream ended` / `event stream dropped before its end` | `removed_frames`, `removed_bytes` (`held_bytes` when dropped) | |
+/// | `warn` | `a frame outgrew max_frame_bytes and is forwarded unfiltered (Overflow::Forward)` | `limit` | [`frame_too_large`](Self::frame_too_large) `(limit, true)` |
+/// | `warn` | `event stream failed: a frame outgrew max_frame_bytes (Overflow::Error)` | `removed_frames`, `removed_bytes`, `limit` | [`frame_too_large`](Self::frame_too_large) `(limit, false)` |
+/// | `warn` | `encoded event stream refused with a 502: it cannot be filtered` | `coding` (`gzip`, `transfer-encoding gzip`) | [`encoded_stream_refused`](Self::encoded_stream_refused) |
+/// | `info` | `router-owned annotation stripped from the request's nvext.annotations` | `annotation` | [`annotation_stripped`](Self::annotation_stripped) |
+/// | `debug` | `annotation granted to the client` | `annotation` | [`annotation_granted`](Self::annotation_granted) |
+/// | `info` | `request refused by the guard` | `status`, `code`, `reason` (the error's message) | [`request_refused`](Self::request_refused) |
+///
+/// `examples/prometheus.rs` turns the calls into Prometheus counters with an `annotation` or a
+/// `reason` label.
 pub trait FrameObserver: Send + Sync + 'static {
     /// A frame was removed. `annotation` is the configured name whose `event` field made it go,
     /// or `None` when SDK-safe mode removed a frame that has fields but no `data`. `bytes` is the
