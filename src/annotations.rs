@@ -83,7 +83,10 @@ use std::iter::FusedIterator;
 /// ```
 ///
 /// It is a set of strings compared byte for byte: two sets with the same names are equal (and
-/// hash alike) whatever order the names were added in. Adding, looking up and removing a name
+/// hash alike) whatever order the names were added in. The layer matches its names against the
+/// configured ones in any ASCII case, as it compares names everywhere (an opt-in of `Request_ID`
+/// forwards `request_id` frames); the JSON guard grants a client only the configured names it
+/// listed exactly, as Dynamo matches them. Adding, looking up and removing a name
 /// take O(log n) comparisons, so collecting a client's list of n names directly costs
 /// O(n log n). Iteration is in byte order of the names, not in insertion order.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]

@@ -413,12 +413,16 @@ impl Config {
         mask
     }
 
-    /// The bits of the configured names in `requested`.
+    /// The bits of the configured names in `requested`, compared in any ASCII case as names are
+    /// everywhere else ([`role`](Self::role), the guard's stripping, [`Self::set`]'s
+    /// `CaseConflict`): an application that grants `Request_ID` grants `request_id`.
     pub(crate) fn requested_mask(&self, requested: &RequestedAnnotations) -> u64 {
         let mut mask = 0;
-        for (i, n) in self.names.iter().enumerate() {
-            if requested.contains(&n.name) {
-                mask |= 1 << i;
+        for asked in requested.iter() {
+            for (i, n) in self.names.iter().enumerate() {
+                if n.name.eq_ignore_ascii_case(asked) {
+                    mask |= 1 << i;
+                }
             }
         }
         mask

@@ -461,8 +461,10 @@ impl BypassMarkerLayer {
     /// a `content-encoding` other than `identity`, and something would be removed for a client
     /// that asked for `requested`. Answer such a response with a 502 instead, before any byte of
     /// it, as [`BypassMarker`] does (see [Encoded bodies](crate::BypassMarkerBody#encoded-bodies);
-    /// `sans_io::Refusal::encoded_event_stream` makes the error, with feature `json`). Tells the
-    /// [observer](Self::observe).
+    /// `sans_io::Refusal::encoded_event_stream` makes the error, with feature `json`). A query:
+    /// it tells no [observer](Self::observe); the host that refuses the stream does
+    /// ([`BypassMarker`] and `sans_io::GatewayExchange` call
+    /// [`encoded_stream_refused`](crate::FrameObserver::encoded_stream_refused)).
     ///
     /// ```
     /// use http::{header, HeaderMap, Method, StatusCode};
@@ -488,15 +490,22 @@ impl BypassMarkerLayer {
         if config.removal_mask(config.requested_mask(requested)) == 0 {
             return None;
         }
-        if let Some(observer) = &config.observer {
-            observer.0.encoded_stream_refused(&coding);
+        Some(coding)
+    }
+
+    /// Tells the observer and, with `tracing`, the current span that an encoded event stream
+    /// (`coding`) was refused: what a host does when it acts on
+    /// [`refuses_encoded`](Self::refuses_encoded).
+    #[cfg_attr(not(feature = "json"), allow(dead_code))]
+    pub(crate) fn report_encoded_refusal(&self, coding: &str) {
+        if let Some(observer) = &self.config.observer {
+            observer.0.encoded_stream_refused(coding);
         }
         #[cfg(feature = "tracing")]
         tracing::warn!(
             coding = %coding,
             "encoded event stream refused with a 502: it cannot be filtered"
         );
-        Some(coding)
     }
 
     /// The filter this layer applies to a response with this head, for a client that asked for

@@ -141,6 +141,41 @@ fn one_name_past_max_names_is_an_error_and_known_names_still_update() {
     assert!(format!("{layer:?}").contains(r#"never_forward: ["name-1"]"#));
 }
 
+/// An opt-in the application grants in another ASCII case than the configured name is that name,
+/// as names compare everywhere else (`role`, the guard's stripping, `CaseConflict`): by
+/// `RequestedAnnotations` in the extensions and by `opt_in_from` alike.
+#[tokio::test]
+async fn an_opt_in_in_another_ascii_case_grants_the_configured_name() {
+    let stream = "event: request_id\n: \"r-1\"\n\ndata: {}\n\n";
+    let asked: tower_bypass_marker::RequestedAnnotations = ["Request_ID"].into_iter().collect();
+    let layer = BypassMarkerLayer::new().opt_in("request_id");
+    let res = through(
+        &layer,
+        Some(asked.clone()),
+        response("text/event-stream", Items::new([data(stream)])),
+    )
+    .await;
+    assert_eq!(collect(res.into_body()).await.data, stream.as_bytes());
+    let layer = layer.opt_in_from(move |_| asked.clone());
+    let res = through(
+        &layer,
+        None,
+        response("text/event-stream", Items::new([data(stream)])),
+    )
+    .await;
+    assert_eq!(collect(res.into_body()).await.data, stream.as_bytes());
+    // Another name is not: the frame goes.
+    let other: tower_bypass_marker::RequestedAnnotations = ["request-id"].into_iter().collect();
+    let layer = BypassMarkerLayer::new().opt_in("request_id");
+    let res = through(
+        &layer,
+        Some(other),
+        response("text/event-stream", Items::new([data(stream)])),
+    )
+    .await;
+    assert_eq!(collect(res.into_body()).await.data, b"data: {}\n\n");
+}
+
 /// A frame of the longest accepted name is recognised at every split, so the scanner keeps
 /// enough of a line that spans chunks.
 #[tokio::test]

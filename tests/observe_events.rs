@@ -259,3 +259,38 @@ async fn an_encoded_stream_refused_is_reported_by_its_coding() {
         assert_eq!(recorder.take(), [expected]);
     }
 }
+
+/// `refuses_encoded` is a query: it tells no observer. The host that acts on it does:
+/// `GatewayExchange` reports the refusal it answers with.
+#[test]
+fn refuses_encoded_is_a_query_and_the_exchange_reports_the_refusal() {
+    let recorder = Arc::new(Recorder::default());
+    let layer = BypassMarkerLayer::dynamo().observe(recorder.clone());
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    headers.insert(header::CONTENT_ENCODING, "gzip".parse().unwrap());
+    let none = tower_bypass_marker::RequestedAnnotations::new();
+    for _ in 0..2 {
+        let coding = layer.refuses_encoded(&Method::POST, StatusCode::OK, &headers, &none);
+        assert_eq!(coding.as_deref(), Some("gzip"));
+    }
+    assert_eq!(recorder.take(), Vec::<String>::new());
+
+    let mut json = HeaderMap::new();
+    json.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+    let mut exchange = GatewayExchange::new(&layer, layer.request_guard(), UnseenRequest::Fail);
+    let _ = exchange
+        .request_headers(Method::POST, &json, false)
+        .unwrap();
+    let _ = exchange
+        .request_body(Bytes::from_static(b"{}"), true)
+        .unwrap();
+    let step = exchange
+        .response_headers(StatusCode::OK, &headers, false)
+        .unwrap();
+    assert!(matches!(
+        step,
+        tower_bypass_marker::sans_io::ResponseStep::Refuse(_)
+    ));
+    assert_eq!(recorder.take(), ["encoded gzip"]);
+}

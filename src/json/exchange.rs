@@ -368,6 +368,7 @@ impl GatewayExchange {
             self.layer
                 .refuses_encoded(&self.method, status, headers, &self.granted)
         {
+            self.layer.report_encoded_refusal(&coding);
             return Ok(ResponseStep::Refuse(Refusal::encoded_event_stream(&coding)));
         }
         match self
