@@ -390,7 +390,7 @@ impl BypassMarkerLayer {
     /// encoded event stream and, with `json`, the JSON guard's refusals (400, 413, 415). `shape`
     /// gets the status, OpenAI's error `type`, the `code` and the message, and returns the
     /// `content-type` and the body; the status stays, and `content-length` is set. Without it, the
-    /// body is OpenAI's envelope (`{"error":{"message":...,"type":...,"param":null,"code":...}}`,
+    /// body is OpenAI's envelope (`{"error":{"code":...,"message":...,"param":null,"type":...}}`,
     /// `application/json`), which the SDKs parse. The sans-IO cores' `Refusal`s are not shaped:
     /// their host writes the response.
     ///

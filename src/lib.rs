@@ -17,12 +17,10 @@
 //! frame as JSON, so openai-python raises `JSONDecodeError` and openai-node `SyntaxError`, and
 //! every bypassed request fails.
 //!
-//! [`BypassMarkerLayer`] removes such frames from the response body, unless the client opted in
-//! through its request's `nvext.annotations` (the same contract as Dynamo's `request_id`); every
-//! other response (JSON, gRPC, ...) passes through untouched. Its request-side guard strips
-//! router-owned names from what the client sent, so a client cannot force the bypass either:
-//! [`BypassMarkerLayer::guard_annotations`] for a handler that parses the request, or, with the
-//! `json` feature, `JsonGuardLayer`, middleware that does it on the JSON request body.
+//! [`BypassMarkerLayer`] removes such frames from the response body unless the client opted in
+//! through its request's `nvext.annotations` (the same contract as Dynamo's `request_id`); other
+//! responses pass untouched. Its request side ([`BypassMarkerLayer::guard_annotations`], or with
+//! `json` the `JsonGuardLayer` middleware) strips router-owned names from what clients send.
 //!
 //! # Example
 //!
@@ -89,11 +87,8 @@
 //! ```
 //!
 //! In front of NVIDIA Dynamo, [`BypassMarkerLayer::dynamo`] configures every annotation name
-//! Dynamo 1.6.1 uses (its routing marker, its opt-in annotations and its internal metrics), and the
-//! routing marker of newer Dynamo source, `x-prefill-continue`. Names
-//! from runtime configuration go through the fallible setters
-//! ([`try_opt_in`](BypassMarkerLayer::try_opt_in) and the like), which return an [`InvalidName`]
-//! instead of panicking.
+//! Dynamo 1.6.1 uses, and `x-prefill-continue`. Names from runtime configuration go through the
+//! fallible setters ([`try_opt_in`](BypassMarkerLayer::try_opt_in) and the like).
 //!
 //! # Where to put it
 //!
@@ -133,10 +128,8 @@
 //! # }
 //! ```
 //!
-//! Clients that accept gzip get the filtered events compressed, each as soon as the handler has
-//! written it (tower-http's encoder flushes whenever the stream waits for the handler). The guard
-//! and the response layer may come in either order. With a `ServiceBuilder`, the same stack reads
-//! the other way round:
+//! Clients that accept gzip get each filtered event compressed as soon as it is written. The guard
+//! and the response layer may come in either order; a `ServiceBuilder` reads the other way round:
 //!
 //! ```rust
 //! use tower::ServiceBuilder;
@@ -149,35 +142,20 @@
 //! # let _ = middleware;
 //! ```
 //!
-//! The other order works too, at a cost. For every request that may be answered with something to
-//! remove (not `HEAD`, and not a client that opted in to every configured name), the layer replaces
-//! the request's `accept-encoding` with `identity` before it calls the service below, so a
-//! compression layer inside it (or an upstream that honours the header) leaves the event stream
-//! readable, and the client gets it filtered. The layers outside this one read the client's own
-//! header before they call it, and compress what it forwards. The trade-off: below this layer,
-//! nothing is compressed for such requests, JSON responses included; put compression outside to
-//! keep it. With feature `tracing`, a `debug` event says so for each request where a compression
-//! below is given up.
-//!
-//! Only a service below that compresses although asked for `identity` still gets an event stream
-//! past the layer as `content-encoding: gzip` (or `br`, ...), which it cannot read: for every
-//! client something would be removed for, it answers **502** (`encoded_event_stream`, an error in
-//! OpenAI's shape whose message names both causes, an upstream that compresses and a compression
-//! layer inside this one) in place of the stream, and never passes the stream on: see [Encoded
-//! bodies](BypassMarkerBody#encoded-bodies). The 502 keeps the headers that layers inside set and
-//! that hold for the error too: `vary`, CORS's `access-control-*` and `x-request-id`. With tonic's
-//! `Server::layer` (ordered as a `ServiceBuilder`), gRPC passes through untouched: see
-//! [tonic](BypassMarkerLayer#with-tonic).
+//! The other order works too: for every request that may have something removed, the layer asks
+//! the services below it for `accept-encoding: identity` (and cuts `TE` down to `trailers`), so a
+//! compression layer inside it leaves the stream readable; the layers outside still compress, but
+//! below it nothing is compressed for such requests. A service below that compresses anyway gets a
+//! **502** `encoded_event_stream` in place of its stream ([Encoded
+//! bodies](BypassMarkerBody#encoded-bodies)), which keeps `vary`, `access-control-*` and
+//! `x-request-id`. With tonic's `Server::layer` (ordered as a `ServiceBuilder`), gRPC passes
+//! through untouched: see [tonic](BypassMarkerLayer#with-tonic).
 //!
 //! # Features
 //!
-//! None is on by default.
-//!
-//! - `json`: `JsonGuardLayer` (made by `BypassMarkerLayer::json_guard`), the request guard as
-//!   middleware: it reads JSON request bodies, strips router-owned names from `nvext.annotations`
-//!   by splicing the array (never re-serialising the body) and puts the client's opt-in in the
-//!   request's extensions; and, in [`sans_io`], the guard's core and `GatewayExchange`, a request and its response through a gateway.
-//!   See the `json` module (docs.rs builds with every feature).
+//! None is on by default:
+//! - `json`: `JsonGuardLayer` (`BypassMarkerLayer::json_guard`), the request guard as middleware
+//!   (the `json` module), and in [`sans_io`] its core and `GatewayExchange`.
 //! - `tracing`: an event for every decision, in the request's span: every removed frame at
 //!   `debug`, a summary per filtered body, and the guard's strips, grants and refusals, frames too
 //!   large and encoded streams refused ([the list, with their fields](FrameObserver#tracing-events)).
@@ -185,6 +163,15 @@
 //! ```toml
 //! tower-bypass-marker = { version = "0.1", features = ["json"] }
 //! ```
+//!
+//! # Status
+//!
+//! Version 0.1.0, the first release (not yet on crates.io). Stable under semver from 0.1: the
+//! middleware (the layers, services, bodies and futures), the configuration, [`FrameObserver`]
+//! and the error shapes. [`sans_io`] follows the growth rules on its page (`#[non_exhaustive]`
+//! enums; new decisions in minor releases). Tested with tower-http 0.7 and 0.6
+//! (`tests/composition.rs` runs its stacks over both), axum 0.8, hyper 1 and tonic 0.14, on Rust
+//! 1.85 and later.
 //!
 //! # Reference
 //!

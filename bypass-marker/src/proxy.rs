@@ -37,7 +37,7 @@
 //!   request's last byte (504 when it fires), a pause in the response body
 //!   `--upstream-idle-timeout` (a cut stream). An upstream that is unreachable or fails before its
 //!   head gives a 502; a request body that fails on the client's side, a 400. Errors are JSON in
-//!   OpenAI's shape: `{"error":{"message":..,"type":..,"code":..}}`.
+//!   OpenAI's shape: `{"error":{"code":..,"message":..,"param":null,"type":..}}`.
 //! - **The response** streams back: each frame is written as soon as it is complete, nothing is
 //!   buffered beyond the frame being read. The proxy's own HTTP/1.1 client reads the upstream's
 //!   socket in the task of the client connection that streams the response, and what one read

@@ -196,8 +196,18 @@ impl Refusal {
     }
 
     /// The response body, `content-type: application/json`:
-    /// `{"error":{"message":...,"type":"invalid_request_error","param":null,"code":...}}` (the
-    /// `type` is [`kind`](Self::kind)).
+    /// `{"error":{"code":...,"message":...,"param":null,"type":"invalid_request_error"}}` (the
+    /// `type` is [`kind`](Self::kind)), keys in that order.
+    ///
+    /// ```
+    /// use tower_bypass_marker::sans_io::Refusal;
+    ///
+    /// let body = Refusal::too_large(8).body();
+    /// assert_eq!(
+    ///     body,
+    ///     r#"{"error":{"code":"request_too_large","message":"the request body is larger than the limit of 8 bytes","param":null,"type":"invalid_request_error"}}"#
+    /// );
+    /// ```
     pub fn body(&self) -> Bytes {
         let json = serde_json::json!({
             "error": {

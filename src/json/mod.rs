@@ -90,7 +90,7 @@
 //!
 //! A read body is buffered whole, up to [`JsonGuardLayer::max_body_bytes`]
 //! ([`DEFAULT_MAX_BODY_BYTES`], 32 MiB). The guard answers itself, with an error in OpenAI's shape
-//! (`{"error":{"message":"...","type":"invalid_request_error","param":null,"code":"..."}}`,
+//! (`{"error":{"code":"...","message":"...","param":null,"type":"invalid_request_error"}}`,
 //! `content-type: application/json`), when:
 //!
 //! | status | `code` | when |
