@@ -71,7 +71,7 @@ fn app(upstream: Upstream, max_in_flight: usize) -> Router {
     let stack = ServiceBuilder::new() // outermost first
         .layer(CompressionLayer::new().compress_when(events_too)) // compresses what the layer kept
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http()) // a span per request; 5xx and body errors logged
         .layer(PropagateRequestIdLayer::x_request_id())
         // The one error below: load shed's `Overloaded`.
         .layer(HandleErrorLayer::new(|_: BoxError| async {
@@ -79,7 +79,8 @@ fn app(upstream: Upstream, max_in_flight: usize) -> Router {
         }))
         .load_shed() // over the limit: 503 at once, not a queue
         // In flight until the response's head: the guard's buffered bodies and the upstream's
-        // time to answer. tower returns the permit with the head, so it does not count streams.
+        // time to answer. tower returns the permit with the head, so streams are not counted: to
+        // cap them, also hold a semaphore permit in the response body.
         .concurrency_limit(max_in_flight)
         // Streaming: `TimeoutLayer` bounds the time to the response's head (the guard reading the
         // body, the upstream's first byte) and ends there, so it never cuts a stream; the body
