@@ -73,18 +73,26 @@ async fn upstream(
     (addr, seen)
 }
 
-fn request(
+/// Sends a request with no body and `headers` to `addr`'s chat endpoint; the response's status,
+/// headers and whole body.
+async fn fetch(
+    client: &TestClient,
     method: Method,
     addr: std::net::SocketAddr,
     headers: &[(&str, &str)],
-) -> Request<Full<Bytes>> {
+) -> (StatusCode, HeaderMap, Bytes) {
     let mut req = Request::builder()
         .method(method)
         .uri(format!("http://{addr}/v1/chat/completions"));
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    req.body(Full::default()).unwrap()
+    let res = client
+        .request(req.body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = res.into_parts();
+    (parts.status, parts.headers, read_all(body).await.0)
 }
 
 #[tokio::test]
@@ -99,13 +107,9 @@ async fn a_transfer_coded_event_stream_is_refused_before_any_byte_of_it() {
     )
     .await;
     for (proto, client) in clients() {
-        let res = client
-            .request(request(Method::POST, addr, &[]))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::BAD_GATEWAY, "{proto}");
-        assert!(res.headers().get(header::TRANSFER_ENCODING).is_none() || proto == "HTTP/1.1");
-        let (bytes, _) = read_all(res.into_body()).await;
+        let (status, headers, bytes) = fetch(&client, Method::POST, addr, &[]).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{proto}");
+        assert!(headers.get(header::TRANSFER_ENCODING).is_none(), "{proto}");
         let text = String::from_utf8_lossy(&bytes);
         assert!(
             text.contains(r#""code":"encoded_event_stream""#),
@@ -135,13 +139,8 @@ async fn a_transfer_coded_event_stream_passes_when_nothing_is_removed() {
     .await;
     // Over HTTP/1.1 hyper's server frames it chunked under the inner service's header; the
     // client's chunked decoder leaves the gzip bytes, which are the inner service's, unchanged.
-    let res = h1_client()
-        .request(request(Method::POST, addr, &[]))
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let (bytes, _) = read_all(res.into_body()).await;
-    assert_eq!(bytes, body);
+    let (status, _, bytes) = fetch(&h1_client(), Method::POST, addr, &[]).await;
+    assert_eq!((status, bytes), (StatusCode::OK, body));
 }
 
 #[tokio::test]
@@ -160,11 +159,7 @@ async fn the_clients_transfer_codings_never_reach_the_inner_service_when_identit
         ("gzip", None),
         ("TRAILERS", Some("TRAILERS")),
     ] {
-        let res = client
-            .request(request(Method::POST, addr, &[("te", te)]))
-            .await
-            .unwrap();
-        let (bytes, _) = read_all(res.into_body()).await;
+        let (_, _, bytes) = fetch(&client, Method::POST, addr, &[("te", te)]).await;
         assert_eq!(bytes, DATA, "{te}");
         let head = seen.lock().unwrap().pop().unwrap();
         let got = head.get(header::TE).map(|v| v.to_str().unwrap().to_owned());
@@ -177,11 +172,7 @@ async fn the_clients_transfer_codings_never_reach_the_inner_service_when_identit
             .collect::<RequestedAnnotations>()
     });
     let (addr, seen) = upstream(Some(layer), StatusCode::OK, &[], Bytes::from(DATA)).await;
-    let res = client
-        .request(request(Method::POST, addr, &[("te", "gzip")]))
-        .await
-        .unwrap();
-    read_all(res.into_body()).await;
+    fetch(&client, Method::POST, addr, &[("te", "gzip")]).await;
     let head = seen.lock().unwrap().pop().unwrap();
     assert_eq!(head.get(header::TE).unwrap(), "gzip");
 }
@@ -198,30 +189,16 @@ async fn responses_without_content_never_carry_a_frame_over_either_protocol() {
         )
         .await;
         for (proto, client) in clients() {
-            let res = client
-                .request(request(Method::POST, addr, &[]))
-                .await
-                .unwrap();
-            assert_eq!(res.status(), status, "{proto}");
-            assert_eq!(res.headers()["x-kept"], "yes", "{proto}: headers are kept");
-            let (bytes, _) = read_all(res.into_body()).await;
+            let (got, headers, bytes) = fetch(&client, Method::POST, addr, &[]).await;
+            assert_eq!(got, status, "{proto}");
+            assert_eq!(headers["x-kept"], "yes", "{proto}: headers are kept");
             assert!(bytes.is_empty(), "{proto} {status}: {bytes:?}");
         }
     }
-    let (addr, _) = upstream(
-        Some(BypassMarkerLayer::dynamo()),
-        StatusCode::OK,
-        &[],
-        body.clone(),
-    )
-    .await;
+    let (addr, _) = upstream(Some(BypassMarkerLayer::dynamo()), StatusCode::OK, &[], body).await;
     for (proto, client) in clients() {
-        let res = client
-            .request(request(Method::HEAD, addr, &[]))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::OK, "{proto}");
-        let (bytes, _) = read_all(res.into_body()).await;
+        let (status, _, bytes) = fetch(&client, Method::HEAD, addr, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{proto}");
         assert!(bytes.is_empty(), "{proto} HEAD: {bytes:?}");
     }
 }
@@ -232,13 +209,8 @@ async fn responses_without_content_never_carry_a_frame_over_either_protocol() {
 async fn without_the_layer_an_h2_204_carries_its_body() {
     let body = Bytes::from(format!("{MARKER}{DATA}"));
     let (addr, _) = upstream(None, StatusCode::NO_CONTENT, &[], body.clone()).await;
-    let res = h2_client()
-        .request(request(Method::POST, addr, &[]))
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let (bytes, _) = read_all(res.into_body()).await;
-    assert_eq!(bytes, body);
+    let (status, _, bytes) = fetch(&h2_client(), Method::POST, addr, &[]).await;
+    assert_eq!((status, bytes), (StatusCode::NO_CONTENT, body));
 }
 
 #[cfg(feature = "json")]

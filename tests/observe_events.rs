@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use test_support::serve::guarded::{ok, post, send, sse};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_bypass_marker::json::JsonGuardBody;
 use tower_bypass_marker::sans_io::{GatewayExchange, UnseenRequest};
 use tower_bypass_marker::{BypassMarkerLayer, FrameObserver, NonJsonBodies, Overflow};
 
@@ -47,47 +47,13 @@ impl FrameObserver for Recorder {
     }
 }
 
-/// The guard and the layer of `layer` over a service that answers `answer`.
+/// The guard (with a 256-byte cap) and the layer of `layer` over a service that answers `answer`.
 async fn guarded(
     layer: &BypassMarkerLayer,
     req: Request<Full<Bytes>>,
     answer: Response<Full<Bytes>>,
 ) -> (StatusCode, Bytes) {
-    let answer = Arc::new(Mutex::new(Some(answer)));
-    let svc = ServiceBuilder::new()
-        .layer(layer.json_guard().max_body_bytes(256))
-        .layer(layer.clone())
-        .service(service_fn(
-            move |_req: Request<JsonGuardBody<Full<Bytes>>>| {
-                let res = answer.lock().unwrap().take().unwrap();
-                async move { Ok::<_, Infallible>(res) }
-            },
-        ));
-    let res = svc.oneshot(req).await.unwrap();
-    let status = res.status();
-    let body = res.into_body().collect().await;
-    (status, body.map(|b| b.to_bytes()).unwrap_or_default())
-}
-
-fn post(content_type: &str, body: &'static str) -> Request<Full<Bytes>> {
-    Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap()
-}
-
-fn ok() -> Response<Full<Bytes>> {
-    Response::new(Full::new(Bytes::from_static(b"{}")))
-}
-
-fn sse(headers: &[(&'static str, &'static str)], body: &'static str) -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-    res.headers_mut()
-        .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
-    for (name, value) in headers {
-        res.headers_mut().insert(*name, value.parse().unwrap());
-    }
-    res
+    send(layer.json_guard().max_body_bytes(256), layer, req, answer).await
 }
 
 #[tokio::test]

@@ -246,8 +246,8 @@ fn every_event_fires_inside_the_span_the_request_was_called_in() {
 #[cfg(feature = "json")]
 #[tokio::test]
 async fn each_decision_is_a_tracing_event_with_its_fields() {
+    use test_support::serve::guarded::{ok, post, send, sse};
     use tracing::Instrument;
-    use with_json::{guarded, ok, post, sse};
 
     let captured = Captured::default();
     let subscriber = captured.subscriber(tracing::Level::DEBUG);
@@ -256,9 +256,22 @@ async fn each_decision_is_a_tracing_event_with_its_fields() {
     let layer = BypassMarkerLayer::dynamo();
     async {
         let body = r#"{"nvext":{"annotations":["x-bypass-remote-prefill:1","request_id"]}}"#;
-        guarded(&layer, post("application/json", body), ok()).await;
-        guarded(&layer, post("application/json", "{"), ok()).await;
-        guarded(
+        send(
+            layer.json_guard(),
+            &layer,
+            post("application/json", body),
+            ok(),
+        )
+        .await;
+        send(
+            layer.json_guard(),
+            &layer,
+            post("application/json", "{"),
+            ok(),
+        )
+        .await;
+        send(
+            layer.json_guard(),
             &layer,
             post("application/json", "{}"),
             sse(&[("content-encoding", "gzip")], "x"),
@@ -322,63 +335,4 @@ fn a_frame_forwarded_unfiltered_is_a_warning_with_the_limit() {
         log.contains("WARN") && log.contains("forwarded unfiltered") && log.contains("limit=8"),
         "{log}"
     );
-}
-
-/// The guard and the layer of a layer over a service that answers one response.
-#[cfg(feature = "json")]
-mod with_json {
-    use std::convert::Infallible;
-    use std::sync::{Arc, Mutex};
-
-    use bytes::Bytes;
-    use http::{header, Request, Response, StatusCode};
-    use http_body_util::{BodyExt, Full};
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
-    use tower_bypass_marker::json::JsonGuardBody;
-    use tower_bypass_marker::BypassMarkerLayer;
-
-    pub(crate) async fn guarded(
-        layer: &BypassMarkerLayer,
-        req: Request<Full<Bytes>>,
-        answer: Response<Full<Bytes>>,
-    ) -> StatusCode {
-        let answer = Arc::new(Mutex::new(Some(answer)));
-        let svc = ServiceBuilder::new()
-            .layer(layer.json_guard())
-            .layer(layer.clone())
-            .service(service_fn(
-                move |_req: Request<JsonGuardBody<Full<Bytes>>>| {
-                    let res = answer.lock().unwrap().take().unwrap();
-                    async move { Ok::<_, Infallible>(res) }
-                },
-            ));
-        let res = svc.oneshot(req).await.unwrap();
-        let status = res.status();
-        let _ = res.into_body().collect().await;
-        status
-    }
-
-    pub(crate) fn post(content_type: &str, body: &'static str) -> Request<Full<Bytes>> {
-        Request::post("/v1/chat/completions")
-            .header(header::CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap()
-    }
-
-    pub(crate) fn ok() -> Response<Full<Bytes>> {
-        Response::new(Full::new(Bytes::from_static(b"{}")))
-    }
-
-    pub(crate) fn sse(
-        headers: &[(&'static str, &'static str)],
-        body: &'static str,
-    ) -> Response<Full<Bytes>> {
-        let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-        res.headers_mut()
-            .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        for (name, value) in headers {
-            res.headers_mut().insert(*name, value.parse().unwrap());
-        }
-        res
-    }
 }

@@ -258,3 +258,70 @@ where
         .to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
+
+/// The JSON guard and the response layer of one configuration, in process, over a service that
+/// answers: what the tests of the guard's decisions (its observer calls, its events) send requests
+/// through.
+#[cfg(feature = "json")]
+pub mod guarded {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use http::{header, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_bypass_marker::json::{JsonGuardBody, JsonGuardLayer};
+    use tower_bypass_marker::BypassMarkerLayer;
+
+    /// `req` through `guard` and `layer` to a service that answers `answer`: the status and the
+    /// whole body the client gets (empty if the body fails).
+    pub async fn send(
+        guard: JsonGuardLayer,
+        layer: &BypassMarkerLayer,
+        req: Request<Full<Bytes>>,
+        answer: Response<Full<Bytes>>,
+    ) -> (StatusCode, Bytes) {
+        let answer = Arc::new(Mutex::new(Some(answer)));
+        let svc = ServiceBuilder::new()
+            .layer(guard)
+            .layer(layer.clone())
+            .service(service_fn(
+                move |_req: Request<JsonGuardBody<Full<Bytes>>>| {
+                    let res = answer.lock().unwrap().take().expect("called once");
+                    async move { Ok::<_, Infallible>(res) }
+                },
+            ));
+        let res = svc.oneshot(req).await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await;
+        (status, body.map(|b| b.to_bytes()).unwrap_or_default())
+    }
+
+    /// A POST of `body` as `content_type` to the chat endpoint.
+    pub fn post(content_type: &str, body: &'static str) -> Request<Full<Bytes>> {
+        Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    /// A 200 with a small JSON body.
+    pub fn ok() -> Response<Full<Bytes>> {
+        Response::new(Full::new(Bytes::from_static(b"{}")))
+    }
+
+    /// A 200 event stream with `body` and these extra headers.
+    pub fn sse(
+        headers: &[(&'static str, &'static str)],
+        body: &'static str,
+    ) -> Response<Full<Bytes>> {
+        let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        res.headers_mut()
+            .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+        for (name, value) in headers {
+            res.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        res
+    }
+}
