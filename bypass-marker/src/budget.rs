@@ -13,15 +13,21 @@
 //! The last eighth of the budget is kept for small requests: a request whose body is past
 //! [`SMALL_BODY_BYTES`] may fill the budget only to seven eighths, so a few large uploads that
 //! fill it never stop a chat request of a few kilobytes from being answered.
+//!
+//! The accounting is the library's [`GuardBudget`], the budget of its
+//! [`JsonGuardLayer`](tower_bypass_marker::JsonGuardLayer), with the same rule; this type adds the
+//! count of refusals and their logging.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tower_bypass_marker::json::{BudgetCharge, GuardBudget};
+
 /// The body size up to which a request may use the last eighth of the budget (64 KiB: a chat
 /// request with a long conversation fits).
-pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
+pub use tower_bypass_marker::json::SMALL_BODY_BYTES;
 
 /// A process-wide budget of request body bytes held in memory; clones share it.
 ///
@@ -41,8 +47,7 @@ pub const SMALL_BODY_BYTES: u64 = 64 * 1024;
 pub struct BodyBudget(Arc<Shared>);
 
 struct Shared {
-    limit: u64,
-    held: AtomicU64,
+    budget: GuardBudget,
     refused: AtomicU64,
     /// When a refusal was last logged, and how many were refused then ([`BodyBudget::should_log`]).
     logged: Mutex<Option<(Instant, u64)>>,
@@ -52,8 +57,7 @@ impl BodyBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Self {
         Self(Arc::new(Shared {
-            limit,
-            held: AtomicU64::new(0),
+            budget: GuardBudget::new(limit),
             refused: AtomicU64::new(0),
             logged: Mutex::new(None),
         }))
@@ -67,19 +71,19 @@ impl BodyBudget {
 
     /// The budget, in bytes.
     pub fn limit(&self) -> u64 {
-        self.0.limit
+        self.0.budget.limit()
     }
 
     /// The bytes held now.
     pub fn held(&self) -> u64 {
-        self.0.held.load(Ordering::Acquire)
+        self.0.budget.held_bytes()
     }
 
     /// Whether a body of `n` bytes could be held at all, alone in the budget (the cap
     /// [`Charge::take`] applies to it: seven eighths of the budget once it is over
     /// [`SMALL_BODY_BYTES`]).
     pub fn fits(&self, n: u64) -> bool {
-        n <= cap(self.0.limit, n)
+        self.0.budget.fits(n)
     }
 
     /// Requests refused so far.
@@ -90,8 +94,8 @@ impl BodyBudget {
     /// A new, empty charge for one request body.
     pub fn charge(&self) -> Charge {
         Charge {
+            inner: self.0.budget.charge(),
             budget: self.clone(),
-            held: 0,
         }
     }
 
@@ -126,8 +130,8 @@ impl fmt::Debug for BodyBudget {
 /// The bytes one request body holds of a [`BodyBudget`]; given back when dropped.
 #[derive(Debug)]
 pub struct Charge {
+    inner: BudgetCharge,
     budget: BodyBudget,
-    held: u64,
 }
 
 impl Charge {
@@ -135,40 +139,18 @@ impl Charge {
     /// total past the budget: past seven eighths of it once this body is over
     /// [`SMALL_BODY_BYTES`], past the whole budget while it is not.
     pub fn take(&mut self, n: u64) -> bool {
-        if n == 0 {
-            return true;
-        }
-        let shared = &self.budget.0;
-        let mine = self.held.saturating_add(n);
-        let cap = cap(shared.limit, mine);
-        let taken = shared
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(n).filter(|&total| total <= cap)
-            });
-        if taken.is_ok() {
-            self.held = mine;
-        }
-        taken.is_ok()
+        self.inner.take(n)
     }
 
     /// Brings this body's bytes to `n`: takes what it lacks, as [`take`](Self::take) does (`false`
     /// and nothing taken past the budget), or gives back what it holds beyond `n` (always `true`).
     pub fn set(&mut self, n: u64) -> bool {
-        match n.checked_sub(self.held) {
-            Some(more) => self.take(more),
-            None => {
-                let less = self.held - n;
-                self.held = n;
-                self.budget.0.held.fetch_sub(less, Ordering::AcqRel);
-                true
-            }
-        }
+        self.inner.set(n)
     }
 
     /// The bytes this body holds.
     pub fn held(&self) -> u64 {
-        self.held
+        self.inner.held_bytes()
     }
 
     /// The budget this charge takes from.
@@ -178,26 +160,7 @@ impl Charge {
 
     /// Gives every byte back now (as dropping does).
     pub fn release(&mut self) {
-        let held = std::mem::take(&mut self.held);
-        if held > 0 {
-            self.budget.0.held.fetch_sub(held, Ordering::AcqRel);
-        }
-    }
-}
-
-/// The most bytes the budget may hold once a body holds `mine`: all of it while the body is
-/// small, seven eighths after.
-fn cap(limit: u64, mine: u64) -> u64 {
-    if mine <= SMALL_BODY_BYTES {
-        limit
-    } else {
-        limit - limit / 8
-    }
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        self.release();
+        self.inner.release();
     }
 }
 

@@ -116,6 +116,7 @@ use crate::forward::{error, remove_hop_by_hop, stalled, FromForward};
 use crate::logs::{request_id, RequestLog};
 use crate::metrics::{probe, removed_on_this_thread, Metrics, UpstreamError};
 use crate::{Forward, UpstreamBody};
+use tower_bypass_marker::json::GuardBudget;
 use tower_bypass_marker::sans_io::{HeadDecision, RequestGuard};
 use tower_bypass_marker::BoxError;
 
@@ -306,7 +307,12 @@ where
         Some(layer) => {
             let layer = layer.observe(metrics.clone());
             // The guard reads the request first; the response layer finds the opt-in it granted.
-            let guard = layer.json_guard().max_body_bytes(config.naming.max_body);
+            // The bodies are charged to `budget` as the connection reads them (a declared length
+            // reserved whole), so the guard's own budget is not a second cap.
+            let guard = layer
+                .json_guard()
+                .max_body_bytes(config.naming.max_body)
+                .budget(GuardBudget::unlimited());
             metrics.watch_budget(&budget);
             let budgeting = Budgeting {
                 guard: guard.request_guard(),

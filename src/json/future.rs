@@ -12,9 +12,9 @@ use tower_service::Service;
 use crate::config::ErrorBodyFn;
 use crate::json::guard::join;
 use crate::json::guard::{reads_content_type, BodyDecision, Refusal, RequestGuard};
-use crate::json::{JsonGuardBody, ResponseBody};
+use crate::json::{BudgetCharge, JsonGuardBody, ResponseBody};
 use crate::observe::Observer;
-use crate::RequestedAnnotations;
+use crate::{BoxError, RequestedAnnotations};
 
 pin_project! {
     /// Response future for [`JsonGuard`](crate::json::JsonGuard): reads an inspected request's
@@ -57,6 +57,9 @@ struct Collected<S> {
     /// The request's own observer, if it has one (else the guard's configuration's is told).
     observer: Option<Observer>,
     chunks: Vec<Bytes>,
+    /// The bytes of `chunks`, taken from the guard's budget; given back when this is dropped
+    /// (the body judged, or the future dropped).
+    charge: BudgetCharge,
     received: usize,
     trailers: Option<HeaderMap>,
 }
@@ -88,6 +91,7 @@ where
         body: B,
         service: S,
         guard: RequestGuard,
+        charge: BudgetCharge,
         observer: Option<Observer>,
     ) -> Self {
         Self {
@@ -99,6 +103,7 @@ where
                     guard,
                     observer,
                     chunks: Vec::new(),
+                    charge,
                     received: 0,
                     trailers: None,
                 },
@@ -132,6 +137,7 @@ impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<JsonGuardBody<B>>, Response = Response<ResBody>>,
     B: Body,
+    B::Error: Into<BoxError>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -171,15 +177,18 @@ where
 
 impl<S> Collected<S> {
     /// Reads the body to its end, or to the first byte past the limit.
-    fn read<B: Body>(
-        &mut self,
-        mut body: Pin<&mut B>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), Refusal>> {
+    fn read<B>(&mut self, mut body: Pin<&mut B>, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
         loop {
             let frame = match ready!(body.as_mut().poll_frame(cx)) {
                 None => return Poll::Ready(Ok(())),
-                Some(Err(_)) => return Poll::Ready(Err(Refusal::body_read_error())),
+                Some(Err(error)) => {
+                    let error: BoxError = error.into();
+                    return Poll::Ready(Err(Refusal::for_body_error(&*error)));
+                }
                 Some(Ok(frame)) => frame,
             };
             match frame.into_data() {
@@ -188,6 +197,9 @@ impl<S> Collected<S> {
                     self.received = self.received.saturating_add(len);
                     if self.received > self.guard.max_body() {
                         return Poll::Ready(Err(Refusal::too_large(self.guard.max_body())));
+                    }
+                    if !self.charge.take(len as u64) {
+                        return Poll::Ready(Err(Refusal::over_budget()));
                     }
                     if len > 0 {
                         self.chunks.push(data.copy_to_bytes(len));

@@ -172,13 +172,74 @@ impl Refusal {
         )
     }
 
+    /// 503 `request_bodies_over_budget` (error type `server_error`): the request bodies held
+    /// would pass the guard's [`GuardBudget`](crate::json::GuardBudget). Sent with
+    /// `Retry-After: 1` by [`JsonGuard`](crate::json::JsonGuard), as `bypass-marker` sends it.
+    pub fn over_budget() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            code: "request_bodies_over_budget",
+            message: "the server holds as many request bodies as it may; retry shortly".to_owned(),
+        }
+    }
+
+    /// 408 `request_timeout`: the request body stopped arriving (a body timeout, such as
+    /// tower-http's `RequestBodyTimeoutLayer`, ended it).
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body was not received in time".to_owned(),
+        )
+    }
+
+    /// The refusal for an error the request body failed with while the guard read it, by what
+    /// the error (or any error in its `source()` chain) is: a length limit (http-body-util's
+    /// `LengthLimitError`, which tower-http's `RequestBodyLimitLayer` and axum's limits use) is
+    /// 413 `request_too_large`; a timeout (tower-http's `TimeoutError`, or an `io::Error` of kind
+    /// `TimedOut`) is 408 `request_timeout`; anything else is 400 `body_read_error`.
+    ///
+    /// The guard depends on neither crate, so their errors are known by their `Display` text
+    /// (`length limit exceeded`, `data was not received within the designated timeout`); the
+    /// tests hold those texts to the real types.
+    pub fn for_body_error(error: &(dyn std::error::Error + 'static)) -> Self {
+        let mut next = Some(error);
+        while let Some(error) = next {
+            let mut source = error.source();
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::TimedOut {
+                    return Self::body_timeout();
+                }
+                // An io::Error's `source` is its inner error's source: the inner error is next.
+                if let Some(inner) = io.get_ref() {
+                    source = Some(inner as &(dyn std::error::Error + 'static));
+                }
+            }
+            let text = error.to_string();
+            if text == LENGTH_LIMIT_ERROR {
+                return Self::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    "the request body is larger than the server's limit".to_owned(),
+                );
+            }
+            if text == BODY_TIMEOUT_ERROR {
+                return Self::body_timeout();
+            }
+            next = source;
+        }
+        Self::body_read_error()
+    }
+
     /// The response status.
     pub fn status(&self) -> StatusCode {
         self.status
     }
 
     /// The error's `code`: `request_too_large`, `unsupported_content_encoding`, `invalid_json`,
-    /// `duplicate_key`, `invalid_nvext` or `body_read_error` (see the [module docs](crate::json)),
+    /// `duplicate_key`, `invalid_nvext`, `body_read_error`, `request_timeout` or
+    /// `request_bodies_over_budget` (see the [module docs](crate::json)),
     /// or `encoded_event_stream` for a response ([`Refusal::encoded_event_stream`]).
     pub fn code(&self) -> &str {
         self.code
@@ -190,7 +251,7 @@ impl Refusal {
     }
 
     /// The error's `type`: `invalid_request_error` for a refused request, `server_error` for a
-    /// refused response.
+    /// refused response and for [`over_budget`](Self::over_budget).
     pub fn kind(&self) -> &str {
         self.kind
     }
@@ -489,6 +550,11 @@ impl JsonGuardLayer {
         RequestGuard::new(self.config.clone(), self.max_body_bytes)
     }
 }
+
+/// The `Display` of http-body-util's `LengthLimitError` (0.1).
+const LENGTH_LIMIT_ERROR: &str = "length limit exceeded";
+/// The `Display` of tower-http's `timeout::TimeoutError` (0.5 to 0.7).
+const BODY_TIMEOUT_ERROR: &str = "data was not received within the designated timeout";
 
 /// Chunks joined into one buffer (the one chunk itself when there is one).
 pub(crate) fn join(mut chunks: Vec<Bytes>) -> Bytes {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::config::Config;
-use crate::json::{JsonGuard, DEFAULT_MAX_BODY_BYTES};
+use crate::json::{GuardBudget, JsonGuard, DEFAULT_MAX_BODY_BYTES};
 use crate::BypassMarkerLayer;
 
 /// Strips router-owned names from the `nvext.annotations` of JSON request bodies and grants the
@@ -16,6 +16,7 @@ use crate::BypassMarkerLayer;
 pub struct JsonGuardLayer {
     pub(crate) config: Arc<Config>,
     pub(crate) max_body_bytes: usize,
+    pub(crate) budget: GuardBudget,
 }
 
 impl JsonGuardLayer {
@@ -33,6 +34,36 @@ impl JsonGuardLayer {
         self.max_body_bytes = max;
         self
     }
+
+    /// Caps the bytes of request bodies this guard (every clone, every service it makes) holds at
+    /// once, while it reads them: a new [`GuardBudget`] of `max` bytes (default
+    /// [`DEFAULT_MAX_BUFFERED_BYTES`](crate::json::DEFAULT_MAX_BUFFERED_BYTES), 1 GiB). Past it,
+    /// a request is answered with 503 `request_bodies_over_budget` and `Retry-After: 1`. To share
+    /// one budget between several layers, give each the same [`budget`](Self::budget).
+    #[must_use]
+    pub fn max_buffered_bytes(self, max: u64) -> Self {
+        self.budget(GuardBudget::new(max))
+    }
+
+    /// Holds the request bodies this guard reads under `budget`, which other layers given a clone
+    /// of it share (see [`GuardBudget`]).
+    #[must_use]
+    pub fn budget(mut self, budget: GuardBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The budget the bodies this guard reads are held under (read its
+    /// [`held_bytes`](GuardBudget::held_bytes) for a gauge).
+    pub fn guard_budget(&self) -> &GuardBudget {
+        &self.budget
+    }
+
+    /// The bytes of request bodies held now under this guard's budget, by every guard that
+    /// shares it.
+    pub fn held_bytes(&self) -> u64 {
+        self.budget.held_bytes()
+    }
 }
 
 impl BypassMarkerLayer {
@@ -46,6 +77,7 @@ impl BypassMarkerLayer {
         JsonGuardLayer {
             config: self.config.clone(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            budget: GuardBudget::default(),
         }
     }
 }
@@ -66,6 +98,7 @@ impl fmt::Debug for JsonGuardLayer {
                 },
             )
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("budget", &self.budget)
             .finish()
     }
 }

@@ -101,12 +101,43 @@
 //! | 400 | `invalid_json` | not RFC 8259 JSON: not UTF-8 (a BOM included), truncated, trailing data, `NaN`, `Infinity`, comments, nesting deeper than serde_json's recursion limit (128), an escape in a key or an annotation that does not decode (a lone surrogate) |
 //! | 400 | `duplicate_key` | `nvext` twice in the top-level object, or `annotations` twice in `nvext`, however spelled (`"nv\u0065xt"` is `nvext`): parsers disagree on which one counts, and a guard that read one while the upstream read the other would let a client force the bypass |
 //! | 400 | `invalid_nvext` | `nvext` that is not an object or `null`, or `nvext.annotations` that is not an array or `null`: an upstream that tests a string or an object for membership would find a name the guard never saw as an entry |
-//! | 400 | `body_read_error` | the request body failed while being read |
+//! | 413 | `request_too_large` | the request body failed with a length limit while being read: tower-http's `RequestBodyLimitLayer` or http-body-util's `Limited` outside the guard (their `LengthLimitError`, anywhere in the error's `source()` chain) |
+//! | 408 | `request_timeout` | the request body failed with a timeout while being read: tower-http's `RequestBodyTimeoutLayer` outside the guard (its `TimeoutError`), or an `io::Error` of kind `TimedOut` |
+//! | 400 | `body_read_error` | the request body failed while being read, with any other error |
+//! | 503 | `request_bodies_over_budget` | the bodies being read would hold more than the guard's [`GuardBudget`] (type `server_error`, with `Retry-After: 1`; see [Memory across requests](#memory-across-requests)) |
 //!
 //! An empty body is forwarded as it is. A valid JSON document whose top level is not an object (an
 //! array, a string, a number) is forwarded unchanged with nothing granted: the upstream reads
 //! `nvext` only as a member of the top-level object, so nothing in such a document is an
 //! annotation. Keys other than `nvext` and `annotations` may repeat (the guard does not read them).
+//!
+//! The guard depends on neither tower-http nor http-body-util: it knows their errors by their
+//! `Display` text (`length limit exceeded`, `data was not received within the designated timeout`),
+//! which its tests hold to the real types of tower-http 0.7 and http-body-util 0.1
+//! ([`Refusal::for_body_error`](crate::sans_io::Refusal::for_body_error)). For that it needs the
+//! body's error to be a `BoxError` or convertible into one (`B::Error: Into<BoxError>`, as hyper's,
+//! axum's and tower-http's bodies are).
+//!
+//! axum's `DefaultBodyLimit` is not honoured by the guard: it is an extension that axum's extractors
+//! read, and the guard, a layer, has read the body whole before any extractor runs. The handler's
+//! extractor still refuses the body afterwards (axum's own 413, in text), but the guard has buffered
+//! it up to its own cap first. Set [`JsonGuardLayer::max_body_bytes`] to the same limit, or put
+//! tower-http's `RequestBodyLimitLayer` outside the guard, to bound what it reads.
+//!
+//! # Memory across requests
+//!
+//! The bytes held by all the bodies being read at once are capped by a [`GuardBudget`], shared by
+//! every clone of a [`JsonGuardLayer`] and every service it makes: [`DEFAULT_MAX_BUFFERED_BYTES`]
+//! (1 GiB, 32 bodies of the default cap) unless set with
+//! [`JsonGuardLayer::max_buffered_bytes`], or shared between several layers with
+//! [`JsonGuardLayer::budget`]. A body is charged only what it holds: each chunk as it arrives (a
+//! `content-length` reserves nothing, and a body refused by it before reading is charged nothing),
+//! all of it given back once the body is judged (forwarded or refused) or its future dropped (a client
+//! gone mid-upload). Past the budget the request is answered 503 `request_bodies_over_budget` with
+//! `Retry-After: 1`, as the `bypass-marker` sidecar answers past `--max-buffered-bytes`, and a body
+//! over [`SMALL_BODY_BYTES`] may use only seven eighths of it, so that large uploads never lock out
+//! small chat requests. Size it to the memory the process may spend on request bodies: the sidecar
+//! takes half its cgroup's memory limit. [`JsonGuardLayer::held_bytes`] reads what is held now.
 //!
 //! # Bytes and copies
 //!
@@ -129,6 +160,7 @@
 //! Entries that are not strings, and strings the configuration does not know, stay.
 
 mod body;
+mod budget;
 pub(crate) mod exchange;
 mod future;
 pub(crate) mod guard;
@@ -138,6 +170,7 @@ mod service;
 mod splice;
 
 pub use body::JsonGuardBody;
+pub use budget::{BudgetCharge, GuardBudget, DEFAULT_MAX_BUFFERED_BYTES, SMALL_BODY_BYTES};
 pub use future::ResponseFuture;
 pub use layer::JsonGuardLayer;
 pub use response::ResponseBody;

@@ -113,6 +113,10 @@ impl<B> ResponseBody<B> {
         res.headers_mut().insert(header::CONTENT_TYPE, content_type);
         res.headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(json.len()));
+        if refusal.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         res
     }
 }

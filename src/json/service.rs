@@ -4,8 +4,10 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use crate::BoxError;
+
 use crate::json::guard::{HeadDecision, Refusal, RequestGuard};
-use crate::json::{JsonGuardBody, JsonGuardLayer, ResponseBody, ResponseFuture};
+use crate::json::{GuardBudget, JsonGuardBody, JsonGuardLayer, ResponseBody, ResponseFuture};
 
 /// Middleware that strips router-owned names from the `nvext.annotations` of JSON request bodies
 /// and puts the client's opt-in in the request's extensions.
@@ -15,6 +17,7 @@ use crate::json::{JsonGuardBody, JsonGuardLayer, ResponseBody, ResponseFuture};
 pub struct JsonGuard<S> {
     inner: S,
     guard: RequestGuard,
+    budget: GuardBudget,
 }
 
 impl<S> JsonGuard<S> {
@@ -22,6 +25,7 @@ impl<S> JsonGuard<S> {
         Self {
             inner,
             guard: layer.request_guard(),
+            budget: layer.budget,
         }
     }
 
@@ -33,6 +37,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for JsonGuard<S> {
         f.debug_struct("JsonGuard")
             .field("inner", &self.inner)
             .field("guard", &self.guard)
+            .field("budget", &self.budget)
             .finish()
     }
 }
@@ -41,6 +46,7 @@ impl<S, B, ResBody> Service<Request<B>> for JsonGuard<S>
 where
     S: Service<Request<JsonGuardBody<B>>, Response = Response<ResBody>> + Clone,
     B: Body,
+    B::Error: Into<BoxError>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
@@ -73,6 +79,13 @@ where
         // The service that was made ready goes with the request; `self` keeps a clone.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::collect(parts, body, service, self.guard.clone(), observer)
+        ResponseFuture::collect(
+            parts,
+            body,
+            service,
+            self.guard.clone(),
+            self.budget.charge(),
+            observer,
+        )
     }
 }
