@@ -186,3 +186,28 @@ async fn a_body_refused_by_its_length_charges_nothing() {
     assert_eq!(budget.held_bytes(), 0);
     drop(tx);
 }
+
+/// A guard future dropped in the middle of the read (a server that gives up on the request, a
+/// timeout around the service) gives the bytes it held back.
+#[tokio::test]
+async fn a_future_dropped_mid_read_gives_its_bytes_back() {
+    use tower::{Layer, ServiceExt};
+    let guard = JsonGuardLayer::new().max_buffered_bytes(BUDGET);
+    let upstream = tower::service_fn(|_: Request<_>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Full::<Bytes>::default()))
+    });
+    let svc = guard.layer(upstream);
+    let (tx, body) = fed_body(4);
+    let req = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap();
+    tx.send(data(vec![b' '; PIECE])).await.unwrap();
+    let mut future = Box::pin(svc.oneshot(req));
+    // Polled until it has read the piece and waits for more.
+    assert!(futures_util::poll!(future.as_mut()).is_pending());
+    assert_eq!(guard.held_bytes(), PIECE as u64);
+    drop(future);
+    assert_eq!(guard.held_bytes(), 0);
+    drop(tx);
+}
