@@ -93,7 +93,9 @@ fn app(upstream: Upstream, max_in_flight: usize) -> Router {
             StatusCode::GATEWAY_TIMEOUT,
             Duration::from_secs(60),
         ))
-        .layer(bypass.json_guard()) // requests: router-owned names stripped, the opt-in granted
+        // Requests: router-owned names stripped, the opt-in granted; at most 512 MiB of request
+        // bodies held at once (past it a 503 with `Retry-After`), size it to the process's memory.
+        .layer(bypass.json_guard().max_buffered_bytes(512 * 1024 * 1024))
         .layer(bypass); // responses: annotation frames only for clients that asked
     Router::new()
         .fallback(forward)

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use flate2::write::GzEncoder;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use test_support::serve::{h1_client, h2_client, read_all, spawn_auto};
@@ -216,6 +216,7 @@ async fn without_the_layer_an_h2_204_carries_its_body() {
 #[cfg(feature = "json")]
 mod guard {
     use super::*;
+    use http_body_util::BodyExt;
     use tower_bypass_marker::json::JsonGuardBody;
     use tower_bypass_marker::NonJsonBodies;
 
