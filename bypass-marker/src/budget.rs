@@ -168,55 +168,8 @@ impl Charge {
 mod tests {
     use super::*;
 
-    /// Large bodies fill the budget to seven eighths; a small one still fits after them, and
-    /// what is dropped is given back.
-    #[test]
-    fn large_bodies_leave_the_last_eighth_to_small_ones() {
-        let budget = BodyBudget::new(8 * SMALL_BODY_BYTES);
-        let mut a = budget.charge();
-        assert!(a.take(7 * SMALL_BODY_BYTES));
-        let mut b = budget.charge();
-        assert!(!b.take(SMALL_BODY_BYTES + 1));
-        assert_eq!(b.held(), 0);
-        assert!(
-            b.take(SMALL_BODY_BYTES),
-            "a small body may use the last eighth"
-        );
-        assert!(
-            !b.take(1),
-            "now over the small size, so capped at seven eighths"
-        );
-        drop(a);
-        assert_eq!(budget.held(), SMALL_BODY_BYTES);
-        drop(b);
-        assert_eq!(budget.held(), 0);
-        // A budget smaller than a small body: small bodies may use all of it, never more.
-        let tiny = BodyBudget::new(800);
-        let mut c = tiny.charge();
-        assert!(c.take(800));
-        assert!(!tiny.charge().take(1));
-    }
-
-    /// `set` takes what a body lacks and gives back what it holds beyond the new size; `fits`
-    /// says whether a body could ever be held.
-    #[test]
-    fn set_moves_a_charge_to_a_size_either_way() {
-        let budget = BodyBudget::new(8 * SMALL_BODY_BYTES);
-        let mut a = budget.charge();
-        assert!(a.set(3 * SMALL_BODY_BYTES));
-        assert!(a.set(SMALL_BODY_BYTES));
-        assert_eq!(
-            (a.held(), budget.held()),
-            (SMALL_BODY_BYTES, SMALL_BODY_BYTES)
-        );
-        assert!(!a.set(8 * SMALL_BODY_BYTES), "past seven eighths");
-        assert_eq!(a.held(), SMALL_BODY_BYTES, "nothing taken");
-        assert!(a.set(0));
-        assert_eq!(budget.held(), 0);
-        assert!(budget.fits(7 * SMALL_BODY_BYTES));
-        assert!(!budget.fits(7 * SMALL_BODY_BYTES + 1));
-        assert!(BodyBudget::new(800).fits(800));
-    }
+    // The accounting itself (the last eighth for small bodies, `set`, `fits`) is the library's
+    // `GuardBudget`'s, tested there (src/json/budget.rs).
 
     /// Refusals are logged once a minute, with the count since the last line.
     #[test]
